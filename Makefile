@@ -1,0 +1,41 @@
+# veriloco: every target installs what it needs (idempotent, stamp files), then runs.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+TORCH   := torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: demo test devnet bench install node clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first, pinned: the project's range must not pull a CUDA build.
+	$(BIN)/pip install -q $(TORCH) numpy
+	$(BIN)/pip install -q -e '.[test,bench,dev]'
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund
+	touch $@
+
+install: $(BIN)/.installed node_modules/.installed
+
+node: node_modules/.installed
+
+demo: install
+	$(BIN)/veriloco demo $(DEMO_ARGS)
+
+test: install
+	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: the suite is missing" >&2; exit 1; fi; \
+	exit $$rc
+
+devnet: install
+	$(BIN)/veriloco devnet $(DEVNET_ARGS)
+
+bench: install
+	$(BIN)/python benchmarks/convergence.py --preset small --out benchmarks/results/convergence-small.json
+
+clean:
+	rm -rf $(VENV) node_modules .pytest_cache .hypothesis

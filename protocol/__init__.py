@@ -1,0 +1,1 @@
+"""What every veriloco role shares: hashing and digests, Merkle traces, formats, chain and store."""

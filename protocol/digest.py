@@ -1,0 +1,75 @@
+"""Keccak hashing and the canonical state digest (docs/protocol.md §1–§2).
+
+The state digest is what a trainer records after every inner step and what a verifier recomputes
+after replaying one, so its byte layout is fixed here and nowhere else. Tensor bytes go through
+sha256 (hashlib releases the GIL, so tensors hash on several threads); the small header goes
+through keccak so the result is EVM-native.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from Crypto.Hash import keccak as _keccak
+
+from protocol.types import Digest
+
+STATE_TAG = b"veriloco.state.v1"
+
+DTYPE_CODES: dict[torch.dtype, int] = {
+    torch.float32: 1,
+    torch.float16: 2,
+    torch.bfloat16: 3,
+    torch.int64: 4,
+    torch.int32: 5,
+    torch.uint8: 6,
+    torch.int8: 7,
+    torch.float64: 8,
+}
+
+_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="digest")
+_PARALLEL_MIN_BYTES = 1 << 20
+
+
+def keccak(data: bytes) -> Digest:
+    """Keccak-256 as the EVM computes it."""
+    return Digest(_keccak.new(digest_bits=256, data=data).digest())
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The contiguous little-endian storage of a CPU tensor, without copying when possible."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: view the raw 16-bit words
+        t = t.view(torch.int16)
+    return memoryview(t.numpy()).cast("B")
+
+
+def _sha256(t: torch.Tensor) -> bytes:
+    return hashlib.sha256(tensor_bytes(t)).digest()
+
+
+def state_digest(state: Mapping[str, torch.Tensor]) -> Digest:
+    """Canonical digest of named tensors (docs/protocol.md §2): independent of dict order and storage."""
+    names = sorted(state, key=lambda n: n.encode())
+    tensors = [state[n] for n in names]
+    for name, t in zip(names, tensors):
+        if t.dtype not in DTYPE_CODES:
+            raise ValueError(f"state entry {name!r} has unsupported dtype {t.dtype}")
+    big = sum(t.numel() * t.element_size() for t in tensors) >= _PARALLEL_MIN_BYTES
+    hashes = list(_POOL.map(_sha256, tensors)) if big else [_sha256(t) for t in tensors]
+    h = _keccak.new(digest_bits=256)
+    h.update(STATE_TAG + struct.pack("<I", len(names)))
+    for name, t, th in zip(names, tensors, hashes):
+        raw = name.encode()
+        h.update(struct.pack("<H", len(raw)) + raw)
+        h.update(struct.pack("<BB", DTYPE_CODES[t.dtype], t.dim()))
+        h.update(b"".join(struct.pack("<Q", d) for d in t.shape))
+        h.update(th)
+    return Digest(h.digest())

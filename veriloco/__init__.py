@@ -1,0 +1,1 @@
+"""The veriloco shell: the command line, the demo and the devnet. The only package that imports the roles."""

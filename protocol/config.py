@@ -1,0 +1,258 @@
+"""A run's configuration: frozen dataclasses, loaded from TOML, published as canonical JSON.
+
+The run config is the one document every participant must agree on: model shape, data, optimizer
+settings, the local-step and compression schedule, audit policy, windows and stakes. It is stored
+in the content store; its CID and keccak digest go on-chain, so a node that fetches it can prove it
+holds the same config as everybody else. Real numbers are carried as decimal strings in the JSON
+form (canonical JSON has no floats), so the digest never depends on float printing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field, fields
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, TypeVar, get_type_hints
+
+from protocol.digest import keccak
+from protocol.errors import VerilocoError
+from protocol.types import Digest
+
+FORMAT = "veriloco.run.v1"
+
+
+class ConfigError(VerilocoError):
+    """A run config that is malformed or inconsistent."""
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    preset: str = "tiny"  # a key of protocol.model.PRESETS
+    init_seed: int = 0
+
+
+@dataclass(frozen=True)
+class DataSection:
+    corpus_digest: str = ""  # 0x-hex keccak of the canonical token file; "" = build the default corpus
+    corpus_cid: str = ""  # where the token file can be fetched; "" = every node builds it locally
+    batch_size: int = 8
+    seq_len: int = 64
+    val_fraction: float = 0.05
+    run_seed: int = 1
+
+
+@dataclass(frozen=True)
+class InnerSection:
+    lr: float = 3e-3
+    beta1: float = 0.9
+    beta2: float = 0.95
+    weight_decay: float = 0.1
+    warmup_steps: int = 10
+    total_steps: int = 1000  # cosine horizon over all epochs
+    grad_clip: float = 1.0
+
+
+@dataclass(frozen=True)
+class OuterSection:
+    lr: float = 0.7
+    momentum: float = 0.9
+
+
+@dataclass(frozen=True)
+class ScheduleSection:
+    epochs: int = 3
+    h_initial: int = 16  # local steps H in the first epoch
+    h_min: int = 8
+    h_max: int = 64
+    one_step_delay: bool = True
+
+
+@dataclass(frozen=True)
+class CompressionSection:
+    rank_initial: int = 8
+    rank_min: int = 2
+    rank_max: int = 32
+    bits: int = 4
+    group_size: int = 64
+
+
+@dataclass(frozen=True)
+class AuditSection:
+    steps: int = 2  # transitions sampled per trainer per epoch
+    final_check_bps: int = 5000  # probability (in basis points) of replaying end state → payload
+    quorum: int = 1  # passing verdicts a trainer needs
+    mode: str = "exact"  # "exact" (bitwise) or "tolerant"
+    tolerance: float = 0.0  # max relative parameter error in tolerant mode
+
+
+@dataclass(frozen=True)
+class WindowSection:
+    commit_s: int = 600
+    reveal_s: int = 300
+    audit_s: int = 600
+    unbonding_s: int = 3600
+
+
+@dataclass(frozen=True)
+class StakeSection:
+    trainer_wei: int = 10**18
+    verifier_wei: int = 10**18
+    slash_bps: int = 5000
+    max_trainers: int = 256
+    max_verifiers: int = 64
+    min_trainers: int = 1
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run's participants agree on. Sections mirror the TOML tables."""
+
+    name: str = "veriloco-run"
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    inner: InnerSection = field(default_factory=InnerSection)
+    outer: OuterSection = field(default_factory=OuterSection)
+    schedule: ScheduleSection = field(default_factory=ScheduleSection)
+    compression: CompressionSection = field(default_factory=CompressionSection)
+    audit: AuditSection = field(default_factory=AuditSection)
+    windows: WindowSection = field(default_factory=WindowSection)
+    stakes: StakeSection = field(default_factory=StakeSection)
+
+    def __post_init__(self) -> None:
+        problems = _check(self)
+        if problems:
+            raise ConfigError("invalid run config: " + "; ".join(problems))
+
+    def replace(self, **sections: Any) -> RunConfig:
+        """A copy with some fields changed, e.g. `cfg.replace(schedule={"epochs": 2})`."""
+        return from_dict(_merge(to_dict(self), sections))
+
+    def to_json(self) -> bytes:
+        """Canonical JSON bytes: sorted keys, no whitespace, reals as decimal strings."""
+        return canonical_json(to_dict(self))
+
+    def digest(self) -> Digest:
+        return keccak(self.to_json())
+
+
+def _check(cfg: RunConfig) -> list[str]:
+    p: list[str] = []
+    s, c, a, st = cfg.schedule, cfg.compression, cfg.audit, cfg.stakes
+    if s.epochs < 1:
+        p.append("schedule.epochs must be at least 1")
+    if not 1 <= s.h_min <= s.h_initial <= s.h_max:
+        p.append(f"need 1 <= schedule.h_min <= h_initial <= h_max, got {s.h_min}, {s.h_initial}, {s.h_max}")
+    if not 1 <= c.rank_min <= c.rank_initial <= c.rank_max:
+        p.append(f"need 1 <= compression.rank_min <= rank_initial <= rank_max, got {c.rank_min}, {c.rank_initial}, {c.rank_max}")
+    if c.bits not in (4, 8):
+        p.append(f"compression.bits must be 4 or 8, got {c.bits}")
+    if a.mode not in ("exact", "tolerant"):
+        p.append(f"audit.mode must be 'exact' or 'tolerant', got {a.mode!r}")
+    if not 0 <= a.final_check_bps <= 10_000 or not 0 <= st.slash_bps <= 10_000:
+        p.append("basis-point fields (audit.final_check_bps, stakes.slash_bps) must be within 0..10000")
+    if a.steps < 0 or a.quorum < 1:
+        p.append("audit.steps must be >= 0 and audit.quorum >= 1")
+    if not 1 <= st.min_trainers <= st.max_trainers:
+        p.append("need 1 <= stakes.min_trainers <= stakes.max_trainers")
+    if cfg.data.batch_size < 1 or cfg.data.seq_len < 1:
+        p.append("data.batch_size and data.seq_len must be positive")
+    return p
+
+
+# --- dict / JSON / TOML conversion -------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """Plain nested dict; floats become decimal strings (the canonical JSON form)."""
+    out: dict[str, Any] = {}
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            out[f.name] = to_dict(v)
+        elif isinstance(v, float):
+            out[f.name] = _decimal_str(v)
+        else:
+            out[f.name] = v
+    return out
+
+
+def _decimal_str(x: float) -> str:
+    if x != x or x in (float("inf"), float("-inf")):
+        raise ConfigError(f"non-finite number {x} in run config")
+    return format(Decimal(repr(x)).normalize(), "f")
+
+
+def _build(cls: type[T], data: Any, where: str) -> T:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'} must be a table, got {type(data).__name__}")
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - known - ({"format"} if cls is RunConfig else set()))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(where + k for k in unknown)}; known: {', '.join(sorted(known))}")
+    kwargs: dict[str, Any] = {}
+    for name in known & set(data):
+        kind, value, key = hints[name], data[name], where + name
+        if dataclasses.is_dataclass(kind):
+            kwargs[name] = _build(kind, value, key + ".")
+        elif kind is float:
+            try:
+                kwargs[name] = float(Decimal(str(value))) if not isinstance(value, bool) else _bad(key, value, "a number")
+            except ArithmeticError:
+                _bad(key, value, "a number")
+        elif kind is int:
+            kwargs[name] = value if isinstance(value, int) and not isinstance(value, bool) else _bad(key, value, "an integer")
+        elif kind is bool:
+            kwargs[name] = value if isinstance(value, bool) else _bad(key, value, "true or false")
+        else:
+            kwargs[name] = value if isinstance(value, str) else _bad(key, value, "a string")
+    return cls(**kwargs)
+
+
+def _bad(key: str, value: Any, want: str) -> Any:
+    raise ConfigError(f"{key} must be {want}, got {value!r}")
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def from_dict(data: dict[str, Any]) -> RunConfig:
+    if "format" in data and data["format"] != FORMAT:
+        raise ConfigError(f"run config format is {data['format']!r}, this build reads {FORMAT!r}")
+    return _build(RunConfig, data, "")
+
+
+def canonical_json(data: dict[str, Any]) -> bytes:
+    return json.dumps({"format": FORMAT, **data}, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def from_json(raw: bytes) -> RunConfig:
+    """Parse and validate a published run config (untrusted bytes from the store)."""
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"run config is not valid JSON: {exc}") from None
+    cfg = from_dict(data)
+    if cfg.to_json() != raw:
+        raise ConfigError("run config JSON is not in canonical form (sorted keys, no spaces, decimal strings)")
+    return cfg
+
+
+def load_toml(path: str | Path) -> RunConfig:
+    """Read a run.toml; missing tables and keys take the defaults above."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"run config {path} not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"run config {path} is not valid TOML: {exc}") from None
+    return from_dict(data)

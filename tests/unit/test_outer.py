@@ -1,0 +1,79 @@
+"""Outer Nesterov step and deterministic aggregation: equal to torch's SGD, order-pinned, strict on input."""
+
+import pytest
+import torch
+
+from coordinator.aggregate import AggregateError, aggregate, aggregate_payloads, mean_delta
+from coordinator.outer import (
+    MOM,
+    PARAM,
+    OuterConfig,
+    OuterError,
+    global_params,
+    init_global,
+    outer_step,
+)
+from protocol.digest import state_digest
+
+pytestmark = pytest.mark.unit
+
+
+def _params(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(5, 3, generator=g), "b": torch.randn(3, generator=g)}
+
+
+def test_outer_step_matches_torch_sgd_nesterov() -> None:
+    cfg = OuterConfig()
+    p0 = _params(0)
+    g = init_global(p0)
+    ref = {n: t.clone().requires_grad_() for n, t in p0.items()}
+    opt = torch.optim.SGD(list(ref.values()), lr=cfg.lr, momentum=cfg.momentum, nesterov=True)
+    for k in range(4):
+        d = _params(10 + k)
+        g = outer_step(g, d, cfg)
+        for n, t in ref.items():
+            t.grad = d[n].clone()
+        opt.step()
+    for n, t in ref.items():
+        torch.testing.assert_close(g[PARAM + n], t.detach(), rtol=1e-6, atol=1e-6)
+    assert set(g) == {PARAM + "w", PARAM + "b", MOM + "w", MOM + "b"}
+
+
+def test_plain_momentum_and_bad_config() -> None:
+    g = init_global(_params(0))
+    d = _params(1)
+    out = outer_step(g, d, OuterConfig(lr=1.0, momentum=0.0, nesterov=False))
+    torch.testing.assert_close(out[PARAM + "w"], g[PARAM + "w"] - d["w"])
+    with pytest.raises(OuterError):
+        OuterConfig(momentum=1.0)
+    with pytest.raises(OuterError, match="names differ"):
+        outer_step(g, {"w": d["w"]}, OuterConfig())
+
+
+def test_aggregate_is_mean_in_fixed_order_and_deterministic() -> None:
+    g = init_global(_params(0))
+    deltas = [_params(s) for s in (1, 2, 3)]
+    a = aggregate(g, deltas, OuterConfig())
+    b = aggregate(g, [dict(d) for d in deltas], OuterConfig())
+    assert state_digest(a) == state_digest(b)
+    m = mean_delta(deltas, {n: tuple(t.shape) for n, t in global_params(g).items()})
+    torch.testing.assert_close(m["w"], (deltas[0]["w"] + deltas[1]["w"] + deltas[2]["w"]) / 3)
+    assert state_digest(a) == state_digest(outer_step(g, m, OuterConfig()))
+    assert global_params(a).keys() == {"w", "b"}
+    assert state_digest(g) == state_digest(init_global(_params(0)))  # input untouched
+
+
+@pytest.mark.parametrize(
+    ("deltas", "match"),
+    [
+        ([], "no pseudo-gradients"),
+        ([{"w": torch.zeros(5, 3)}], "different tensor names"),
+        ([{"w": torch.zeros(3, 5), "b": torch.zeros(3)}], "expected float32"),
+        ([{"w": torch.zeros(5, 3), "b": torch.zeros(3, dtype=torch.float64)}], "expected float32"),
+        ([{"w": torch.full((5, 3), float("nan")), "b": torch.zeros(3)}], "NaN"),
+    ],
+)
+def test_aggregate_rejects_bad_deltas(deltas: list[dict[str, torch.Tensor]], match: str) -> None:
+    with pytest.raises(AggregateError, match=match):
+        aggregate(init_global(_params(0)), deltas, OuterConfig())

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from coordinator.aggregate import AggregateError, aggregate, aggregate_payloads, mean_delta
+from coordinator.aggregate import AggregateError, aggregate, mean_delta
 from coordinator.outer import (
     MOM,
     PARAM,

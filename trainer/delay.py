@@ -1,0 +1,105 @@
+"""Where each epoch starts (docs/protocol.md §8): blocking DiLoCo or the one-step-delay overlap.
+
+Both rules are pure functions of public data (the finalized global models) and the trainer's own
+committed states of the previous epoch, so a verifier can recompute any start state and check the
+"previous end → next start" transition like an inner step.
+
+- Blocking: epoch e starts from G_e, the global model that folds in epoch e-1's update; the
+  trainer waits for aggregation.
+- One-step delay (default): epoch e starts from G_{e-1} − Δ_{e-1} — the latest global model a
+  trainer can hold without waiting (G_{e-1} is finalized while epoch e-1 trains) plus its own
+  progress of epoch e-1. Epoch e-1's averaged update lands one round late, inside G_e.
+
+In both, Adam moments and the step counter carry over from the end state E_{e-1}, and the error
+buffer is the one the compressor left when encoding epoch e-1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import Enum
+
+from torch import Tensor
+
+from trainer.inner import (
+    EF,
+    PARAM,
+    Params,
+    State,
+    TrainerError,
+    section,
+    state_from_params,
+    with_section,
+)
+
+
+class StartRule(str, Enum):
+    BLOCKING = "blocking"
+    DELAYED = "delayed"
+
+
+def global_index(rule: StartRule, epoch: int) -> int:
+    """Which finalized global model G_i epoch ``epoch`` starts from."""
+    if epoch < 0:
+        raise TrainerError(f"epoch must be >= 0, got {epoch}")
+    return epoch if rule is StartRule.BLOCKING else max(epoch - 1, 0)
+
+
+def public_history_end(rule: StartRule, epoch: int) -> int:
+    """Epochs ``< public_history_end`` are aggregated (their payloads public) when ``epoch`` starts.
+
+    The adaptive rank/H rule for ``epoch`` may read only those: e-1 for blocking, e-2 with the delay.
+    """
+    return max(epoch - (0 if rule is StartRule.BLOCKING else 1), 0)
+
+
+def pseudo_gradient(start: Mapping[str, Tensor], end: Mapping[str, Tensor]) -> Params:
+    """Δ = start.param − end.param (bare names, fp32): what the trainer compresses and sends."""
+    s, e = section(start, PARAM), section(end, PARAM)
+    if s.keys() != e.keys():
+        raise TrainerError("start and end states have different parameters; they are not one epoch")
+    return {n: s[n] - e[n] for n in s}
+
+
+def carry(end: Mapping[str, Tensor], new_ef: Mapping[str, Tensor]) -> State:
+    """The end state with the error buffer the compressor left (the state after the final transition)."""
+    return with_section(end, EF, new_ef)
+
+
+def first_start(global_params: Mapping[str, Tensor], rng: int = 0) -> State:
+    """Epoch 0 under either rule: G_0 with zero moments, zero error buffer and step 0."""
+    return state_from_params(
+        global_params, rng=rng, device=next(iter(global_params.values())).device.type
+    )
+
+
+def blocking_start(g_e: Mapping[str, Tensor], carried: Mapping[str, Tensor]) -> State:
+    """S_e: params = G_e; everything else from the carried end state of epoch e-1."""
+    return with_section(carried, PARAM, {n: t.clone() for n, t in g_e.items()})
+
+
+def delayed_start(
+    g_prev: Mapping[str, Tensor], prev_start: Mapping[str, Tensor], carried: Mapping[str, Tensor]
+) -> State:
+    """S_e: params = G_{e-1} − Δ_{e-1}, with Δ_{e-1} = S_{e-1}.param − E_{e-1}.param computed first (fp32)."""
+    delta = pseudo_gradient(prev_start, carried)
+    if g_prev.keys() != delta.keys():
+        raise TrainerError("global model and trainer state have different parameters")
+    return with_section(carried, PARAM, {n: g_prev[n] - delta[n] for n in delta})
+
+
+def next_start(
+    rule: StartRule,
+    latest_global: Mapping[str, Tensor],
+    prev_start: Mapping[str, Tensor] | None,
+    carried: Mapping[str, Tensor] | None,
+) -> State:
+    """Start state of the next epoch; ``latest_global`` must be G_{global_index(rule, epoch)}.
+
+    ``prev_start``/``carried`` are None for epoch 0.
+    """
+    if carried is None or prev_start is None:
+        return first_start(latest_global)
+    if rule is StartRule.BLOCKING:
+        return blocking_start(latest_global, carried)
+    return delayed_start(latest_global, prev_start, carried)

@@ -1,0 +1,760 @@
+"""Typed Python client for the Veriloco contract (web3 8): deploy, transactions, views, event streams.
+
+Nodes get a `Chain` object and never touch web3 themselves. The client
+- checks the chain id and that the address holds exactly the committed contract build;
+- manages nonces (local signing keys) or lets the node sign (unlocked accounts), estimates gas,
+  waits for receipts;
+- turns every revert into the Python exception named after the contract's custom error, with its
+  arguments (see protocol.chain_errors), and transport failures into ChainUnavailable;
+- streams events by polling `eth_getLogs` with a block cursor, so a dropped connection only delays
+  the stream and never loses or repeats an event.
+
+Quick use:
+    w3 = connect("http://127.0.0.1:8545")
+    address = deploy(w3, account)
+    chain = Chain(w3, address, account)
+    run_id = chain.create_run(params)
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from enum import IntEnum
+from pathlib import Path
+from typing import Any, TypeVar
+
+from eth_abi import decode as abi_decode
+from eth_account.signers.local import LocalAccount
+from eth_utils import function_abi_to_4byte_selector, to_checksum_address
+from web3 import HTTPProvider, Web3
+from web3.exceptions import TimeExhausted
+
+from protocol.chain_audit import (
+    AuditResponse,
+    assigned_verifiers,
+    audit_seed,
+    build_response,
+    challenged_steps,
+    commitment,
+    final_check,
+    response_indices,
+)
+from protocol.chain_errors import (
+    REVERT_CLASSES,
+    ArtifactMissing,
+    ChainError,
+    ChainUnavailable,
+    ContractRevert,
+    TransactionFailed,
+    WrongChain,
+    WrongContract,
+)
+from protocol.types import Address, Cid, Digest, RunId, Wei
+
+__all__ = [
+    "ARTIFACT_PATH", "Assignment", "AuditResponse", "Chain", "ChainError", "ChainEvent", "ChainUnavailable",
+    "ContractRevert", "EpochStatus", "EpochTimes", "EventStream", "MemberInfo", "Phase", "RunInfo",
+    "RunParams", "SubmissionInfo", "TxResult", "artifact", "assigned_verifiers", "audit_seed",
+    "build_response", "challenged_steps", "commitment", "connect", "deploy", "final_check",
+    "response_indices",
+]
+
+ARTIFACT_PATH = Path(__file__).resolve().parents[1] / "contracts" / "build" / "Veriloco.json"
+NEVER = 2**64 - 1
+_T = TypeVar("_T")
+
+
+@functools.cache
+def artifact() -> dict[str, Any]:
+    """The committed build of contracts/Veriloco.sol (ABI, bytecode, compiler, settings)."""
+    try:
+        data: dict[str, Any] = json.loads(ARTIFACT_PATH.read_text())
+    except (OSError, ValueError) as exc:
+        raise ArtifactMissing(
+            f"cannot read the contract artifact {ARTIFACT_PATH}: {exc}; rebuild it with `node contracts/build.mjs`"
+        ) from exc
+    return data
+
+
+# ---------------------------------------------------------------- value types
+
+
+class Phase(IntEnum):
+    """Epoch phase as the contract derives it (DESIGN.md §3)."""
+
+    NOT_STARTED = 0
+    COMMITTING = 1
+    REVEALING = 2
+    AUDITING = 3
+    FINALIZED = 4
+    ABORTED = 5
+
+
+@dataclass(frozen=True)
+class RunParams:
+    """The run-config fields the contract enforces (RunConfig.to_run_params() produces this).
+
+    Windows and the unbonding delay are seconds; stakes are wei; *_bps are basis points of 10 000.
+    """
+
+    config_cid: Cid
+    config_digest: Digest
+    init_model_cid: Cid
+    init_model_digest: Digest
+    coordinator: Address
+    min_trainers: int = 1
+    max_trainers: int = 256
+    max_verifiers: int = 64
+    commit_window: int = 600
+    reveal_window: int = 600
+    response_window: int = 600
+    verdict_window: int = 600
+    finalize_window: int = 600
+    unbonding_delay: int = 3600
+    audit_steps: int = 2
+    final_check_bps: int = 10_000
+    quorum: int = 1
+    slash_bps: int = 5_000
+    trainer_stake: Wei = Wei(10**18)
+    verifier_stake: Wei = Wei(10**18)
+
+    def to_abi(self) -> tuple[Any, ...]:
+        values = [getattr(self, f.name) for f in fields(self)]
+        values[4] = to_checksum_address(values[4])
+        return tuple(values)
+
+    @classmethod
+    def from_abi(cls, t: Sequence[Any]) -> RunParams:
+        v = list(t)
+        v[1], v[3] = Digest(bytes(v[1])), Digest(bytes(v[3]))
+        v[4] = Address(to_checksum_address(v[4]))
+        return cls(*v)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_id: RunId
+    params: RunParams
+    creator: Address
+    next_epoch: int  # epochs [0, next_epoch) have opened
+    active_trainers: int
+    trainer_slots: int
+    verifier_count: int
+
+
+@dataclass(frozen=True)
+class EpochStatus:
+    phase: Phase
+    committed: int
+    revealed: int
+    passed: int
+    failed: int
+    model_cid: Cid  # "" until finalized
+
+
+@dataclass(frozen=True)
+class EpochTimes:
+    """Block timestamps; 0 where not yet determined."""
+
+    opened_at: int
+    commits_close: int
+    reveals_close: int
+    response_deadline: int
+    verdict_deadline: int
+    finalize_deadline: int
+    done_at: int
+    expected: int
+    responded: int
+    verifier_count: int
+    seeded: bool
+    seed: Digest
+    model_digest: Digest
+
+
+@dataclass(frozen=True)
+class SubmissionInfo:
+    """state: 0 none, 1 committed, 2 revealed, 3 responded."""
+
+    commitment: Digest
+    payload_digest: Digest
+    trace_root: Digest
+    leaf_count: int
+    state: int
+    pass_votes: int
+    fail_votes: int
+    passed: bool
+
+
+@dataclass(frozen=True)
+class Assignment:
+    steps: tuple[int, ...]
+    final_check: bool
+    verifiers: tuple[Address, ...]
+
+
+@dataclass(frozen=True)
+class MemberInfo:
+    """role: 0 none, 1 trainer, 2 verifier; leave_epoch is None while active."""
+
+    role: int
+    stake: Wei
+    slot: int
+    join_epoch: int
+    leave_epoch: int | None
+    left_at: int
+
+
+@dataclass(frozen=True)
+class TxResult:
+    tx_hash: str
+    block_number: int
+    gas_used: int
+    events: tuple[ChainEvent, ...]
+
+
+@dataclass(frozen=True)
+class ChainEvent:
+    name: str
+    args: dict[str, Any]
+    block_number: int
+    tx_hash: str
+    log_index: int
+
+
+# ---------------------------------------------------------------- transport and revert decoding
+
+
+def connect(rpc: Web3 | str, timeout: float = 30.0) -> Web3:
+    """A Web3 for an RPC URL (or the given Web3), checked to answer."""
+    w3 = rpc if isinstance(rpc, Web3) else Web3(HTTPProvider(rpc, request_kwargs={"timeout": timeout}))
+    _rpc(lambda: w3.eth.chain_id, _where(w3))
+    return w3
+
+
+def _where(w3: Web3) -> str:
+    uri = getattr(w3.provider, "endpoint_uri", None)
+    return str(uri) if uri else type(w3.provider).__name__
+
+
+def _rpc(call: Callable[[], _T], where: str) -> _T:
+    """Run one RPC call; transport failures become ChainUnavailable with a hint."""
+    try:
+        return call()
+    except ChainError:
+        raise
+    except (ConnectionError, OSError, TimeoutError) as exc:
+        raise ChainUnavailable(
+            f"cannot reach the chain at {where}: {exc}; is the node running (`veriloco devnet`) and the URL right?"
+        ) from exc
+    except Exception as exc:
+        if type(exc).__module__.startswith(("requests", "urllib3", "aiohttp")) or "ConnectionError" in type(exc).__name__:
+            raise ChainUnavailable(
+                f"cannot reach the chain at {where}: {exc}; is the node running (`veriloco devnet`) and the URL right?"
+            ) from exc
+        raise
+
+
+@functools.cache
+def _error_table() -> dict[bytes, tuple[str, list[str]]]:
+    table: dict[bytes, tuple[str, list[str]]] = {}
+    for item in artifact()["abi"]:
+        if item["type"] == "error":
+            sel = function_abi_to_4byte_selector(item)
+            table[sel] = (item["name"], [i["type"] for i in item["inputs"]])
+    return table
+
+
+_HEX = re.compile(r"0x[0-9a-fA-F]{8,}")
+
+
+def revert_data(exc: BaseException) -> bytes | None:
+    """The raw revert data carried by a web3 / eth-tester / JSON-RPC exception, if any."""
+    for cand in (getattr(exc, "data", None), *(exc.args if exc.args else ())):
+        if isinstance(cand, (bytes, bytearray)) and len(cand) >= 4:
+            return bytes(cand)
+        if isinstance(cand, dict):
+            inner = cand.get("data")
+            if isinstance(inner, str) and inner.startswith("0x"):
+                return bytes.fromhex(inner[2:])
+        if isinstance(cand, str):
+            if cand.startswith("0x") and len(cand) >= 10:
+                try:
+                    return bytes.fromhex(cand[2:])
+                except ValueError:
+                    pass
+            m = re.search(r"execution reverted: (b'.*'|b\".*\")$", cand, re.S)
+            if m:
+                try:
+                    lit = ast.literal_eval(m.group(1))
+                    if isinstance(lit, bytes):
+                        return lit
+                except (ValueError, SyntaxError):
+                    pass
+            m2 = _HEX.search(cand)
+            if m2 and len(m2.group(0)) % 2 == 0:
+                return bytes.fromhex(m2.group(0)[2:])
+    return None
+
+
+def decode_revert(data: bytes) -> ChainError:
+    """The exception for raw revert data: a ContractRevert subclass, or TransactionFailed."""
+    if len(data) < 4:
+        return TransactionFailed("transaction reverted without a reason")
+    sel, body = data[:4], data[4:]
+    if sel == bytes.fromhex("08c379a0"):
+        (msg,) = abi_decode(["string"], body)
+        return TransactionFailed(f"transaction reverted: {msg}")
+    if sel == bytes.fromhex("4e487b71"):
+        (code,) = abi_decode(["uint256"], body)
+        return TransactionFailed(f"transaction panicked with code 0x{code:x}")
+    entry = _error_table().get(sel)
+    if entry is None:
+        return TransactionFailed(f"transaction reverted with unknown error data 0x{data.hex()}")
+    name, types = entry
+    try:
+        values = list(abi_decode(types, body))
+    except Exception:
+        return TransactionFailed(f"transaction reverted with malformed {name} data 0x{data.hex()}")
+    values = [to_checksum_address(v) if t == "address" else v for t, v in zip(types, values)]
+    cls = REVERT_CLASSES.get(name, ContractRevert)
+    return cls(*values)
+
+
+def _translate(exc: Exception) -> ChainError | None:
+    data = revert_data(exc)
+    if data is not None:
+        return decode_revert(data)
+    text = str(exc)
+    if "revert" in text.lower():
+        return TransactionFailed(f"transaction reverted: {text}")
+    return None
+
+
+# ---------------------------------------------------------------- deploy
+
+
+def _sender(account: LocalAccount | str) -> Address:
+    return Address(to_checksum_address(account if isinstance(account, str) else account.address))
+
+
+def _send_raw(w3: Web3, account: LocalAccount | str, tx: dict[str, Any]) -> bytes:
+    if isinstance(account, str):
+        return bytes(w3.eth.send_transaction(tx))  # type: ignore[arg-type]
+    signed = account.sign_transaction(tx)
+    return bytes(w3.eth.send_raw_transaction(signed.raw_transaction))
+
+
+def deploy(w3: Web3, account: LocalAccount | str, timeout: float = 120.0) -> Address:
+    """Deploy the committed Veriloco build from `account`; returns the contract address."""
+    art = artifact()
+    factory = w3.eth.contract(abi=art["abi"], bytecode=art["bytecode"])
+    sender = _sender(account)
+    where = _where(w3)
+
+    def go() -> Address:
+        tx: dict[str, Any] = {"from": sender}
+        if not isinstance(account, str):
+            tx["nonce"] = w3.eth.get_transaction_count(sender, "pending")
+        gas = factory.constructor().estimate_gas({"from": sender})
+        tx["gas"] = min(int(gas * 1.2) + 50_000, _block_gas_limit(w3))
+        built = factory.constructor().build_transaction(tx)  # type: ignore[arg-type]
+        h = _send_raw(w3, account, dict(built))
+        receipt = w3.eth.wait_for_transaction_receipt(h, timeout=timeout, poll_latency=0.05)
+        if receipt["status"] != 1 or not receipt.get("contractAddress"):
+            raise TransactionFailed(f"deployment transaction 0x{h.hex()} failed")
+        return Address(to_checksum_address(receipt["contractAddress"]))
+
+    try:
+        return _rpc(go, where)
+    except ChainError:
+        raise
+    except Exception as exc:
+        err = _translate(exc)
+        if err is None:
+            raise ChainError(f"deployment failed: {exc}") from exc
+        raise err from exc
+
+
+def _block_gas_limit(w3: Web3) -> int:
+    return int(w3.eth.get_block("latest")["gasLimit"])
+
+
+# ---------------------------------------------------------------- the client
+
+
+class Chain:
+    """One contract deployment seen by one account (or read-only when `account` is None).
+
+    `account` is an eth_account LocalAccount (signed locally; nonces tracked here) or the address
+    of an account the node signs for (eth-tester, anvil's dev accounts).
+    """
+
+    def __init__(
+        self,
+        w3: Web3 | str,
+        address: str,
+        account: LocalAccount | str | None = None,
+        *,
+        chain_id: int | None = None,
+        receipt_timeout: float = 120.0,
+    ) -> None:
+        self.w3 = connect(w3)
+        self.where = _where(self.w3)
+        try:
+            self.address = Address(to_checksum_address(address))
+        except ValueError as exc:
+            raise WrongContract(f"{address!r} is not an Ethereum address; pass the deployed contract's 0x address") from exc
+        self.chain_id = int(_rpc(lambda: self.w3.eth.chain_id, self.where))
+        if chain_id is not None and chain_id != self.chain_id:
+            raise WrongChain(
+                f"the node at {self.where} serves chain id {self.chain_id}, expected {chain_id}; check the RPC URL"
+            )
+        code = bytes(_rpc(lambda: self.w3.eth.get_code(self.address), self.where))
+        expected = bytes.fromhex(artifact()["deployedBytecode"][2:])
+        if not code:
+            raise WrongContract(
+                f"no contract at {self.address} on chain {self.chain_id}; deploy one with `veriloco deploy` "
+                "or check the address and the RPC URL"
+            )
+        if code != expected:
+            raise WrongContract(
+                f"the contract at {self.address} on chain {self.chain_id} is not this Veriloco build "
+                f"({len(code)} bytes of code, expected {len(expected)}); deploy the current build or update veriloco"
+            )
+        self.contract = self.w3.eth.contract(address=self.address, abi=artifact()["abi"])
+        self.account = account
+        self.sender: Address | None = _sender(account) if account is not None else None
+        self.receipt_timeout = receipt_timeout
+        self._nonce: int | None = None
+        self._lock = threading.Lock()
+        self._events_by_topic = {
+            bytes(self.w3.keccak(text=_event_signature(e))): e["name"]
+            for e in artifact()["abi"]
+            if e["type"] == "event"
+        }
+
+    # -------------------------------------------------------------- plumbing
+
+    def _call(self, fn_name: str, *args: Any) -> Any:
+        fn = getattr(self.contract.functions, fn_name)(*args)
+        try:
+            return _rpc(lambda: fn.call(), self.where)
+        except ChainError:
+            raise
+        except Exception as exc:
+            err = _translate(exc)
+            if err is None:
+                raise ChainError(f"{fn_name} call failed: {exc}") from exc
+            raise err from exc
+
+    def _transact(self, fn_name: str, *args: Any, value: int = 0) -> TxResult:
+        if self.account is None or self.sender is None:
+            raise ChainError(f"{fn_name} needs an account; pass --key (or VERILOCO_KEY)")
+        fn = getattr(self.contract.functions, fn_name)(*args)
+        base: dict[str, Any] = {"from": self.sender, "value": value}
+        with self._lock:
+            try:
+                gas = _rpc(lambda: fn.estimate_gas(base), self.where)
+            except ChainError:
+                raise
+            except Exception as exc:
+                err = _translate(exc)
+                if err is None:
+                    raise ChainError(f"{fn_name} failed: {exc}") from exc
+                raise err from exc
+            tx = dict(base)
+            tx["gas"] = int(gas * 1.25) + 30_000
+            if not isinstance(self.account, str):
+                if self._nonce is None:
+                    self._nonce = int(_rpc(lambda: self.w3.eth.get_transaction_count(self.sender, "pending"), self.where))  # type: ignore[arg-type]
+                tx["nonce"] = self._nonce
+            try:
+                built = _rpc(lambda: dict(fn.build_transaction(tx)), self.where)  # type: ignore[arg-type]
+                h = _rpc(lambda: _send_raw(self.w3, self.account, built), self.where)  # type: ignore[arg-type]
+            except Exception as exc:
+                self._nonce = None  # resynchronise from the node next time
+                if isinstance(exc, ChainError):
+                    raise
+                err = _translate(exc)
+                if err is None:
+                    raise ChainError(f"{fn_name} could not be sent: {exc}") from exc
+                raise err from exc
+            if self._nonce is not None:
+                self._nonce += 1
+        try:
+            receipt = _rpc(
+                lambda: self.w3.eth.wait_for_transaction_receipt(h, timeout=self.receipt_timeout, poll_latency=0.05),  # type: ignore[arg-type]
+                self.where,
+            )
+        except TimeExhausted as exc:
+            raise ChainError(
+                f"{fn_name} transaction 0x{h.hex()} was not mined within {self.receipt_timeout:.0f} s; is the node mining?"
+            ) from exc
+        if receipt["status"] != 1:
+            # replay at the parent state to recover the revert reason
+            try:
+                fn.call(base, block_identifier=receipt["blockNumber"] - 1)
+            except Exception as exc:
+                err = _translate(exc)
+                if err is not None:
+                    raise err from exc
+            raise TransactionFailed(f"{fn_name} transaction 0x{h.hex()} reverted (gas used {receipt['gasUsed']})")
+        events = tuple(e for e in (self._decode_log(lg) for lg in receipt["logs"]) if e is not None)
+        return TxResult("0x" + bytes(h).hex(), int(receipt["blockNumber"]), int(receipt["gasUsed"]), events)
+
+    def _decode_log(self, log: Any) -> ChainEvent | None:
+        if to_checksum_address(log["address"]) != self.address or not log["topics"]:
+            return None
+        name = self._events_by_topic.get(bytes(log["topics"][0]))
+        if name is None:
+            return None
+        ev = getattr(self.contract.events, name)().process_log(log)
+        args = {k: _plain(v) for k, v in ev["args"].items()}
+        return ChainEvent(name, args, int(log["blockNumber"]), "0x" + bytes(log["transactionHash"]).hex(), int(log["logIndex"]))
+
+    def now(self) -> int:
+        """Timestamp of the latest block (the contract's clock)."""
+        return int(_rpc(lambda: self.w3.eth.get_block("latest")["timestamp"], self.where))
+
+    def block_number(self) -> int:
+        return int(_rpc(lambda: self.w3.eth.block_number, self.where))
+
+    # -------------------------------------------------------------- transactions
+
+    def create_run(self, params: RunParams) -> RunId:
+        """Create a run; returns its id."""
+        res = self._transact("createRun", params.to_abi())
+        for e in res.events:
+            if e.name == "RunCreated":
+                return RunId(int(e.args["runId"]))
+        raise ChainError("createRun succeeded but emitted no RunCreated event")
+
+    def join_trainer(self, run_id: int, stake: int | None = None) -> TxResult:
+        """Stake and join as a trainer (stake defaults to the run's trainer stake)."""
+        if stake is None:
+            stake = self.run_info(run_id).params.trainer_stake
+        return self._transact("joinTrainer", run_id, value=stake)
+
+    def join_verifier(self, run_id: int, stake: int | None = None) -> TxResult:
+        """Stake and join as a verifier (stake defaults to the run's verifier stake)."""
+        if stake is None:
+            stake = self.run_info(run_id).params.verifier_stake
+        return self._transact("joinVerifier", run_id, value=stake)
+
+    def leave(self, run_id: int) -> TxResult:
+        return self._transact("leaveRun", run_id)
+
+    def withdraw(self, run_id: int) -> TxResult:
+        return self._transact("withdraw", run_id)
+
+    def claim(self) -> TxResult:
+        return self._transact("claim")
+
+    def commitment_for(
+        self, run_id: int, epoch: int, payload_digest: bytes, trace_root: bytes, leaf_count: int, salt: bytes,
+        trainer: str | None = None,
+    ) -> Digest:
+        """The §4 commitment for this chain, contract and account (computed locally)."""
+        who = trainer or self.sender
+        if who is None:
+            raise ChainError("commitment_for needs a trainer address or an account")
+        return commitment(self.chain_id, self.address, run_id, epoch, who, payload_digest, trace_root, leaf_count, salt)
+
+    def commit(self, run_id: int, epoch: int, commitment_: bytes) -> TxResult:
+        return self._transact("commit", run_id, epoch, bytes(commitment_))
+
+    def reveal(
+        self, run_id: int, epoch: int, payload_cid: str, payload_digest: bytes, trace_root: bytes, leaf_count: int, salt: bytes
+    ) -> TxResult:
+        return self._transact("reveal", run_id, epoch, payload_cid, bytes(payload_digest), bytes(trace_root), leaf_count, bytes(salt))
+
+    def start_audit(self, run_id: int, epoch: int) -> TxResult:
+        return self._transact("startAudit", run_id, epoch)
+
+    def respond(self, run_id: int, epoch: int, manifest_cid: str, response: AuditResponse) -> TxResult:
+        """Post the audit response (build it with build_response from the epoch's trace)."""
+        return self._transact("respond", run_id, epoch, manifest_cid, list(response.leaves), list(response.proofs))
+
+    def submit_verdict(self, run_id: int, epoch: int, trainer: str, passed: bool, evidence_cid: str) -> TxResult:
+        return self._transact("submitVerdict", run_id, epoch, to_checksum_address(trainer), passed, evidence_cid)
+
+    def submit_verdicts(
+        self, run_id: int, epoch: int, verdicts: Sequence[tuple[str, bool, str]]
+    ) -> TxResult:
+        """Several (trainer, passed, evidence_cid) verdicts in one transaction."""
+        return self._transact(
+            "submitVerdicts", run_id, epoch,
+            [to_checksum_address(t) for t, _, _ in verdicts], [p for _, p, _ in verdicts], [c for _, _, c in verdicts],
+        )
+
+    def finalize(self, run_id: int, epoch: int, model_cid: str, model_digest: bytes, included: Sequence[str]) -> TxResult:
+        """Submit the aggregate; `included` is sorted here (the contract wants ascending addresses)."""
+        ordered = sorted((to_checksum_address(a) for a in included), key=lambda a: int(a, 16))
+        return self._transact("finalize", run_id, epoch, model_cid, bytes(model_digest), ordered)
+
+    def settle(self, run_id: int, epoch: int) -> TxResult:
+        return self._transact("settle", run_id, epoch)
+
+    # -------------------------------------------------------------- views
+
+    def current_epoch(self, run_id: int) -> int:
+        return int(self._call("currentEpoch", run_id))
+
+    def epoch_status(self, run_id: int, epoch: int) -> EpochStatus:
+        ph, c, r, p, f, cid = self._call("epochStatus", run_id, epoch)
+        return EpochStatus(Phase(ph), c, r, p, f, Cid(cid))
+
+    def epoch_times(self, run_id: int, epoch: int) -> EpochTimes:
+        t = self._call("epochTimes", run_id, epoch)
+        a = self._call("epochAudit", run_id, epoch)
+        return EpochTimes(*t, a[0], a[1], a[2], bool(a[3]), Digest(bytes(a[4])), Digest(bytes(a[5])))
+
+    def run_count(self) -> int:
+        return int(self._call("runCount"))
+
+    def run_info(self, run_id: int) -> RunInfo:
+        params = RunParams.from_abi(self._call("runParams", run_id))
+        creator, nxt, active, slots, vcount = self._call("runState", run_id)
+        return RunInfo(RunId(run_id), params, Address(to_checksum_address(creator)), nxt, active, slots, vcount)
+
+    def submission(self, run_id: int, epoch: int, trainer: str) -> SubmissionInfo:
+        c, pd, tr, lc, st, pv, fv, ok = self._call("submission", run_id, epoch, to_checksum_address(trainer))
+        return SubmissionInfo(Digest(bytes(c)), Digest(bytes(pd)), Digest(bytes(tr)), lc, st, pv, fv, bool(ok))
+
+    def assignment(self, run_id: int, epoch: int, trainer: str) -> Assignment:
+        steps, fin, vs = self._call("assignment", run_id, epoch, to_checksum_address(trainer))
+        return Assignment(tuple(int(s) for s in steps), bool(fin), tuple(Address(to_checksum_address(v)) for v in vs))
+
+    def member(self, run_id: int, account: str) -> MemberInfo:
+        role, stake, slot, je, le, left = self._call("member", run_id, to_checksum_address(account))
+        return MemberInfo(role, Wei(stake), slot, je, None if le == NEVER else le, left)
+
+    def participants(self, run_id: int) -> tuple[list[Address], list[Address]]:
+        """(active trainers by slot, verifier list in assignment order)."""
+        ts, vs = self._call("participants", run_id)
+        return [Address(to_checksum_address(t)) for t in ts], [Address(to_checksum_address(v)) for v in vs]
+
+    def totals(self) -> tuple[Wei, Wei]:
+        """(total staked, total claimable credits): with the contract balance, the accounting invariant."""
+        return Wei(int(self._call("totalStaked"))), Wei(int(self._call("totalCredits")))
+
+    def credits(self, account: str) -> Wei:
+        return Wei(int(self._call("credits", to_checksum_address(account))))
+
+    def balance(self) -> Wei:
+        return Wei(int(_rpc(lambda: self.w3.eth.get_balance(self.address), self.where)))
+
+    def revealed(self, run_id: int, epoch: int, trainer: str | None = None) -> list[ChainEvent]:
+        """Revealed events of an epoch (payload CIDs live there, not in storage)."""
+        return self.events(["Revealed"], run_id=run_id, epoch=epoch, trainer=trainer)
+
+    def events(
+        self, names: Sequence[str] | None = None, *, run_id: int | None = None, epoch: int | None = None,
+        trainer: str | None = None, from_block: int = 0,
+    ) -> list[ChainEvent]:
+        """All matching events so far (one-shot; use EventStream to follow)."""
+        stream = EventStream(self, names, run_id=run_id, from_block=from_block)
+        out = []
+        while True:
+            batch = stream.poll()
+            out += batch
+            if stream.cursor > stream.last_seen_head:
+                break
+        if epoch is not None:
+            out = [e for e in out if e.args.get("epoch") == epoch]
+        if trainer is not None:
+            who = to_checksum_address(trainer)
+            out = [e for e in out if e.args.get("trainer") == who]
+        return out
+
+    def stream(self, names: Sequence[str] | None = None, *, run_id: int | None = None, from_block: int = 0) -> EventStream:
+        return EventStream(self, names, run_id=run_id, from_block=from_block)
+
+
+def _event_signature(e: dict[str, Any]) -> str:
+    def ty(i: dict[str, Any]) -> str:
+        if i["type"].startswith("tuple"):
+            return "(" + ",".join(ty(c) for c in i["components"]) + ")" + i["type"][5:]
+        return str(i["type"])
+
+    return f"{e['name']}({','.join(ty(i) for i in e['inputs'])})"
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v)
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, str) and v.startswith("0x") and len(v) == 42:
+        return to_checksum_address(v)
+    return v
+
+
+class EventStream:
+    """Follows the contract's events with a block cursor (eth_getLogs polling).
+
+    `poll()` returns the events of the blocks since the last poll, in chain order. If the node is
+    unreachable it raises ChainUnavailable and keeps its cursor, so the next successful poll resumes
+    exactly where it stopped: no event is lost or repeated across a reconnect. Reorgs are not
+    handled (devnets do not reorg; on public chains pass `confirmations`).
+    """
+
+    def __init__(
+        self, chain: Chain, names: Sequence[str] | None = None, *, run_id: int | None = None,
+        from_block: int = 0, confirmations: int = 0, max_range: int = 2000,
+    ) -> None:
+        self.chain = chain
+        self.names = set(names) if names else None
+        self.run_id = run_id
+        self.cursor = from_block
+        self.confirmations = confirmations
+        self.max_range = max_range
+        self.last_seen_head = -1
+        if self.names:
+            unknown = self.names - set(chain._events_by_topic.values())
+            if unknown:
+                raise ChainError(f"unknown event name(s) {sorted(unknown)}; see docs/contract.md for the list")
+
+    def poll(self) -> list[ChainEvent]:
+        ch = self.chain
+        head = ch.block_number() - self.confirmations
+        self.last_seen_head = head
+        if self.cursor > head:
+            return []
+        to = min(head, self.cursor + self.max_range - 1)
+        topics: list[Any] = []
+        if self.names:
+            topics.append([t for t, n in ch._events_by_topic.items() if n in self.names])
+        if self.run_id is not None:
+            topics.append("0x" + self.run_id.to_bytes(32, "big").hex())
+        flt: dict[str, Any] = {"address": ch.address, "fromBlock": self.cursor, "toBlock": to}
+        if topics:
+            flt["topics"] = [
+                ["0x" + x.hex() for x in t] if isinstance(t, list) else t for t in topics
+            ]
+        logs = _rpc(lambda: ch.w3.eth.get_logs(flt), ch.where)  # type: ignore[arg-type]
+        out = [e for e in (ch._decode_log(lg) for lg in logs) if e is not None]
+        if self.names:
+            out = [e for e in out if e.name in self.names]
+        out.sort(key=lambda e: (e.block_number, e.log_index))
+        self.cursor = to + 1
+        return out
+
+    def follow(self, timeout: float, interval: float = 0.1) -> Iterator[ChainEvent]:
+        """Yield events as they arrive until `timeout` seconds pass; survives temporary outages."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                batch = self.poll()
+            except ChainUnavailable:
+                batch = []
+            yield from batch
+            if not batch:
+                time.sleep(interval)

@@ -1,0 +1,280 @@
+"""Python exceptions for the contract's custom errors, plus the binding's own failures.
+
+Every revert of the Veriloco contract is decoded into the exception class of the same name, with
+the error's arguments as attributes (snake_case) and in `args`, so callers write
+`except WrongPhase as e: e.actual`. The docstring of each class is the hint shown to users.
+A unit test checks that every error in the committed ABI has a class here with the same arity.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from protocol.errors import VerilocoError
+
+
+class ChainError(VerilocoError):
+    """Root of every failure talking to the chain or the contract."""
+
+
+class ChainUnavailable(ChainError):
+    """The JSON-RPC endpoint cannot be reached."""
+
+
+class WrongChain(ChainError):
+    """The endpoint serves another chain than expected."""
+
+
+class WrongContract(ChainError):
+    """No Veriloco contract (or a different build of it) is deployed at the given address."""
+
+
+class ArtifactMissing(ChainError):
+    """The committed contract artifact is missing or unreadable."""
+
+
+class TransactionFailed(ChainError):
+    """A transaction reverted or failed without a decodable custom error."""
+
+
+class ContractRevert(ChainError):
+    """Base of the decoded custom errors; `fields` names the Solidity error's arguments."""
+
+    fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, *values: Any) -> None:
+        super().__init__(*values)
+        for name, value in zip(self.fields, values):
+            setattr(self, name, value)
+
+    def __str__(self) -> str:
+        shown = ", ".join(f"{n}={_show(v)}" for n, v in zip(self.fields, self.args))
+        hint = (type(self).__doc__ or "").strip().splitlines()[0] if type(self).__doc__ else ""
+        return f"contract reverted with {type(self).__name__}({shown}): {hint}"
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, bytes):
+        return "0x" + v.hex()
+    return str(v)
+
+
+class UnknownRun(ContractRevert):
+    """No run with this id exists; check --run (run ids start at 1) and the contract address."""
+
+    fields = ("run_id",)
+
+
+class InvalidParams(ContractRevert):
+    """The run config has an unusable on-chain field (named by `reason`); fix it in run.toml."""
+
+    fields = ("reason",)
+
+
+class WrongPhase(ContractRevert):
+    """The epoch is not in the phase this call needs (0 NotStarted, 1 Committing, 2 Revealing, 3 Auditing, 4 Finalized, 5 Aborted)."""
+
+    fields = ("run_id", "epoch", "actual", "expected")
+
+
+class WrongStake(ContractRevert):
+    """The value sent is not the run's required stake; send exactly `expected` wei."""
+
+    fields = ("actual", "expected")
+
+
+class AlreadyJoined(ContractRevert):
+    """This account already has a role in the run; use another account or leave and withdraw first."""
+
+    fields = ("run_id", "account")
+
+
+class RunFull(ContractRevert):
+    """The run already has its maximum number of members of this role."""
+
+    fields = ("run_id", "limit")
+
+
+class NotTrainer(ContractRevert):
+    """The account is not an active trainer of this run; join it first."""
+
+    fields = ("run_id", "account")
+
+
+class NotVerifier(ContractRevert):
+    """The account is not an active verifier of this run; join it first."""
+
+    fields = ("run_id", "account")
+
+
+class NotEligible(ContractRevert):
+    """The trainer does not take part in this epoch (it joined later or has left)."""
+
+    fields = ("run_id", "epoch", "trainer", "join_epoch", "leave_epoch")
+
+
+class EpochNotOpen(ContractRevert):
+    """This epoch cannot open yet: the previous one is still committing or revealing."""
+
+    fields = ("run_id", "epoch", "next_epoch")
+
+
+class ZeroCommitment(ContractRevert):
+    """A commitment must not be zero; compute it with protocol.chain.commitment()."""
+
+    fields = ()
+
+
+class AlreadyCommitted(ContractRevert):
+    """The trainer already committed in this epoch."""
+
+    fields = ("run_id", "epoch", "trainer")
+
+
+class NotCommitted(ContractRevert):
+    """The trainer has no commitment in this epoch, so there is nothing to reveal."""
+
+    fields = ("run_id", "epoch", "trainer")
+
+
+class AlreadyRevealed(ContractRevert):
+    """The trainer already revealed in this epoch."""
+
+    fields = ("run_id", "epoch", "trainer")
+
+
+class RevealMismatch(ContractRevert):
+    """The revealed values do not hash to the commitment; reveal exactly what was committed."""
+
+    fields = ("run_id", "epoch", "trainer", "actual", "expected")
+
+
+class BadLeafCount(ContractRevert):
+    """A trace needs at least two leaves (the start state and one inner step)."""
+
+    fields = ("actual", "minimum")
+
+
+class NotRevealed(ContractRevert):
+    """The trainer did not reveal in this epoch."""
+
+    fields = ("run_id", "epoch", "trainer")
+
+
+class AlreadyResponded(ContractRevert):
+    """The trainer already answered its audit."""
+
+    fields = ("run_id", "epoch", "trainer")
+
+
+class DeadlinePassed(ContractRevert):
+    """The deadline for this action has passed."""
+
+    fields = ("run_id", "epoch", "deadline", "now_ts")
+
+
+class BadResponseLength(ContractRevert):
+    """The audit response has the wrong number of leaves or proof words; build it with build_response()."""
+
+    fields = ("leaves", "expected_leaves", "proof_words", "expected_proof_words")
+
+
+class InvalidProof(ContractRevert):
+    """A Merkle proof in the audit response does not lead to the revealed trace root."""
+
+    fields = ("run_id", "epoch", "trainer", "leaf_index")
+
+
+class NotResponded(ContractRevert):
+    """The trainer has not answered its audit yet, so it cannot be judged."""
+
+    fields = ("run_id", "epoch", "trainer")
+
+
+class NotAssigned(ContractRevert):
+    """This verifier is not assigned to this trainer in this epoch; see Chain.assignment()."""
+
+    fields = ("run_id", "epoch", "trainer", "verifier")
+
+
+class AlreadyVoted(ContractRevert):
+    """This verifier already judged this trainer in this epoch."""
+
+    fields = ("run_id", "epoch", "trainer", "verifier")
+
+
+class NotCoordinator(ContractRevert):
+    """Only the run's coordinator may finalize; use the coordinator's key."""
+
+    fields = ("run_id", "caller", "coordinator")
+
+
+class NotReady(ContractRevert):
+    """Verdicts are still outstanding; finalize after all are in or after the verdict deadline."""
+
+    fields = ("run_id", "epoch", "decided", "committed", "deadline")
+
+
+class NotSorted(ContractRevert):
+    """includedTrainers must be strictly ascending by address (no duplicates)."""
+
+    fields = ("index",)
+
+
+class NotPassing(ContractRevert):
+    """An included trainer has no passing verdict quorum; leave it out."""
+
+    fields = ("run_id", "epoch", "trainer")
+
+
+class PassingOmitted(ContractRevert):
+    """A trainer with a passing verdict quorum was left out; include every passing trainer."""
+
+    fields = ("run_id", "epoch", "included", "passed")
+
+
+class NotExpired(ContractRevert):
+    """The epoch can only be settled after its finalize deadline."""
+
+    fields = ("run_id", "epoch", "deadline", "now_ts")
+
+
+class NotLeaving(ContractRevert):
+    """The account has not left the run; call leave first."""
+
+    fields = ("run_id", "account")
+
+
+class StillBonded(ContractRevert):
+    """The stake is still unbonding; withdraw after `available_at`."""
+
+    fields = ("run_id", "account", "available_at", "now_ts")
+
+
+class EpochNotSettled(ContractRevert):
+    """An epoch the account took part in is not settled yet; wait for finalize, or call settle after its deadline."""
+
+    fields = ("run_id", "epoch")
+
+
+class NothingToWithdraw(ContractRevert):
+    """The account has nothing to withdraw or claim."""
+
+    fields = ("account",)
+
+
+class TransferFailed(ContractRevert):
+    """Sending the funds failed (the receiving contract rejected them)."""
+
+    fields = ("account", "amount")
+
+
+class Reentrancy(ContractRevert):
+    """A state-changing call re-entered the contract."""
+
+    fields = ()
+
+
+REVERT_CLASSES: dict[str, type[ContractRevert]] = {
+    cls.__name__: cls for cls in ContractRevert.__subclasses__()
+}

@@ -1,0 +1,85 @@
+"""A trainer epoch and the verifier's replay of it: honest work passes every check, forgeries fail."""
+
+import pytest
+import torch
+
+from protocol.config import RunConfig
+from protocol.data import build_corpus
+from protocol.digest import keccak
+from protocol.model import init_params
+from trainer.inner import PARAM, configure_determinism
+from trainer.round import RoundSpec, final_transition, start_state, train_epoch
+from verifier.replay import check_final, check_leaf_count, check_payload, check_start, check_step
+
+pytestmark = pytest.mark.unit
+
+TRAINER = "0x" + "ab" * 20
+
+
+@pytest.fixture(scope="module")
+def setup():
+    configure_determinism(1)
+    cfg = RunConfig().replace(schedule={"h_initial": 8, "h_min": 4, "h_max": 16})
+    spec = RoundSpec.from_config(cfg)
+    corpus, _ = build_corpus(max_bytes=200_000)
+    g0 = init_params(spec.model, 0)
+    s0 = start_state(spec, g0, None, None)
+    trace = train_epoch(s0, spec, corpus, epoch=0, slot=1, steps=4)
+    return spec, corpus, g0, s0, trace
+
+
+def test_honest_steps_replay_bitwise(setup) -> None:
+    spec, corpus, _, s0, trace = setup
+    again = train_epoch(s0, spec, corpus, epoch=0, slot=1, steps=4)
+    assert again.digests == trace.digests and len(trace.digests) == 5
+    f = check_step(s0, 0, trace.digests[1], spec, corpus, 0, 1)
+    assert f.passed, f.detail
+
+
+def test_wrong_batch_or_forged_state_fails(setup) -> None:
+    spec, corpus, _, s0, trace = setup
+    assert not check_step(s0, 0, trace.digests[1], spec, corpus, 0, slot=2).passed  # another trainer's shard
+    forged = dict(s0)
+    name = next(k for k in s0 if k.startswith(PARAM))
+    forged[name] = s0[name] + 1e-3
+    assert not check_step(forged, 0, trace.digests[1], spec, corpus, 0, 1).passed
+
+
+def test_tolerant_mode_accepts_tiny_noise_and_rejects_large(setup) -> None:
+    spec, corpus, _, s0, trace = setup
+    from trainer.round import replay_step
+
+    nxt, _ = replay_step(s0, spec, corpus, 0, 1, 0)
+    name = next(k for k in nxt if k.startswith(PARAM))
+    for eps, ok in ((1e-7, True), (1e-1, False)):
+        noisy = dict(nxt)
+        noisy[name] = nxt[name] * (1 + eps)
+        f = check_step(s0, 0, keccak(b"other"), spec, corpus, 0, 1, mode="tolerant", tolerance=1e-5, next_state=noisy)
+        assert f.passed is ok, f.detail
+
+
+def test_final_and_payload_checks(setup) -> None:
+    spec, corpus, _, s0, trace = setup
+    fin = final_transition(s0, trace.end, spec, 7, 0, 1, TRAINER, rank=4)
+    assert check_final(s0, trace.end, keccak(fin.publication), spec, 7, 0, 1, TRAINER, 4).passed
+    assert not check_final(s0, trace.end, keccak(fin.publication), spec, 7, 0, 1, TRAINER, 2).passed
+    shapes = {k[len(PARAM):]: tuple(v.shape) for k, v in s0.items() if k.startswith(PARAM)}
+    assert check_payload(fin.publication, 7, 0, TRAINER, shapes).passed
+    assert not check_payload(fin.publication, 7, 1, TRAINER, shapes).passed  # replayed into another epoch
+    assert not check_payload(fin.publication[:-3], 7, 0, TRAINER, shapes).passed
+    assert not check_payload(b"garbage", 7, 0, TRAINER, shapes).passed
+
+
+def test_start_rule_check(setup) -> None:
+    spec, corpus, g0, s0, trace = setup
+    carried = final_transition(s0, trace.end, spec, 7, 0, 1, TRAINER, rank=4).carried
+    s1 = start_state(spec, g0, s0, carried)
+    assert check_start(s1, spec, g0, s0, trace.end, 7, 1, 1, TRAINER, 4).passed
+    poisoned = dict(s1)
+    name = next(k for k in s1 if k.startswith(PARAM))
+    poisoned[name] = s1[name] + torch.ones_like(s1[name])
+    assert not check_start(poisoned, spec, g0, s0, trace.end, 7, 1, 1, TRAINER, 4).passed
+
+
+def test_leaf_count() -> None:
+    assert check_leaf_count(9, 8).passed and not check_leaf_count(3, 8).passed

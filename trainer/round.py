@@ -1,0 +1,163 @@
+"""One trainer epoch as pure functions: plan, train with a digest trace, compress, carry over.
+
+The trainer node runs these; the verifier replays single pieces of them (one inner step, the final
+state → payload transition, the start-state rule), so everything a verifier must reproduce is a
+function of the run config, public chain/store data and the trainer's committed states. No I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from eth_abi import encode as abi_encode
+from torch import Tensor
+
+from protocol import merkle
+from protocol.config import RunConfig
+from protocol.data import Corpus, batch
+from protocol.digest import keccak, state_digest
+from protocol.model import GPTConfig, preset
+from protocol.payload import wrap
+from protocol.types import Digest
+from trainer.compress import CompressionConfig, CompressionStats, EpochRecord, adapt, compress
+from trainer.delay import StartRule, carry, next_start, pseudo_gradient
+from trainer.inner import EF, InnerConfig, State, TrainerError, section, train_step
+
+COMPRESS_TAG = "veriloco.compress.v1"
+
+Batch = tuple[Tensor, Tensor]
+StepHook = Callable[[int, State, float], None]  # (step just finished, state after it, loss)
+
+
+@dataclass(frozen=True)
+class RoundSpec:
+    """The parts of a run config that fix what one trainer epoch computes."""
+
+    model: GPTConfig
+    inner: InnerConfig
+    compression: CompressionConfig
+    rule: StartRule
+    run_seed: int
+    batch_size: int
+    seq_len: int
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> RoundSpec:
+        model = preset(cfg.model.preset)
+        if cfg.data.seq_len > model.seq_len:
+            raise TrainerError(
+                f"data.seq_len={cfg.data.seq_len} exceeds the {cfg.model.preset} context {model.seq_len}"
+            )
+        i, c, s = cfg.inner, cfg.compression, cfg.schedule
+        return cls(
+            model=model,
+            inner=InnerConfig(
+                lr=i.lr, beta1=i.beta1, beta2=i.beta2, weight_decay=i.weight_decay,
+                warmup_steps=i.warmup_steps, total_steps=i.total_steps, grad_clip=i.grad_clip,
+            ),
+            compression=CompressionConfig(
+                bits=c.bits, group_size=c.group_size, rank_initial=c.rank_initial,
+                rank_min=c.rank_min, rank_max=c.rank_max,
+                h_initial=s.h_initial, h_min=s.h_min, h_max=s.h_max,
+            ),
+            rule=StartRule.DELAYED if s.one_step_delay else StartRule.BLOCKING,
+            run_seed=cfg.data.run_seed,
+            batch_size=cfg.data.batch_size,
+            seq_len=cfg.data.seq_len,
+        )
+
+
+def epoch_batch(spec: RoundSpec, corpus: Corpus, epoch: int, slot: int, step: int) -> Batch:
+    """The batch a trainer in `slot` trains on at inner step `step` (0-based) of `epoch`."""
+    return batch(corpus, spec.run_seed, epoch, slot, step, spec.batch_size, spec.seq_len)
+
+
+def plan(spec: RoundSpec, history: Sequence[EpochRecord]) -> tuple[int, int]:
+    """(rank, H) for an epoch, from the records of epochs public when it starts (trainer.delay)."""
+    return adapt(history, spec.compression)
+
+
+@dataclass
+class Trace:
+    """An epoch's states summarised: digests d_0..d_H (the Merkle leaves), losses, the end state."""
+
+    end: State
+    digests: list[Digest] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+
+    @property
+    def root(self) -> Digest:
+        return merkle.root(self.digests)
+
+    @property
+    def leaf_count(self) -> int:
+        return len(self.digests)
+
+
+def replay_step(state: Mapping[str, Tensor], spec: RoundSpec, corpus: Corpus, epoch: int, slot: int, k: int) -> tuple[State, float]:
+    """Transition k → k+1 of an epoch: exactly what the trainer ran and what a verifier re-runs."""
+    return train_step(state, epoch_batch(spec, corpus, epoch, slot, k), spec.model, spec.inner)
+
+
+def train_epoch(
+    start: State,
+    spec: RoundSpec,
+    corpus: Corpus,
+    epoch: int,
+    slot: int,
+    steps: int,
+    on_step: StepHook | None = None,
+    first_step: int = 0,
+    digests: Sequence[Digest] | None = None,
+) -> Trace:
+    """Run inner steps first_step..steps-1 from `start` (the state after `first_step` steps).
+
+    `first_step`/`digests` resume an interrupted epoch from a checkpoint: `digests` are d_0..d_first.
+    """
+    trace = Trace(end=start, digests=list(digests) if digests else [state_digest(start)])
+    if len(trace.digests) != first_step + 1:
+        raise TrainerError(f"resuming at step {first_step} needs {first_step + 1} digests, got {len(trace.digests)}")
+    state = start
+    for k in range(first_step, steps):
+        state, loss = replay_step(state, spec, corpus, epoch, slot, k)
+        trace.digests.append(state_digest(state))
+        trace.losses.append(loss)
+        if on_step is not None:
+            on_step(k + 1, state, loss)
+    trace.end = state
+    return trace
+
+
+def compress_seed(run_seed: int, epoch: int, slot: int) -> int:
+    """Seed of the compressor's random sketch: public, so the payload can be replayed."""
+    enc = abi_encode(["string", "uint256", "uint256", "uint256"], [COMPRESS_TAG, run_seed, epoch, slot])
+    return int.from_bytes(keccak(enc)[:8], "little")
+
+
+@dataclass(frozen=True)
+class Final:
+    """The end of an epoch: the wrapped payload to publish, and the state the next epoch carries."""
+
+    publication: bytes
+    carried: State
+    stats: CompressionStats
+
+
+def final_transition(
+    start: Mapping[str, Tensor], end: Mapping[str, Tensor], spec: RoundSpec,
+    run_id: int, epoch: int, slot: int, trainer: str, rank: int,
+) -> Final:
+    """Δ = start − end, compressed with the end state's error buffer, wrapped for (run, epoch, trainer)."""
+    c = compress(
+        pseudo_gradient(start, end), section(end, EF), rank, compress_seed(spec.run_seed, epoch, slot), spec.compression
+    )
+    return Final(wrap(run_id, epoch, trainer, c.payload), carry(end, c.new_ef), c.stats)
+
+
+def start_state(
+    spec: RoundSpec, latest_global: Mapping[str, Tensor],
+    prev_start: Mapping[str, Tensor] | None, carried: Mapping[str, Tensor] | None,
+) -> State:
+    """S_e from the latest public global model and the trainer's own previous epoch (protocol.md §8)."""
+    return next_start(spec.rule, latest_global, prev_start, carried)

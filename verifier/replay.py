@@ -1,0 +1,137 @@
+"""The checks a verifier runs on one trainer's audit answer: pure functions over states and public data.
+
+Each check returns a Finding instead of raising: a trainer's garbage is a failed check, never a
+crash of the verifier. The node (verifier/node.py) fetches the states, runs these, and posts the
+conjunction as its verdict with the findings as evidence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from protocol.data import Corpus
+from protocol.digest import keccak, state_digest
+from protocol.errors import VerilocoError
+from protocol.payload import decode, unwrap
+from protocol.types import Digest
+from trainer.inner import STEP
+from trainer.round import RoundSpec, final_transition, replay_step, start_state
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check's outcome, as recorded in the verdict's evidence."""
+
+    check: str
+    passed: bool
+    detail: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {"check": self.check, "passed": self.passed, "detail": self.detail}
+
+
+def _fail(check: str, exc: BaseException) -> Finding:
+    return Finding(check, False, f"{type(exc).__name__}: {exc}")
+
+
+def max_rel_error(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> float:
+    """Largest per-tensor ||a − b|| / ||b|| over float tensors; inf when names, shapes or ints differ."""
+    if a.keys() != b.keys():
+        return math.inf
+    worst = 0.0
+    for n, tb in b.items():
+        ta = a[n]
+        if ta.shape != tb.shape or ta.dtype != tb.dtype:
+            return math.inf
+        if not tb.is_floating_point():
+            if not torch.equal(ta, tb):
+                return math.inf
+            continue
+        diff = float((ta.double() - tb.double()).norm())
+        scale = float(tb.double().norm())
+        rel = diff / scale if scale > 0 else diff
+        if not math.isfinite(rel):
+            return math.inf
+        worst = max(worst, rel)
+    return worst
+
+
+def check_step(
+    state_k: Mapping[str, Tensor], k: int, next_digest: Digest, spec: RoundSpec, corpus: Corpus,
+    epoch: int, slot: int, *, mode: str = "exact", tolerance: float = 0.0,
+    next_state: Mapping[str, Tensor] | None = None,
+) -> Finding:
+    """Replay inner step k → k+1 on the trainer's own batch and compare with its committed leaf k+1.
+
+    exact: the replayed digest must equal leaf k+1. tolerant: the published state k+1 (whose digest
+    is leaf k+1) must lie within `tolerance` of the replay, which absorbs float differences between
+    machines while a forged state still fails.
+    """
+    name = f"step {k}->{k + 1}"
+    try:
+        replayed, _ = replay_step(state_k, spec, corpus, epoch, slot, k)
+    except (VerilocoError, RuntimeError, ValueError, KeyError, TypeError) as exc:
+        return _fail(name, exc)
+    if state_digest(replayed) == next_digest:
+        return Finding(name, True, "bitwise match")
+    if mode != "tolerant" or next_state is None:
+        return Finding(name, False, "replayed state digest differs from the committed leaf")
+    if not torch.equal(replayed[STEP], next_state.get(STEP, torch.empty(0))):
+        return Finding(name, False, "step counter differs")
+    err = max_rel_error(replayed, next_state)
+    ok = err <= tolerance
+    return Finding(name, ok, f"max relative error {err:.3g} {'within' if ok else 'beyond'} tolerance {tolerance:.3g}")
+
+
+def check_final(
+    start: Mapping[str, Tensor], end: Mapping[str, Tensor], revealed_digest: Digest, spec: RoundSpec,
+    run_id: int, epoch: int, slot: int, trainer: str, rank: int,
+) -> Finding:
+    """Replay end state → payload: the re-encoded publication must hash to the revealed payload digest."""
+    try:
+        pub = final_transition(start, end, spec, run_id, epoch, slot, trainer, rank).publication
+    except (VerilocoError, RuntimeError, ValueError, KeyError, TypeError) as exc:
+        return _fail("final", exc)
+    if keccak(pub) == revealed_digest:
+        return Finding("final", True, "payload re-encoded bit for bit")
+    return Finding("final", False, "re-encoding the end state does not give the revealed payload")
+
+
+def check_start(
+    start: Mapping[str, Tensor], spec: RoundSpec, latest_global: Mapping[str, Tensor],
+    prev_start: Mapping[str, Tensor] | None, prev_end: Mapping[str, Tensor] | None,
+    run_id: int, epoch: int, slot: int, trainer: str, prev_rank: int,
+) -> Finding:
+    """The epoch's start state must follow the start rule from public G and the trainer's previous epoch."""
+    try:
+        carried = None
+        if prev_start is not None and prev_end is not None:
+            carried = final_transition(prev_start, prev_end, spec, run_id, epoch - 1, slot, trainer, prev_rank).carried
+        expected = start_state(spec, latest_global, prev_start, carried)
+    except (VerilocoError, RuntimeError, ValueError, KeyError, TypeError) as exc:
+        return _fail("start", exc)
+    if state_digest(expected) == state_digest(start):
+        return Finding("start", True, "start state follows the start rule")
+    return Finding("start", False, "start state does not follow from the global model and the previous epoch")
+
+
+def check_payload(
+    publication: bytes, run_id: int, epoch: int, trainer: str, shapes: Mapping[str, tuple[int, ...]]
+) -> Finding:
+    """Always run: the payload must be bound to this (run, epoch, trainer) and decode to finite, well-shaped tensors."""
+    try:
+        decode(unwrap(publication, run_id=run_id, epoch=epoch, trainer=trainer).body, dict(shapes))
+    except (VerilocoError, RuntimeError, ValueError, KeyError, TypeError) as exc:
+        return _fail("payload", exc)
+    return Finding("payload", True, "bound to this run, epoch and trainer; decodes to finite tensors")
+
+
+def check_leaf_count(leaf_count: int, steps: int) -> Finding:
+    """The trace must cover exactly the H steps the public schedule prescribes (d_0..d_H)."""
+    ok = leaf_count == steps + 1
+    return Finding("leaf-count", ok, f"{leaf_count} leaves for H={steps}" + ("" if ok else f", expected {steps + 1}"))

@@ -1,0 +1,438 @@
+"""The content store: put bytes, get them back by CID, verified. Nodes get a `Store` injected.
+
+Two backends give the same CIDs (what `ipfs add` with default options gives, protocol/unixfs.py):
+
+- `LocalStore(dir)`: a content-addressed directory, the embedded default for the demo and tests.
+  Objects are whole files named by CID, written to a temp file and renamed into place, so several
+  processes can share one directory and nobody ever sees a partial object.
+- `IpfsStore(api)`: a real IPFS node through its Kubo RPC API (ipfshttpclient), the production path.
+
+Nothing a backend returns is trusted: every byte is re-hashed into a CID (and, if the caller has an
+on-chain keccak digest, into that too) before `get` returns or `get_to_file` renames the file into
+place. Sizes are capped by `max_size` while reading, so an oversized object is refused without
+being held. Large objects stream in bounded pieces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+from Crypto.Hash import keccak as _keccak
+
+from protocol.errors import VerilocoError
+from protocol.types import Cid
+from protocol.unixfs import CidBuilder, CidError, validate_cid
+
+DEFAULT_MAX_SIZE = 4 << 30
+READ_SIZE = 1 << 20
+DEFAULT_IPFS_API = "/ip4/127.0.0.1/tcp/5001"
+
+Progress = Callable[[int], None]  # called with the number of verified-or-not bytes read so far
+
+
+class StoreError(VerilocoError):
+    """Any failure of the content store."""
+
+
+class NotFound(StoreError):
+    """The store does not have the content."""
+
+
+class IntegrityError(StoreError):
+    """The bytes a backend returned do not match the CID (or the expected digest)."""
+
+
+class TooLarge(StoreError):
+    """The content is bigger than the caller's limit."""
+
+
+class StoreUnavailable(StoreError):
+    """The backend cannot be reached or stopped answering."""
+
+
+class StoreTimeout(StoreUnavailable):
+    """The backend did not deliver in time."""
+
+
+class _Check:
+    """Running verification of a download: size cap, CID, optional keccak digest."""
+
+    def __init__(self, cid: Cid, max_size: int, digest: bytes | None, where: str) -> None:
+        self.cid, self.max_size, self.digest, self.where = cid, max_size, digest, where
+        self.builder = CidBuilder()
+        self.keccak = _keccak.new(digest_bits=256) if digest is not None else None
+
+    def update(self, chunk: bytes | memoryview) -> None:
+        if self.builder.size + len(chunk) > self.max_size:
+            raise TooLarge(
+                f"{self.cid} from {self.where} is larger than the {self.max_size}-byte limit; "
+                "raise max_size if this content is expected to be that big"
+            )
+        self.builder.update(chunk)
+        if self.keccak is not None:
+            self.keccak.update(chunk)
+
+    def finish(self) -> int:
+        got = self.builder.finish()
+        if got != self.cid:
+            raise IntegrityError(
+                f"content returned by {self.where} for {self.cid} hashes to {got} "
+                f"({self.builder.size} bytes): corrupt or substituted data; it was not used, "
+                "fetch it again or from another source"
+            )
+        if self.keccak is not None and self.keccak.digest() != self.digest:
+            raise IntegrityError(
+                f"{self.cid} from {self.where} matches its CID but not the expected keccak digest "
+                f"0x{bytes(self.digest or b'').hex()}: the CID published for it is wrong"
+            )
+        return self.builder.size
+
+
+def _cid(cid: str) -> Cid:
+    try:
+        return validate_cid(cid)
+    except CidError as exc:
+        raise StoreError(str(exc)) from None
+
+
+def _read_file(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        while chunk := f.read(READ_SIZE):
+            yield chunk
+
+
+class Store(ABC):
+    """Put content, get it back by CID, verified. Both backends name content identically."""
+
+    @abstractmethod
+    def put_stream(self, chunks: Iterable[bytes | bytearray | memoryview]) -> Cid:
+        """Store the concatenation of `chunks`; returns its CID. Pieces may be any size."""
+
+    def put(self, data: bytes | bytearray | memoryview) -> Cid:
+        return self.put_stream([data])
+
+    def put_file(self, path: Path | str) -> Cid:
+        try:
+            return self.put_stream(_read_file(Path(path)))
+        except FileNotFoundError:
+            raise StoreError(f"cannot publish {path}: no such file") from None
+
+    @abstractmethod
+    def _stream(self, cid: Cid, max_size: int) -> Iterator[bytes]:
+        """Raw, unverified bytes of `cid` (at most max_size + 1 of them are requested)."""
+
+    @abstractmethod
+    def has(self, cid: str) -> bool:
+        """Whether the content is held by this store (without fetching it)."""
+
+    @abstractmethod
+    def pin(self, cid: str) -> None:
+        """Keep the content from being garbage-collected."""
+
+    @property
+    @abstractmethod
+    def where(self) -> str:
+        """A short description of the backend for error messages."""
+
+    def get(self, cid: str, *, max_size: int = DEFAULT_MAX_SIZE, digest: bytes | None = None) -> bytes:
+        """The verified bytes of `cid`; IntegrityError if they do not match it (or `digest`)."""
+        c = _cid(cid)
+        check = _Check(c, max_size, digest, self.where)
+        buf = io.BytesIO()
+        for chunk in self._stream(c, max_size):
+            check.update(chunk)
+            buf.write(chunk)
+        check.finish()
+        return buf.getvalue()  # shares BytesIO's buffer: no second copy
+
+    def get_to_file(
+        self,
+        cid: str,
+        path: Path | str,
+        *,
+        max_size: int = DEFAULT_MAX_SIZE,
+        digest: bytes | None = None,
+        progress: Progress | None = None,
+    ) -> int:
+        """Stream `cid` into `path`; the file appears (atomically) only once verified. Returns its size."""
+        c = _cid(cid)
+        path = Path(path)
+        check = _Check(c, max_size, digest, self.where)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                for chunk in self._stream(c, max_size):
+                    check.update(chunk)
+                    f.write(chunk)
+                    if progress is not None:
+                        progress(check.builder.size)
+            size = check.finish()
+            os.replace(tmp, path)
+            return size
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
+class LocalStore(Store):
+    """A content-addressed directory: `objects/<xy>/<cid>` files, written by atomic rename."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+        self._objects = self.root / "objects"
+        self._tmp = self.root / "tmp"
+        try:
+            self._objects.mkdir(parents=True, exist_ok=True)
+            self._tmp.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot use {self.root} as a store directory: {exc}") from None
+
+    @property
+    def where(self) -> str:
+        return f"local store {self.root}"
+
+    def path_of(self, cid: Cid) -> Path:
+        return self._objects / cid[-2:] / cid
+
+    def put_stream(self, chunks: Iterable[bytes | bytearray | memoryview]) -> Cid:
+        builder = CidBuilder()
+        fd, tmp = tempfile.mkstemp(dir=self._tmp, suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                for chunk in chunks:
+                    builder.update(chunk)
+                    f.write(chunk)
+            cid = builder.finish()
+            dest = self.path_of(cid)
+            dest.parent.mkdir(exist_ok=True)
+            os.replace(tmp, dest)  # atomic; a concurrent writer of the same CID wrote the same bytes
+            return cid
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot write to {self.where}: {exc}") from None
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    def _open(self, cid: Cid, max_size: int) -> io.BufferedReader:
+        try:
+            f = open(self.path_of(cid), "rb")  # noqa: SIM115 - the caller's `with` closes it
+        except FileNotFoundError:
+            raise NotFound(f"{cid} is not in {self.where}; put it there or fetch it from IPFS") from None
+        size = os.fstat(f.fileno()).st_size
+        if size > max_size:
+            f.close()
+            raise TooLarge(f"{cid} in {self.where} is {size} bytes, over the {max_size}-byte limit")
+        return f
+
+    def _stream(self, cid: Cid, max_size: int) -> Iterator[bytes]:
+        with self._open(cid, max_size) as f:
+            while chunk := f.read(READ_SIZE):
+                yield chunk
+
+    def get(self, cid: str, *, max_size: int = DEFAULT_MAX_SIZE, digest: bytes | None = None) -> bytes:
+        c = _cid(cid)
+        with self._open(c, max_size) as f:
+            data = f.read()  # one copy; verified through a view below
+        check = _Check(c, max_size, digest, self.where)
+        check.update(memoryview(data))
+        self._finish(check, c)
+        return data
+
+    def get_to_file(
+        self,
+        cid: str,
+        path: Path | str,
+        *,
+        max_size: int = DEFAULT_MAX_SIZE,
+        digest: bytes | None = None,
+        progress: Progress | None = None,
+    ) -> int:
+        try:
+            return super().get_to_file(cid, path, max_size=max_size, digest=digest, progress=progress)
+        except IntegrityError:
+            self._quarantine(_cid(cid))
+            raise
+
+    def _finish(self, check: _Check, cid: Cid) -> None:
+        try:
+            check.finish()
+        except IntegrityError:
+            self._quarantine(cid)
+            raise
+
+    def _quarantine(self, cid: Cid) -> None:
+        """Move a corrupt object out of the way so a later put can restore it."""
+        src = self.path_of(cid)
+        dst = self._tmp / f"corrupt-{cid}-{os.getpid()}-{time.monotonic_ns()}"
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(src, dst)
+            os.unlink(dst)
+
+    def has(self, cid: str) -> bool:
+        return self.path_of(_cid(cid)).is_file()
+
+    def pin(self, cid: str) -> None:
+        if not self.has(cid):
+            raise NotFound(f"cannot pin {cid}: it is not in {self.where}")
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """What ipfshttpclient and the HTTP stack under it raise for a failed or broken request."""
+    import ipfshttpclient.exceptions
+    import requests
+    import urllib3.exceptions
+
+    return (
+        ipfshttpclient.exceptions.Error,
+        requests.RequestException,
+        urllib3.exceptions.HTTPError,
+        OSError,
+    )
+
+
+class IpfsStore(Store):
+    """A real IPFS node's Kubo RPC API (e.g. /ip4/127.0.0.1/tcp/5001), through ipfshttpclient.
+
+    `timeout` bounds each request's connect and each read; `deadline` bounds a whole transfer.
+    """
+
+    # explicit defaults, so a daemon configured otherwise (CIDv1, raw leaves) still agrees with us
+    _ADD_OPTS: ClassVar[dict[str, str]] = {"cid-version": "0", "raw-leaves": "false", "chunker": "size-262144", "pin": "true"}
+
+    def __init__(self, api: str = DEFAULT_IPFS_API, *, timeout: float = 30.0, deadline: float = 600.0):
+        import ipfshttpclient  # imported here: only the production path needs it
+
+        self.api, self.timeout, self.deadline = api, timeout, deadline
+        self._errors = _transport_errors()
+        bad_address: tuple[type[BaseException], ...] = (*self._errors, ValueError, TypeError)
+        try:
+            # connect() rejects every current daemon version, so construct the client directly
+            self._client: Any = ipfshttpclient.Client(api, timeout=timeout)
+        except bad_address as exc:  # bad multiaddr and the like
+            raise StoreUnavailable(f"cannot use IPFS API address {api!r}: {exc}") from None
+
+    @property
+    def where(self) -> str:
+        return f"IPFS node at {self.api}"
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _translate(self, exc: BaseException, what: str, cid: str | None = None) -> StoreError:
+        import ipfshttpclient.exceptions as ie
+
+        name = type(exc).__name__
+        subject = f"{what} {cid}" if cid else what
+        if isinstance(exc, StoreError):
+            return exc
+        if isinstance(exc, ie.TimeoutError) or "Timeout" in name:
+            return StoreTimeout(f"{subject}: {self.where} did not answer in time ({exc})")
+        if isinstance(exc, ie.ErrorResponse):
+            msg = str(exc)
+            if "timed out" in msg:
+                return StoreTimeout(f"{subject}: {self.where} gave up: {msg}")
+            if cid and ("not found" in msg.lower() or "no link" in msg.lower()):
+                return NotFound(f"{cid} is not available from {self.where}: {msg}")
+            return StoreError(f"{subject}: {self.where} refused: {msg}")
+        return StoreUnavailable(
+            f"{subject}: lost contact with {self.where} ({name}: {exc}); is the daemon running? "
+            "point --ipfs-api at a running Kubo RPC API"
+        )
+
+    def put_stream(self, chunks: Iterable[bytes | bytearray | memoryview]) -> Cid:
+        reader = _HashingReader(chunks)
+        try:
+            res = self._client.add(reader, opts=dict(self._ADD_OPTS))
+        except self._errors as exc:
+            raise self._translate(exc, "adding content to") from None
+        ours = reader.builder.finish()
+        theirs = (res if isinstance(res, list) else [res])[-1]["Hash"]
+        if theirs != ours:
+            raise IntegrityError(
+                f"{self.where} named the added content {theirs} but its bytes hash to {ours}: the "
+                "node does not add with default options (CIDv0, 256 KiB chunks, balanced DAG)"
+            )
+        return ours
+
+    def _root_available(self, cid: Cid, wait: float) -> bool:
+        """Whether the node has (or finds within `wait` s) the root block of `cid`."""
+        try:
+            self._client.block.stat(cid, opts={"timeout": f"{wait:g}s"}, timeout=wait + self.timeout)
+            return True
+        except self._errors as exc:
+            err = self._translate(exc, "looking up", cid)
+            if "timed out" in str(exc) or isinstance(err, NotFound):
+                return False
+            raise err from None
+
+    def _stream(self, cid: Cid, max_size: int) -> Iterator[bytes]:
+        if not self._root_available(cid, self.timeout):
+            raise NotFound(
+                f"{cid} could not be found by {self.where} within {self.timeout:g} s; check that "
+                "the publisher's node is reachable, or raise the store timeout"
+            )
+        end = time.monotonic() + self.deadline
+        try:
+            stream = self._client.cat(
+                cid,
+                length=max_size + 1,  # never accept more than one byte over the limit
+                opts={"timeout": f"{self.deadline:g}s"},
+                stream=True,
+                timeout=self.timeout,
+            )
+            for chunk in stream:
+                if time.monotonic() > end:
+                    raise StoreTimeout(
+                        f"fetching {cid} from {self.where} took longer than {self.deadline:g} s"
+                    )
+                yield chunk
+        except GeneratorExit:
+            raise
+        except self._errors as exc:
+            raise self._translate(exc, "fetching", cid) from None
+
+    def has(self, cid: str) -> bool:
+        """Whether the node holds the root block (asks with a short server-side timeout)."""
+        return self._root_available(_cid(cid), 1.0)
+
+    def pin(self, cid: str) -> None:
+        c = _cid(cid)
+        if not self._root_available(c, self.timeout):
+            raise NotFound(f"cannot pin {c}: {self.where} could not find it within {self.timeout:g} s")
+        try:
+            self._client.pin.add(c, opts={"timeout": f"{self.deadline:g}s"}, timeout=self.deadline)
+        except self._errors as exc:
+            raise self._translate(exc, "pinning", c) from None
+
+
+class _HashingReader(io.RawIOBase):
+    """A file object over an iterable of byte pieces that computes the CID of what it hands out."""
+
+    def __init__(self, chunks: Iterable[bytes | bytearray | memoryview]) -> None:
+        self._it = iter(chunks)
+        self._cur = memoryview(b"")
+        self.builder = CidBuilder()
+        self.name = "data"
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not len(self._cur):
+            try:
+                self._cur = memoryview(next(self._it)).cast("B")
+            except StopIteration:
+                return 0
+        n = min(len(b), len(self._cur))
+        b[:n] = self._cur[:n]
+        self.builder.update(self._cur[:n])
+        self._cur = self._cur[n:]
+        return n

@@ -10,10 +10,11 @@ Behaviour worth knowing (docs/devnet.md has the user-facing version):
   pending transaction from the same sender, so batching blocks is not offered);
 - block.timestamp follows the injected clock (wall time by default) plus the offset that
   `evm_increaseTime` accumulates, and is always at least parent + 1;
-- `eth_call` / `eth_estimateGas` at "latest" or "pending" run on top of the latest state in the
-  block that would be mined now, so views that derive a phase from block.timestamp see the current
-  time even when no block has been mined for a while; without fee fields they run at gas price 0, so
-  any address may call;
+- `eth_call` at "latest" runs in the latest block's context (its timestamp), as on geth and
+  anvil; at "pending" it runs in the block that would be mined now, so a view that derives a phase
+  from block.timestamp sees the current time even when no block was mined for a while.
+  `eth_estimateGas` without a block (or at "latest") estimates for that pending block, where the
+  transaction will land. Without fee fields both run at gas price 0, so any address may call;
 - reverts are JSON-RPC error 3 "execution reverted" with the revert data, as geth and anvil send it.
 
 Run it alone: `python -m veriloco.evmserver --port 8545` (or use `veriloco devnet`).
@@ -166,10 +167,22 @@ class EvmChain:
         if self._next_timestamp is not None:
             target = self._next_timestamp
         else:
-            target = int(self._clock()) + self._offset
+            target = self.now()
         stamp = max(target, parent_ts + 1)
         if chain.header.timestamp != stamp:
             chain.set_header_timestamp(stamp)
+
+    def now(self) -> int:
+        """The chain's clock: injected wall time plus the evm_increaseTime offset."""
+        return int(self._clock()) + self._offset
+
+    def mine_if_idle(self, block_time: float) -> bool:
+        """Mine an empty block when the latest one is `block_time` old (keeps "latest" fresh)."""
+        latest = self.backend.chain.get_canonical_head().timestamp
+        if self._next_timestamp is None and self.now() - latest < block_time:
+            return False
+        self.mine(1)
+        return True
 
     def increase_time(self, seconds: int) -> int:
         self._offset += seconds
@@ -210,24 +223,25 @@ class EvmChain:
         return SpoofTransaction(unsigned, from_=raw["from"])
 
     def _scratch_state(self, at: str | int) -> Any:
-        """A throwaway state at base fee 0: the pending block for latest/pending, else block `at`."""
+        """A throwaway state at base fee 0 in the context of block `at`.
+
+        "pending" is the block that would be mined now (current time, latest state); "latest"
+        and numbers are that mined block's own context (its number and timestamp), as geth and
+        anvil run eth_call.
+        """
         chain = self.backend.chain
-        if at in ("latest", "pending", "safe", "finalized"):
+        if at == "pending":
             self.refresh_pending()
-            vm = chain.get_vm(chain.header)
-            header = chain.header.copy(base_fee_per_gas=0)
-            return vm.build_state(chain.chaindb.db, header, vm.chain_context, vm.previous_hashes)
-        if at == "earliest":
-            at = 0
-        head = chain.get_canonical_head().block_number
-        if not isinstance(at, int) or at > head:
-            raise BlockNotFound(f"block {at} does not exist yet (head is {head})")
-        parent = chain.get_canonical_block_header_by_number(at)
-        vm = chain.get_vm(parent)
-        child = vm.create_header_from_parent(parent)
-        child = child.copy(base_fee_per_gas=0) if hasattr(child, "base_fee_per_gas") else child
-        prev = (parent.hash,) + tuple(vm.previous_hashes)
-        return vm.build_state(chain.chaindb.db, child, vm.chain_context, prev)
+            header = chain.header
+        else:
+            head = chain.get_canonical_head().block_number
+            number = {"latest": head, "earliest": 0}.get(at, at) if isinstance(at, str) else at
+            if not isinstance(number, int) or number > head:
+                raise BlockNotFound(f"block {at} does not exist yet (head is {head})")
+            header = chain.get_canonical_block_header_by_number(number)
+        vm = chain.get_vm(header)
+        free = header.copy(base_fee_per_gas=0) if hasattr(header, "base_fee_per_gas") else header
+        return vm.build_state(chain.chaindb.db, free, vm.chain_context, vm.previous_hashes)
 
     def call(self, tx: dict[str, Any], at: str | int) -> bytes:
         spoof = self._spoof(tx, at)
@@ -245,6 +259,8 @@ class EvmChain:
         from eth.exceptions import VMError
 
         tx = {k: v for k, v in tx.items() if k != "gas"}
+        if at == "latest":
+            at = "pending"  # estimate for the block the transaction would land in: now
         spoof = self._spoof(tx, at)
         state = self._scratch_state(at)
         try:
@@ -951,7 +967,17 @@ class EvmServer:
         host: str = "127.0.0.1",
         port: int = 0,
         clock: Callable[[], float] = time.time,
+        block_time: float | None = None,
     ) -> None:
+        """`block_time`: also mine an empty block whenever none was mined for that many seconds,
+        so calls at "latest" see time pass on an idle chain (as anvil --block-time does)."""
+        if block_time is not None and block_time <= 0:
+            raise EvmServerError(
+                f"block_time={block_time}: use a positive number of seconds or None"
+            )
+        self.block_time = block_time
+        self._stopping = threading.Event()
+        self._miner: threading.Thread | None = None
         self.config = config or EvmConfig()
         self.rpc = EvmRpc(EvmChain(self.config, clock))
         try:
@@ -995,13 +1021,29 @@ class EvmServer:
                 daemon=True,
             )
             self._thread.start()
+        if self.block_time is not None and self._miner is None:
+            self._stopping.clear()
+            self._miner = threading.Thread(
+                target=self._mine_idle, name=f"evmserver-miner:{self.port}", daemon=True
+            )
+            self._miner.start()
         return self
+
+    def _mine_idle(self) -> None:
+        assert self.block_time is not None
+        while not self._stopping.wait(min(self.block_time, 1.0) / 4):
+            with self.rpc.lock:
+                self.chain.mine_if_idle(self.block_time)
 
     def serve_forever(self) -> None:
         """Serve on the calling thread until stop() is called from another one."""
         self._http.serve_forever(poll_interval=0.1)
 
     def stop(self) -> None:
+        self._stopping.set()
+        if self._miner is not None:
+            self._miner.join()
+            self._miner = None
         if self._thread is not None:
             self._http.shutdown()
             self._thread.join()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -66,6 +67,7 @@ def test_deploy_transact_and_read_back(evm_server: EvmServer) -> None:
     receipt = w3.eth.wait_for_transaction_receipt(tx, timeout=30)
     assert receipt["status"] == 1 and receipt["blockNumber"] == 2
     assert probe.functions.value().call() == 42
+    assert probe.functions.value().call(block_identifier=1) == 0  # state as of block 1
     (event,) = probe.events.Stored().process_receipt(receipt)
     assert event["args"]["sender"] == w3.eth.accounts[1]
     assert event["args"]["note"] == "hello"
@@ -174,7 +176,8 @@ def test_block_time_follows_the_clock_without_new_blocks() -> None:
         deployed_at = w3.eth.get_block("latest")["timestamp"]
         assert deployed_at == 1_800_000_001  # genesis at the clock, then parent + 1
         clock.now += 600  # ten idle minutes: no block mined meanwhile
-        assert probe.functions.now_().call() == 1_800_000_600
+        assert probe.functions.now_().call(block_identifier="pending") == 1_800_000_600
+        assert probe.functions.now_().call() == deployed_at  # "latest": the mined block's time
         tx = probe.functions.store(1, "").transact({"from": w3.eth.accounts[0]})
         mined = w3.eth.get_block(w3.eth.get_transaction_receipt(tx)["blockNumber"])
         assert mined["timestamp"] == 1_800_000_600
@@ -185,22 +188,35 @@ def test_block_time_follows_the_clock_without_new_blocks() -> None:
         assert stamps == sorted(set(stamps))
 
 
+def test_idle_chain_mines_a_block_once_block_time_passes() -> None:
+    clock = FakeClock(1_800_000_000.0)
+    with EvmServer(EvmConfig(accounts=1), clock=clock, block_time=5) as server:
+        w3 = _w3(server)
+        assert w3.eth.block_number == 0
+        clock.now += 6
+        deadline = time.monotonic() + 20
+        while w3.eth.block_number == 0:  # the miner thread polls at least every 0.25 s
+            assert time.monotonic() < deadline, "no idle block within 20 s"
+            time.sleep(0.02)
+        assert w3.eth.get_block("latest")["timestamp"] == 1_800_000_006
+
+
 def test_time_travel_mine_and_snapshots() -> None:
     clock = FakeClock(1_800_000_000.0)
     with EvmServer(EvmConfig(accounts=2), clock=clock) as server:
         w3 = _w3(server)
         probe = deploy_probe(w3)  # block 1 at 1_800_000_001
         clock.now += 100
-        assert probe.functions.now_().call() == 1_800_000_100
+        assert probe.functions.now_().call(block_identifier="pending") == 1_800_000_100
         offset = int(w3.provider.make_request("evm_increaseTime", [3600])["result"], 16)
         assert offset == 3600
-        assert probe.functions.now_().call() == 1_800_003_700
+        assert probe.functions.now_().call(block_identifier="pending") == 1_800_003_700
         number = w3.eth.block_number
         w3.provider.make_request("evm_mine", [])
         assert w3.eth.block_number == number + 1
         assert w3.eth.get_block("latest")["timestamp"] == 1_800_003_700
         assert int(w3.provider.make_request("evm_increaseTime", ["0x64"])["result"], 16) == 3700
-        assert probe.functions.now_().call() == 1_800_003_800
+        assert probe.functions.now_().call(block_identifier="pending") == 1_800_003_800
         target = 1_900_000_000
         w3.provider.make_request("evm_mine", [{"timestamp": target, "blocks": 2}])
         assert w3.eth.get_block(number + 2)["timestamp"] == target

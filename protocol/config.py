@@ -17,9 +17,10 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
+from protocol.chain import RunParams
 from protocol.digest import keccak
 from protocol.errors import VerilocoError
-from protocol.types import Digest
+from protocol.types import Address, Cid, Digest, Wei
 
 FORMAT = "veriloco.run.v1"
 
@@ -38,6 +39,7 @@ class ModelSection:
 class DataSection:
     corpus_digest: str = ""  # 0x-hex keccak of the canonical token file; "" = build the default corpus
     corpus_cid: str = ""  # where the token file can be fetched; "" = every node builds it locally
+    corpus_bytes: int = 4_000_000  # size cap of the locally built default corpus
     batch_size: int = 8
     seq_len: int = 64
     val_fraction: float = 0.05
@@ -90,9 +92,13 @@ class AuditSection:
 
 @dataclass(frozen=True)
 class WindowSection:
+    """Seconds of chain time; the contract advances early when every participant has acted."""
+
     commit_s: int = 600
     reveal_s: int = 300
-    audit_s: int = 600
+    response_s: int = 300  # trainers answer audits
+    verdict_s: int = 300  # verifiers judge
+    finalize_s: int = 300  # the coordinator finalizes, else anyone may settle the epoch as aborted
     unbonding_s: int = 3600
 
 
@@ -137,6 +143,20 @@ class RunConfig:
     def digest(self) -> Digest:
         return keccak(self.to_json())
 
+    def to_run_params(self, config_cid: str, init_model_cid: str, init_model_digest: bytes, coordinator: str) -> RunParams:
+        """The fields the contract enforces, for `Chain.create_run`."""
+        w, a, st = self.windows, self.audit, self.stakes
+        return RunParams(
+            config_cid=Cid(config_cid), config_digest=self.digest(),
+            init_model_cid=Cid(init_model_cid), init_model_digest=Digest(init_model_digest),
+            coordinator=Address(coordinator),
+            min_trainers=st.min_trainers, max_trainers=st.max_trainers, max_verifiers=st.max_verifiers,
+            commit_window=w.commit_s, reveal_window=w.reveal_s, response_window=w.response_s,
+            verdict_window=w.verdict_s, finalize_window=w.finalize_s, unbonding_delay=w.unbonding_s,
+            audit_steps=a.steps, final_check_bps=a.final_check_bps, quorum=a.quorum, slash_bps=st.slash_bps,
+            trainer_stake=Wei(st.trainer_wei), verifier_stake=Wei(st.verifier_wei),
+        )
+
 
 def _check(cfg: RunConfig) -> list[str]:
     p: list[str] = []
@@ -153,8 +173,10 @@ def _check(cfg: RunConfig) -> list[str]:
         p.append(f"audit.mode must be 'exact' or 'tolerant', got {a.mode!r}")
     if not 0 <= a.final_check_bps <= 10_000 or not 0 <= st.slash_bps <= 10_000:
         p.append("basis-point fields (audit.final_check_bps, stakes.slash_bps) must be within 0..10000")
-    if a.steps < 0 or a.quorum < 1:
-        p.append("audit.steps must be >= 0 and audit.quorum >= 1")
+    if not 1 <= a.steps <= 64 or not 1 <= a.quorum <= 16:
+        p.append("need 1 <= audit.steps <= 64 and 1 <= audit.quorum <= 16 (the contract's limits)")
+    if min(cfg.windows.commit_s, cfg.windows.reveal_s, cfg.windows.response_s, cfg.windows.verdict_s, cfg.windows.finalize_s) < 1:
+        p.append("every window (windows.*_s) must be at least 1 second")
     if not 1 <= st.min_trainers <= st.max_trainers:
         p.append("need 1 <= stakes.min_trainers <= stakes.max_trainers")
     if cfg.data.batch_size < 1 or cfg.data.seq_len < 1:

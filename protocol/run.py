@@ -1,0 +1,131 @@
+"""A run as every node sees it: config, corpus and global models, fetched by CID and checked by digest.
+
+`publish_run` is the creator's side (publish corpus, initial model and config, then createRun);
+`open_run` is every node's side (read the run from the contract, fetch and verify what it names).
+Nothing here trusts the store: the config must hash to the on-chain digest, the corpus to the
+config's digest, and each global model to the digest its epoch finalized with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from protocol.chain import Chain, Phase, RunInfo
+from protocol.config import RunConfig, from_json
+from protocol.data import Corpus, build_corpus
+from protocol.digest import keccak, state_digest
+from protocol.errors import VerilocoError
+from protocol.formats import load_state, save_state
+from protocol.model import init_params, preset
+from protocol.store import Store
+from protocol.types import Cid, Digest, RunId
+
+PARAM = "param/"
+MAX_CONFIG_BYTES = 1 << 20
+
+
+class RunError(VerilocoError):
+    """A run whose published pieces are missing or do not match what the contract says."""
+
+
+@dataclass(frozen=True)
+class RunContext:
+    run_id: RunId
+    info: RunInfo
+    config: RunConfig
+    corpus: Corpus
+
+    @property
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {n: tuple(t.shape) for n, t in init_params(preset(self.config.model.preset), 0).items()}
+
+
+def initial_model(cfg: RunConfig) -> dict[str, Tensor]:
+    """G_0 as a state: `param/*` only, from the config's preset and init seed."""
+    return {PARAM + n: t for n, t in init_params(preset(cfg.model.preset), cfg.model.init_seed).items()}
+
+
+def corpus_for(cfg: RunConfig, store: Store) -> Corpus:
+    """The run's corpus: fetched by CID when the config names one, else built locally; digest-checked."""
+    want = bytes.fromhex(cfg.data.corpus_digest.removeprefix("0x")) if cfg.data.corpus_digest else None
+    if cfg.data.corpus_cid:
+        corpus = Corpus(store.get(cfg.data.corpus_cid, digest=want))
+    else:
+        corpus = build_corpus(max_bytes=cfg.data.corpus_bytes)[0]
+    if want is not None and corpus.digest != want:
+        raise RunError(
+            f"the locally built corpus has digest 0x{corpus.digest.hex()}, the run expects "
+            f"{cfg.data.corpus_digest}; fetch the run's corpus (data.corpus_cid) instead"
+        )
+    return corpus
+
+
+def publish_run(chain: Chain, store: Store, cfg: RunConfig, coordinator: str | None = None,
+                corpus: Corpus | None = None) -> tuple[RunId, RunConfig]:
+    """Publish the corpus, initial model and config, then create the run; returns (run id, final config)."""
+    corpus = corpus or corpus_for(cfg, store)
+    cid = store.put(corpus.tokens)
+    cfg = cfg.replace(data={"corpus_cid": cid, "corpus_digest": "0x" + corpus.digest.hex()})
+    g0 = initial_model(cfg)
+    g0_cid = store.put(save_state(g0))
+    config_cid = store.put(cfg.to_json())
+    who = coordinator or chain.sender
+    if who is None:
+        raise RunError("creating a run needs a coordinator address or a signing key")
+    params = cfg.to_run_params(config_cid, g0_cid, state_digest(g0), who)
+    return chain.create_run(params), cfg
+
+
+def open_run(chain: Chain, store: Store, run_id: int) -> RunContext:
+    """Everything a node needs about a run, verified against the contract."""
+    info = chain.run_info(run_id)
+    raw = store.get(info.params.config_cid, max_size=MAX_CONFIG_BYTES)
+    if keccak(raw) != info.params.config_digest:
+        raise RunError(f"run {run_id}'s config {info.params.config_cid} does not hash to the on-chain digest")
+    cfg = from_json(raw)
+    return RunContext(RunId(run_id), info, cfg, corpus_for(cfg, store))
+
+
+def load_model(store: Store, cid: str, digest: bytes, shapes: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, Tensor]:
+    """A global model state, fetched and checked against the digest its epoch finalized with."""
+    state = load_state(store.get(cid))
+    if state_digest(state) != digest:
+        raise RunError(f"model {cid} does not match its on-chain digest 0x{bytes(digest).hex()}")
+    if shapes is not None:
+        got = {n[len(PARAM):]: tuple(t.shape) for n, t in state.items() if n.startswith(PARAM)}
+        if got != dict(shapes):
+            raise RunError(f"model {cid} does not have the run's parameter shapes")
+    return state
+
+
+def latest_model(chain: Chain, ctx: RunContext, before_epoch: int) -> tuple[Cid, Digest, int]:
+    """(cid, digest, epoch) of the newest model finalized by an epoch < before_epoch; epoch -1 is G_0.
+
+    An aborted epoch leaves the model unchanged, so the search skips it.
+    """
+    for e in range(before_epoch - 1, -1, -1):
+        status = chain.epoch_status(ctx.run_id, e)
+        if status.phase is Phase.FINALIZED:
+            return status.model_cid, chain.epoch_times(ctx.run_id, e).model_digest, e
+    return ctx.info.params.init_model_cid, ctx.info.params.init_model_digest, -1
+
+
+def params_of(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Bare-named parameters of a model or training state."""
+    return {n[len(PARAM):]: t for n, t in state.items() if n.startswith(PARAM)}
+
+
+def eval_model(ctx: RunContext, params: Mapping[str, Tensor], rows: int = 64) -> float:
+    """Validation loss of a model on the run's fixed validation rows."""
+    from protocol.data import eval_loss, val_batches
+    from protocol.model import loss_fn
+
+    cfg = preset(ctx.config.model.preset)
+    batches = val_batches(ctx.corpus, ctx.config.data.seq_len, rows)
+    with torch.no_grad():
+        return eval_loss(lambda x, y: loss_fn(cfg, dict(params), x, y), batches)
+

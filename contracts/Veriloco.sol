@@ -47,8 +47,9 @@ contract Veriloco {
 
     struct Run {
         RunParams p;
-        address creator;
-        uint64 nextEpoch; // epochs [0, nextEpoch) are opened
+        // one slot: read by nearly every call
+        address creator; // zero for an unknown run id
+        uint32 nextEpoch; // epochs [0, nextEpoch) are opened
         uint32 activeTrainers;
         uint32 trainerSlots; // slots handed out so far (never reused)
     }
@@ -76,10 +77,11 @@ contract Veriloco {
         string modelCid;
     }
 
+    /// @dev Two slots per trainer and epoch: `hash` is the commitment until the reveal and the trace
+    ///      root after it (the commitment stays in the Committed event, the payload digest and CID in
+    ///      the Revealed event), which keeps a trainer's epoch within the gas budget.
     struct Submission {
-        bytes32 commitment;
-        bytes32 payloadDigest;
-        bytes32 traceRoot;
+        bytes32 hash;
         uint32 leafCount;
         uint8 state; // SUB_* below
         uint16 voteMask;
@@ -87,12 +89,13 @@ contract Veriloco {
         uint16 failVotes;
     }
 
+    /// @dev One slot per member.
     struct Member {
-        uint128 stake;
+        uint96 stake;
         uint32 slot; // trainer slot, or index+1 in the verifier list (0 = removed)
-        uint64 joinEpoch;
-        uint64 leaveEpoch; // type(uint64).max while active
-        uint64 leftAt;
+        uint32 joinEpoch;
+        uint32 leaveEpoch; // NEVER_EPOCH while active
+        uint48 leftAt;
         uint8 role; // ROLE_*
         bool pendingRemoval; // verifier left while an audit was running
     }
@@ -115,6 +118,7 @@ contract Veriloco {
     bytes32 public constant AUDIT_TAG = keccak256("veriloco.audit.v1");
 
     uint64 internal constant NEVER = type(uint64).max;
+    uint32 internal constant NEVER_EPOCH = type(uint32).max;
     uint256 internal constant BPS = 10_000;
     uint256 internal constant MAX_LEAVES = 1 << 32;
 
@@ -237,8 +241,8 @@ contract Veriloco {
     event Revealed(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, string payloadCid, bytes32 payloadDigest, bytes32 traceRoot, uint32 leafCount);
     /// @notice The audit seed of an epoch was fixed.
     event AuditStarted(uint256 indexed runId, uint256 indexed epoch, bytes32 seed, uint256 verifierCount);
-    /// @notice A trainer answered its audit; `leaves` are its challenged leaf digests in response order.
-    event Responded(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, string manifestCid, bytes32[] leaves);
+    /// @notice A trainer answered its audit; the proven leaf digests are in the manifest (and the calldata).
+    event Responded(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, string manifestCid);
     /// @notice A verifier judged a trainer.
     event VerdictSubmitted(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, address verifier, bool passed, string evidenceCid);
     /// @notice The coordinator's new model was accepted.
@@ -277,7 +281,9 @@ contract Veriloco {
         if (p.commitWindow == 0 || p.revealWindow == 0 || p.responseWindow == 0 || p.verdictWindow == 0 || p.finalizeWindow == 0) {
             revert InvalidParams("windows must be positive");
         }
-        if (p.trainerStake == 0 || p.verifierStake == 0) revert InvalidParams("stakes must be positive");
+        if (p.trainerStake == 0 || p.verifierStake == 0 || p.trainerStake > type(uint96).max || p.verifierStake > type(uint96).max) {
+            revert InvalidParams("stakes must be in 1..2^96-1 wei");
+        }
         runId = ++runCount;
         Run storage r = runs[runId];
         r.p = p;
@@ -298,10 +304,10 @@ contract Veriloco {
         uint32 slot = r.trainerSlots++;
         r.activeTrainers += 1;
         slotTrainer[runId][slot] = msg.sender;
-        m.stake = uint128(msg.value);
+        m.stake = uint96(msg.value);
         m.slot = slot;
         m.joinEpoch = r.nextEpoch;
-        m.leaveEpoch = NEVER;
+        m.leaveEpoch = NEVER_EPOCH;
         m.role = ROLE_TRAINER;
         totalStaked += msg.value;
         emit TrainerJoined(runId, msg.sender, slot, msg.value, r.nextEpoch);
@@ -316,10 +322,10 @@ contract Veriloco {
         address[] storage list = verifierList[runId];
         if (list.length >= r.p.maxVerifiers) revert RunFull(runId, r.p.maxVerifiers);
         list.push(msg.sender);
-        m.stake = uint128(msg.value);
+        m.stake = uint96(msg.value);
         m.slot = uint32(list.length);
         m.joinEpoch = r.nextEpoch;
-        m.leaveEpoch = NEVER;
+        m.leaveEpoch = NEVER_EPOCH;
         m.role = ROLE_VERIFIER;
         totalStaked += msg.value;
         emit VerifierJoined(runId, msg.sender, msg.value);
@@ -331,12 +337,12 @@ contract Veriloco {
     function leaveRun(uint256 runId) external {
         Run storage r = _run(runId);
         Member storage m = members[runId][msg.sender];
-        if (m.role == ROLE_NONE || m.leaveEpoch != NEVER) {
+        if (m.role == ROLE_NONE || m.leaveEpoch != NEVER_EPOCH) {
             if (m.role == ROLE_VERIFIER) revert NotVerifier(runId, msg.sender);
             revert NotTrainer(runId, msg.sender);
         }
         m.leaveEpoch = r.nextEpoch;
-        m.leftAt = uint64(block.timestamp);
+        m.leftAt = uint48(block.timestamp);
         if (m.role == ROLE_TRAINER) {
             r.activeTrainers -= 1;
             emit TrainerLeft(runId, msg.sender, r.nextEpoch);
@@ -354,7 +360,7 @@ contract Veriloco {
     function withdraw(uint256 runId) external nonReentrant {
         Run storage r = _run(runId);
         Member storage m = members[runId][msg.sender];
-        if (m.role == ROLE_NONE || m.leaveEpoch == NEVER) revert NotLeaving(runId, msg.sender);
+        if (m.role == ROLE_NONE || m.leaveEpoch == NEVER_EPOCH) revert NotLeaving(runId, msg.sender);
         uint256 availableAt = uint256(m.leftAt) + r.p.unbondingDelay;
         if (block.timestamp < availableAt) revert StillBonded(runId, msg.sender, availableAt, block.timestamp);
         if (m.role == ROLE_TRAINER) {
@@ -406,8 +412,8 @@ contract Veriloco {
         if (ph != Phase.Committing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Committing));
         if (epoch < m.joinEpoch || epoch >= m.leaveEpoch) revert NotEligible(runId, epoch, msg.sender, m.joinEpoch, m.leaveEpoch);
         Submission storage s = subs[runId][epoch][msg.sender];
-        if (s.commitment != bytes32(0)) revert AlreadyCommitted(runId, epoch, msg.sender);
-        s.commitment = commitment;
+        if (s.hash != bytes32(0)) revert AlreadyCommitted(runId, epoch, msg.sender);
+        s.hash = commitment;
         committedBits[runId][epoch][m.slot >> 8] |= uint256(1) << (m.slot & 255);
         uint32 c = ep.committed + 1;
         ep.committed = c;
@@ -430,13 +436,12 @@ contract Veriloco {
         Phase ph = _phase(runId, r, epoch);
         if (ph != Phase.Revealing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Revealing));
         Submission storage s = subs[runId][epoch][msg.sender];
-        if (s.commitment == bytes32(0)) revert NotCommitted(runId, epoch, msg.sender);
+        if (s.hash == bytes32(0)) revert NotCommitted(runId, epoch, msg.sender);
         if (s.state != SUB_NONE) revert AlreadyRevealed(runId, epoch, msg.sender);
         if (leafCount < 2) revert BadLeafCount(leafCount, 2);
         bytes32 c = commitmentOf(runId, epoch, msg.sender, payloadDigest, traceRoot, leafCount, salt);
-        if (c != s.commitment) revert RevealMismatch(runId, epoch, msg.sender, c, s.commitment);
-        s.payloadDigest = payloadDigest;
-        s.traceRoot = traceRoot;
+        if (c != s.hash) revert RevealMismatch(runId, epoch, msg.sender, c, s.hash);
+        s.hash = traceRoot;
         s.leafCount = leafCount;
         s.state = SUB_REVEALED;
         Epoch storage ep = epochs[runId][epoch];
@@ -478,7 +483,7 @@ contract Veriloco {
         _checkResponse(runId, epoch, r.p, ep.seed, s, leaves, proofs);
         s.state = SUB_RESPONDED;
         ep.responded += 1;
-        emit Responded(runId, epoch, msg.sender, manifestCid, leaves);
+        emit Responded(runId, epoch, msg.sender, manifestCid);
     }
 
     /// @notice Judge one trainer: only its assigned verifiers, once each, after it responded.
@@ -620,17 +625,17 @@ contract Veriloco {
     function runState(uint256 runId)
         external
         view
-        returns (address creator, uint64 nextEpoch, uint32 activeTrainers, uint32 trainerSlots, uint32 verifierCount)
+        returns (address creator, uint32 nextEpoch, uint32 activeTrainers, uint32 trainerSlots, uint32 verifierCount)
     {
         Run storage r = _run(runId);
         return (r.creator, r.nextEpoch, r.activeTrainers, r.trainerSlots, uint32(verifierList[runId].length));
     }
 
-    /// @notice A member's record; role 0 none, 1 trainer, 2 verifier; leaveEpoch is 2^64-1 while active.
+    /// @notice A member's record; role 0 none, 1 trainer, 2 verifier; leaveEpoch is 2^32-1 while active.
     function member(uint256 runId, address account)
         external
         view
-        returns (uint8 role, uint128 stake, uint32 slot, uint64 joinEpoch, uint64 leaveEpoch, uint64 leftAt)
+        returns (uint8 role, uint96 stake, uint32 slot, uint32 joinEpoch, uint32 leaveEpoch, uint48 leftAt)
     {
         Member storage m = members[runId][account];
         return (m.role, m.stake, m.slot, m.joinEpoch, m.leaveEpoch, m.leftAt);
@@ -644,7 +649,7 @@ contract Veriloco {
         for (uint256 slot = 0; slot < r.trainerSlots && n < trainers.length; slot++) {
             address t = slotTrainer[runId][slot];
             Member storage m = members[runId][t];
-            if (m.role == ROLE_TRAINER && m.slot == slot && m.leaveEpoch == NEVER) trainers[n++] = t;
+            if (m.role == ROLE_TRAINER && m.slot == slot && m.leaveEpoch == NEVER_EPOCH) trainers[n++] = t;
         }
         verifiers = verifierList[runId];
     }
@@ -655,27 +660,20 @@ contract Veriloco {
     }
 
     /// @notice A trainer's submission in an epoch. state: 0 none, 1 committed, 2 revealed, 3 responded.
+    /// @dev After the reveal, the commitment and payload digest/CID are in the Committed/Revealed events.
+    /// @return commitment The commitment while only committed, else zero.
+    /// @return traceRoot The revealed trace root, else zero.
     function submission(uint256 runId, uint256 epoch, address trainer)
         external
         view
-        returns (
-            bytes32 commitment,
-            bytes32 payloadDigest,
-            bytes32 traceRoot,
-            uint32 leafCount,
-            uint8 state,
-            uint16 passVotes,
-            uint16 failVotes,
-            bool passed
-        )
+        returns (bytes32 commitment, bytes32 traceRoot, uint32 leafCount, uint8 state, uint16 passVotes, uint16 failVotes, bool passed)
     {
         passed = _isPassed(_run(runId), subs[runId][epoch][trainer], epochs[runId][epoch]);
         Submission storage s = subs[runId][epoch][trainer];
-        commitment = s.commitment;
-        payloadDigest = s.payloadDigest;
-        traceRoot = s.traceRoot;
+        state = s.hash == bytes32(0) ? SUB_NONE : (s.state == SUB_NONE ? SUB_COMMITTED : s.state);
+        if (state == SUB_COMMITTED) commitment = s.hash;
+        else traceRoot = s.hash;
         leafCount = s.leafCount;
-        state = commitment == bytes32(0) ? SUB_NONE : (s.state == SUB_NONE ? SUB_COMMITTED : s.state);
         passVotes = s.passVotes;
         failVotes = s.failVotes;
     }
@@ -721,8 +719,8 @@ contract Veriloco {
     // ------------------------------------------------------------------ internals: phases
 
     function _run(uint256 runId) internal view returns (Run storage r) {
-        if (runId == 0 || runId > runCount) revert UnknownRun(runId);
         r = runs[runId];
+        if (r.creator == address(0)) revert UnknownRun(runId);
     }
 
     function _open(uint256 runId, Run storage r, uint256 epoch) internal {
@@ -740,7 +738,7 @@ contract Veriloco {
         Epoch storage ep = epochs[runId][epoch];
         ep.openedAt = uint64(block.timestamp);
         ep.expected = r.activeTrainers;
-        r.nextEpoch = uint64(epoch + 1);
+        r.nextEpoch = uint32(epoch + 1);
         emit EpochOpened(runId, epoch, r.activeTrainers, block.timestamp + r.p.commitWindow);
     }
 
@@ -893,7 +891,7 @@ contract Veriloco {
         if (leaves.length != nLeaves || proofs.length != nLeaves * depth) {
             revert BadResponseLength(leaves.length, nLeaves, proofs.length, nLeaves * depth);
         }
-        bytes32 root = s.traceRoot;
+        bytes32 root = s.hash;
         for (uint256 i = 0; i < nLeaves; i++) {
             uint256 idx;
             if (i < 2 * uint256(p.auditSteps)) {
@@ -907,14 +905,32 @@ contract Veriloco {
         }
     }
 
-    function _verifyLeaf(bytes32 root, bytes32 digest, uint256 index, bytes32[] calldata proof) internal pure returns (bool) {
-        bytes32 h = keccak256(abi.encodePacked(bytes1(0x00), digest));
-        for (uint256 i = 0; i < proof.length; i++) {
-            if (index & 1 == 1) h = keccak256(abi.encodePacked(bytes1(0x01), proof[i], h));
-            else h = keccak256(abi.encodePacked(bytes1(0x01), h, proof[i]));
-            index >>= 1;
+    /// @dev docs/protocol.md §3: leaf = keccak(0x00 || d), node = keccak(0x01 || l || r). Hashes in
+    ///      the free memory area without allocating (a response checks dozens of nodes).
+    function _verifyLeaf(bytes32 root, bytes32 digest, uint256 index, bytes32[] calldata proof) internal pure returns (bool ok) {
+        assembly ("memory-safe") {
+            let buf := mload(0x40)
+            mstore8(buf, 0x00)
+            mstore(add(buf, 1), digest)
+            let h := keccak256(buf, 33)
+            mstore8(buf, 0x01)
+            let p := proof.offset
+            let end := add(p, shl(5, proof.length))
+            for {} lt(p, end) { p := add(p, 32) } {
+                switch and(index, 1)
+                case 1 {
+                    mstore(add(buf, 1), calldataload(p))
+                    mstore(add(buf, 33), h)
+                }
+                default {
+                    mstore(add(buf, 1), h)
+                    mstore(add(buf, 33), calldataload(p))
+                }
+                h := keccak256(buf, 65)
+                index := shr(1, index)
+            }
+            ok := eq(h, root)
         }
-        return h == root;
     }
 
     function _ceilLog2(uint256 n) internal pure returns (uint256 d) {
@@ -1011,11 +1027,11 @@ contract Veriloco {
         else return 0;
         Member storage m = members[runId][t];
         amount = (uint256(m.stake) * r.p.slashBps) / BPS;
-        m.stake -= uint128(amount);
-        if (m.leaveEpoch == NEVER) {
+        m.stake -= uint96(amount);
+        if (m.leaveEpoch == NEVER_EPOCH) {
             // a cheater is removed from the run at the next epoch boundary
             m.leaveEpoch = r.nextEpoch;
-            m.leftAt = uint64(block.timestamp);
+            m.leftAt = uint48(block.timestamp);
             r.activeTrainers -= 1;
             emit TrainerLeft(runId, t, r.nextEpoch);
         }

@@ -67,7 +67,7 @@ __all__ = [
 ]
 
 ARTIFACT_PATH = Path(__file__).resolve().parents[1] / "contracts" / "build" / "Veriloco.json"
-NEVER = 2**64 - 1
+NEVER_EPOCH = 2**32 - 1
 _T = TypeVar("_T")
 
 
@@ -180,10 +180,13 @@ class EpochTimes:
 
 @dataclass(frozen=True)
 class SubmissionInfo:
-    """state: 0 none, 1 committed, 2 revealed, 3 responded."""
+    """state: 0 none, 1 committed, 2 revealed, 3 responded.
+
+    `commitment` is set only while merely committed and `trace_root` only after the reveal (the
+    contract keeps one of them); the payload CID and digest are in the Revealed event.
+    """
 
     commitment: Digest
-    payload_digest: Digest
     trace_root: Digest
     leaf_count: int
     state: int
@@ -320,7 +323,7 @@ def decode_revert(data: bytes) -> ChainError:
     name, types = entry
     try:
         values = list(abi_decode(types, body))
-    except Exception:
+    except Exception:  # noqa: BLE001 - untrusted revert bytes: any decode failure is reported, not raised
         return TransactionFailed(f"transaction reverted with malformed {name} data 0x{data.hex()}")
     values = [to_checksum_address(v) if t == "address" else v for t, v in zip(types, values)]
     cls = REVERT_CLASSES.get(name, ContractRevert)
@@ -625,8 +628,8 @@ class Chain:
         return RunInfo(RunId(run_id), params, Address(to_checksum_address(creator)), nxt, active, slots, vcount)
 
     def submission(self, run_id: int, epoch: int, trainer: str) -> SubmissionInfo:
-        c, pd, tr, lc, st, pv, fv, ok = self._call("submission", run_id, epoch, to_checksum_address(trainer))
-        return SubmissionInfo(Digest(bytes(c)), Digest(bytes(pd)), Digest(bytes(tr)), lc, st, pv, fv, bool(ok))
+        c, tr, lc, st, pv, fv, ok = self._call("submission", run_id, epoch, to_checksum_address(trainer))
+        return SubmissionInfo(Digest(bytes(c)), Digest(bytes(tr)), lc, st, pv, fv, bool(ok))
 
     def assignment(self, run_id: int, epoch: int, trainer: str) -> Assignment:
         steps, fin, vs = self._call("assignment", run_id, epoch, to_checksum_address(trainer))
@@ -634,7 +637,7 @@ class Chain:
 
     def member(self, run_id: int, account: str) -> MemberInfo:
         role, stake, slot, je, le, left = self._call("member", run_id, to_checksum_address(account))
-        return MemberInfo(role, Wei(stake), slot, je, None if le == NEVER else le, left)
+        return MemberInfo(role, Wei(stake), slot, je, None if le == NEVER_EPOCH else le, left)
 
     def participants(self, run_id: int) -> tuple[list[Address], list[Address]]:
         """(active trainers by slot, verifier list in assignment order)."""

@@ -24,6 +24,7 @@ from protocol.payload import (
     KIND_NAMES,
     LOWRANK,
     Record,
+    all_finite,
     encode,
     encode_lowrank,
     encode_quant,
@@ -174,7 +175,7 @@ def _encode_tensor(name: str, x: torch.Tensor, dtype: torch.dtype, rank: int, se
         if r >= 1 and _lowrank_bytes(m, n, r, cfg.bits, cfg.group_size) * cfg.min_saving <= dense_cost:
             mat = x.reshape(m, n)
             p, q, s2 = factorize(mat, r, tensor_seed(seed, name), cfg.oversample, cfg.power_iters)
-            energy = float(mat.double().square().sum())
+            energy = float(torch.linalg.vector_norm(mat)) ** 2
             return encode_lowrank(name, shape, dtype, p, q, cfg.bits, cfg.group_size, energy, s2.tolist())
     if cfg.dense_bits == 32:
         return encode_raw(name, x.to(dtype))
@@ -211,7 +212,7 @@ def compress(
             if buf.shape != d.shape:
                 raise CompressError(f"error buffer {name!r} has shape {tuple(buf.shape)}, pseudo-gradient {tuple(d.shape)}")
             x = x + buf.to(torch.float32)
-        if not torch.isfinite(x).all():
+        if not all_finite(x):
             raise CompressError(f"pseudo-gradient {name!r} has NaN/Inf values: the inner loop diverged; lower the learning rate")
         xs[name] = x
         try:
@@ -228,7 +229,7 @@ def compress(
         x = xs[e.name]
         residual = x - reconstruct(payload, e).to(torch.float32)
         new_ef[e.name] = residual.to(delta[e.name].dtype) if cfg.error_feedback else torch.zeros_like(delta[e.name])
-        r2, x2 = float(residual.double().square().sum()), float(x.double().square().sum())
+        r2, x2 = float(torch.linalg.vector_norm(residual)) ** 2, float(torch.linalg.vector_norm(x)) ** 2
         err2, tot2 = err2 + r2, tot2 + x2
         tensors[e.name] = TensorStats(KIND_NAMES[e.kind], e.rank, math.sqrt(r2 / x2) if x2 > 0 else 0.0, x2, e.spectrum)
     return Compressed(

@@ -1,0 +1,310 @@
+"""Codec benchmark: veriloco's compressor against torch's PowerSGD hook at equal bytes.
+
+Pseudo-gradients are real: the GPT from protocol/model.py trains on the built-in corpus for
+`--rounds` rounds of `--h` AdamW steps, and each round's start - end is one pseudo-gradient. Each
+compressor sees the same sequence and keeps its own error feedback (PowerSGD also its warm start),
+as it would in training. PowerSGD runs as torch ships it: `powerSGD_hook` registered on a
+DistributedDataParallel model in a one-process gloo group, with the gradient set to the
+pseudo-gradient. For each PowerSGD rank, veriloco gets the largest rank whose payload is no bigger.
+
+    .venv/bin/python -m benchmarks.codec --preset small --out benchmarks/results/codec.json
+
+Prints a Markdown table and writes JSON (machine, versions, settings, per-method numbers, ratios).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+from protocol.data import batch, default_corpus
+from protocol.model import preset
+from protocol.payload import decode
+from trainer.compress import CompressionConfig, compress
+from trainer.inner import PARAM, InnerConfig, init_state, section, train_step
+
+Deltas = list[dict[str, Tensor]]
+
+
+def pseudo_gradients(preset_name: str, rounds: int, h: int, batch_size: int, seed: int) -> tuple[Deltas, float]:
+    """`rounds` consecutive pseudo-gradients of one trainer (start - end params), and seconds per step."""
+    cfg = preset(preset_name)
+    inner = InnerConfig(lr=1e-3, warmup_steps=min(20, rounds * h // 4), total_steps=max(1, rounds * h))
+    corpus = default_corpus()
+    state = init_state(cfg, seed)
+    deltas: Deltas = []
+    t0 = time.perf_counter()
+    for r in range(rounds):
+        start = {k: v.clone() for k, v in section(state, PARAM).items()}
+        for k in range(h):
+            state, _ = train_step(state, batch(corpus, seed, r, 0, k, batch_size, cfg.seq_len), cfg, inner)
+        end = section(state, PARAM)
+        deltas.append({n: start[n] - end[n] for n in start})
+    return deltas, (time.perf_counter() - t0) / (rounds * h)
+
+
+@dataclass
+class Outcome:
+    bytes_per_round: int
+    rel_errors: list[float]  # per round, ||x - c(x)|| / ||x|| with x = delta + own error buffer
+    cumulative_error: float  # ||sum delta - sum decoded|| / ||sum delta||
+    encode_s: float
+    decode_s: float
+
+
+def _norm2(d: dict[str, Tensor]) -> float:
+    return sum(float(v.double().square().sum()) for v in d.values())
+
+
+def _evaluate(deltas: Deltas, step: Callable[[dict[str, Tensor]], tuple[dict[str, Tensor], int, float, float]]) -> Outcome:
+    """Run a compressor with error feedback over the sequence: step(x) -> (decoded, bytes, enc_s, dec_s)."""
+    ef = {k: torch.zeros_like(v) for k, v in deltas[0].items()}
+    sum_delta = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in ef.items()}
+    sum_dec = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in ef.items()}
+    errors: list[float] = []
+    enc = dec = 0.0
+    size = 0
+    for d in deltas:
+        x = {k: d[k] + ef[k] for k in d}
+        out, size, e_s, d_s = step(x)
+        enc, dec = enc + e_s, dec + d_s
+        ef = {k: x[k] - out[k] for k in x}
+        errors.append(math.sqrt(_norm2(ef) / _norm2(x)))
+        for k in d:
+            sum_delta[k] += d[k].double()
+            sum_dec[k] += out[k].double()
+    cum = math.sqrt(_norm2({k: sum_delta[k] - sum_dec[k] for k in d}) / _norm2(sum_delta))
+    return Outcome(size, errors, cum, enc / len(deltas), dec / len(deltas))
+
+
+def run_ours(deltas: Deltas, rank: int, cfg: CompressionConfig, seed: int) -> Outcome:
+    shapes = {k: tuple(v.shape) for k, v in deltas[0].items()}
+    counter = iter(range(10**9))
+
+    def step(x: dict[str, Tensor]) -> tuple[dict[str, Tensor], int, float, float]:
+        t0 = time.perf_counter()
+        # error feedback is applied by _evaluate, identically for both codecs: pass an empty buffer
+        c = compress(x, {}, rank, seed + next(counter), cfg)
+        t1 = time.perf_counter()
+        out = decode(c.payload, shapes)
+        t2 = time.perf_counter()
+        return out, len(c.payload), t1 - t0, t2 - t1
+
+    return _evaluate(deltas, step)
+
+
+def payload_size(deltas: Deltas, rank: int, cfg: CompressionConfig) -> int:
+    return len(compress(deltas[0], {}, rank, 0, cfg).payload)
+
+
+def rank_for_budget(deltas: Deltas, budget: int, cfg: CompressionConfig, hi: int) -> int:
+    """The largest rank whose payload fits in `budget` bytes (payload size grows with rank)."""
+    lo, best = 1, 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if payload_size(deltas, mid, cfg) <= budget:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+class _Holder(nn.Module):
+    def __init__(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        super().__init__()
+        self.names = sorted(shapes)
+        self.ps = nn.ParameterList([nn.Parameter(torch.zeros(shapes[n])) for n in self.names])
+
+    def forward(self, g: dict[str, Tensor]) -> Tensor:
+        """A loss whose gradient with respect to each parameter is exactly g[name]."""
+        return torch.stack([(p * g[n]).sum() for n, p in zip(self.names, self.ps, strict=True)]).sum()
+
+
+def psgd_bytes(shapes: dict[str, tuple[int, ...]], rank: int, min_rate: float) -> int:
+    """What the hook sends per round: P and Q (float32) for compressed matrices, other tensors as float32."""
+    total = 0
+    for s in shapes.values():
+        numel = math.prod(s)
+        if len(s) > 1:
+            n, m = s[0], numel // s[0]
+            r = min(n, m, rank)
+            ok, _, _ = psgd._should_compress(n, m, r, min_rate)
+            if ok:
+                total += 4 * r * (n + m)
+                continue
+        total += 4 * numel
+    return total
+
+
+def run_powersgd(deltas: Deltas, rank: int, seed: int) -> Outcome:
+    """torch's powerSGD_hook on DDP, one gloo process; the hook keeps its own error feedback and warm start."""
+    shapes = {k: tuple(v.shape) for k, v in deltas[0].items()}
+    holder = _Holder(shapes)
+    ddp = nn.parallel.DistributedDataParallel(holder)
+    state = psgd.PowerSGDState(
+        process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2,
+        use_error_feedback=True, warm_start=True, random_seed=seed,
+    )
+    ddp.register_comm_hook(state, psgd.powerSGD_hook)
+
+    def grads_of(g: dict[str, Tensor]) -> tuple[dict[str, Tensor], float]:
+        for p in holder.ps:
+            p.grad = None
+        t0 = time.perf_counter()
+        ddp(g).backward()  # DDP arms its reducer in forward; backward then runs the hook per bucket
+        dt = time.perf_counter() - t0
+        return {n: p.grad.detach().clone() for n, p in zip(holder.names, holder.ps, strict=True)}, dt  # type: ignore[union-attr]
+
+    zeros = {k: torch.zeros(s) for k, s in shapes.items()}
+    for _ in range(2):  # the hook allreduces uncompressed until start_powerSGD_iter
+        grads_of(zeros)
+    # the hook applies error feedback itself: feed plain deltas, and account for its buffer below
+    own_ef = {k: torch.zeros_like(v) for k, v in zeros.items()}
+    size = psgd_bytes(shapes, rank, state.min_compression_rate)
+
+    def step(x: dict[str, Tensor]) -> tuple[dict[str, Tensor], int, float, float]:
+        # _evaluate hands x = delta + its buffer; the hook adds its own buffer, which equals ours,
+        # so pass x - own_ef (= delta) and keep the two in lockstep.
+        delta = {k: x[k] - own_ef[k] for k in x}
+        out, dt = grads_of(delta)
+        for k in x:
+            own_ef[k] = x[k] - out[k]
+        return out, size, dt, 0.0
+
+    return _evaluate(deltas, step)
+
+
+def _init_group(tmp: str) -> None:
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=0, world_size=1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="small", choices=["tiny", "small", "gpt2-124m"])
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--h", type=int, default=16, help="inner steps per round")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--ranks", default="1,2,4,8", help="PowerSGD ranks to compare at")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    deltas, step_s = pseudo_gradients(args.preset, args.rounds, args.h, args.batch_size, args.seed)
+    shapes = {k: tuple(v.shape) for k, v in deltas[0].items()}
+    dense_mb = 4 * sum(math.prod(s) for s in shapes.values()) / 1e6
+    variants = {
+        "veriloco int4": CompressionConfig(bits=4),
+        "veriloco int8": CompressionConfig(bits=8),
+    }
+    rows: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        _init_group(tmp)
+        try:
+            for prank in (int(r) for r in args.ranks.split(",")):
+                ps = run_powersgd(deltas, prank, args.seed)
+                row: dict[str, object] = {"powersgd_rank": prank, "budget_bytes": ps.bytes_per_round, "methods": {}}
+                methods: dict[str, dict[str, object]] = {"powersgd": _summary(ps, prank, dense_mb)}
+                for name, cfg in variants.items():
+                    r = rank_for_budget(deltas, ps.bytes_per_round, cfg, hi=64 * prank)
+                    if r == 0:
+                        continue
+                    methods[name] = _summary(run_ours(deltas, r, cfg, args.seed), r, dense_mb)
+                row["methods"] = methods
+                rows.append(row)
+        finally:
+            dist.destroy_process_group()
+
+    result = {
+        "benchmark": "codec",
+        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                    "cpus": os.cpu_count(), "threads": args.threads},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__},
+        "settings": {"preset": args.preset, "rounds": args.rounds, "h": args.h, "batch_size": args.batch_size,
+                     "seed": args.seed, "dense_mb": dense_mb, "inner_step_s": step_s},
+        "rows": rows,
+        "ratios": _ratios(rows),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print(markdown(result))
+    return 0
+
+
+def _summary(o: Outcome, rank: int, dense_mb: float) -> dict[str, object]:
+    return {
+        "rank": rank,
+        "bytes": o.bytes_per_round,
+        "compression_x": dense_mb * 1e6 / o.bytes_per_round,
+        "rel_error_first": o.rel_errors[0],
+        "rel_error_mean": sum(o.rel_errors) / len(o.rel_errors),
+        "rel_errors": o.rel_errors,
+        "cumulative_error": o.cumulative_error,
+        "encode_mb_s": dense_mb / o.encode_s if o.encode_s > 0 else None,
+        "decode_mb_s": dense_mb / o.decode_s if o.decode_s > 0 else None,
+        "roundtrip_mb_s": dense_mb / (o.encode_s + o.decode_s),
+    }
+
+
+def _ratios(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    out = []
+    for row in rows:
+        m = row["methods"]
+        assert isinstance(m, dict)
+        base = m["powersgd"]
+        for name, v in m.items():
+            if name == "powersgd":
+                continue
+            out.append({
+                "powersgd_rank": row["powersgd_rank"], "method": name,
+                "bytes_vs_powersgd": v["bytes"] / base["bytes"],
+                "error_vs_powersgd": v["rel_error_mean"] / base["rel_error_mean"],
+                "cumulative_error_vs_powersgd": v["cumulative_error"] / base["cumulative_error"],
+                "roundtrip_speed_vs_powersgd": v["roundtrip_mb_s"] / base["roundtrip_mb_s"],
+            })
+    return out
+
+
+def markdown(result: dict[str, object]) -> str:
+    s = result["settings"]
+    assert isinstance(s, dict)
+    lines = [
+        f"Codec on `{s['preset']}` pseudo-gradients ({s['dense_mb']:.1f} MB fp32, {s['rounds']} rounds x "
+        f"H={s['h']}), {result['machine']['threads']} thread(s), torch {result['versions']['torch']}",  # type: ignore[index]
+        "",
+        "| PowerSGD rank | method | rank | bytes/round | compression | rel. error (mean) | rel. error (round 1) "
+        "| cumulative error | encode MB/s | decode MB/s | round trip MB/s | error vs PowerSGD |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:  # type: ignore[attr-defined]
+        base = row["methods"]["powersgd"]
+        for name, v in row["methods"].items():
+            enc = f"{v['encode_mb_s']:.0f}" if v["encode_mb_s"] and name != "powersgd" else "-"
+            dec = f"{v['decode_mb_s']:.0f}" if v["decode_mb_s"] else "-"
+            lines.append(
+                f"| {row['powersgd_rank']} | {name} | {v['rank']} | {v['bytes']:,} | {v['compression_x']:.0f}x "
+                f"| {v['rel_error_mean']:.3f} | {v['rel_error_first']:.3f} | {v['cumulative_error']:.3f} "
+                f"| {enc} | {dec} | {v['roundtrip_mb_s']:.0f} | {v['rel_error_mean'] / base['rel_error_mean']:.2f} |"
+            )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -545,7 +545,11 @@ class AuditManifest:
 
     `transitions` are the k of challenged steps k -> k+1 (sorted, distinct); `final` says the end
     state -> payload check was drawn. `states` (sorted by leaf index, distinct) must hold leaves
-    k and k+1 of every transition, and leaf leaf_count-1 when `final` is set.
+    k and k+1 of every transition, and leaves 0 and leaf_count-1 when `final` is set (the payload
+    is a function of both). With `final`, `previous` holds the start and end states (leaves 0 and
+    previous_leaf_count-1) of the trainer's previous epoch, proven against that epoch's trace root,
+    so a verifier can also check the start-state rule (docs/protocol.md §8); it is empty when the
+    trainer started fresh.
     """
 
     run_id: int
@@ -556,6 +560,9 @@ class AuditManifest:
     transitions: tuple[int, ...]
     final: bool
     states: tuple[ChallengedState, ...]
+    previous_root: Digest = Digest(bytes(32))
+    previous_leaf_count: int = 0
+    previous: tuple[ChallengedState, ...] = ()
 
     def state(self, leaf_index: int) -> ChallengedState:
         for s in self.states:
@@ -568,7 +575,7 @@ def required_leaves(transitions: Sequence[int], final: bool, leaf_count: int) ->
     """The leaf indices a manifest must reveal for these challenges."""
     need = {k for t in transitions for k in (t, t + 1)}
     if final:
-        need.add(leaf_count - 1)
+        need |= {0, leaf_count - 1}
     return sorted(need)
 
 
@@ -607,6 +614,24 @@ def validate_manifest(m: AuditManifest) -> None:
             )
 
 
+    if m.previous:
+        if not m.final or m.epoch == 0:
+            raise FormatError("audit manifest carries previous-epoch states without a final check")
+        if not 2 <= m.previous_leaf_count <= 1 << 32:
+            raise FormatError(f"audit manifest previous_leaf_count {m.previous_leaf_count} out of range")
+        if [s.leaf_index for s in m.previous] != [0, m.previous_leaf_count - 1]:
+            raise FormatError("audit manifest previous states must be leaves 0 and previous_leaf_count-1")
+        for s in m.previous:
+            try:
+                validate_cid(s.cid)
+            except CidError as exc:
+                raise FormatError(f"audit manifest previous state {s.leaf_index}: {exc}") from None
+            if len(s.digest) != 32 or any(len(p) != 32 for p in s.proof) or not merkle.verify(
+                m.previous_root, s.digest, s.leaf_index, m.previous_leaf_count, s.proof
+            ):
+                raise FormatError(f"audit manifest previous state {s.leaf_index}: proof does not lead to previous_root")
+
+
 def encode_manifest(m: AuditManifest) -> bytes:
     validate_manifest(m)
     return encode_dataclass(m, AUDIT_FORMAT)
@@ -631,6 +656,8 @@ def build_manifest(
     transitions: Sequence[int],
     final: bool,
     cid_of_leaf: Callable[[int], Cid] | Mapping[int, Cid],
+    previous_trace: Sequence[bytes] = (),
+    previous_cid_of_leaf: Callable[[int], Cid] | Mapping[int, Cid] | None = None,
 ) -> AuditManifest:
     """Assemble (and validate) the manifest for a trace and its challenges; proofs are computed here."""
     leaf_count = len(trace)
@@ -640,8 +667,18 @@ def build_manifest(
         ChallengedState(i, lookup(i), Digest(bytes(trace[i])), tuple(merkle.prove(trace, i)))
         for i in required_leaves(ts, final, leaf_count)
     )
+    previous: tuple[ChallengedState, ...] = ()
+    prev_root = Digest(bytes(32))
+    if final and previous_trace and previous_cid_of_leaf is not None:
+        plook = previous_cid_of_leaf.__getitem__ if isinstance(previous_cid_of_leaf, Mapping) else previous_cid_of_leaf
+        prev_root = merkle.root(previous_trace)
+        previous = tuple(
+            ChallengedState(i, plook(i), Digest(bytes(previous_trace[i])), tuple(merkle.prove(previous_trace, i)))
+            for i in (0, len(previous_trace) - 1)
+        )
     m = AuditManifest(
-        run_id, epoch, trainer, merkle.root(trace), leaf_count, tuple(ts), final, states
+        run_id, epoch, trainer, merkle.root(trace), leaf_count, tuple(ts), final, states,
+        prev_root, len(previous_trace) if previous else 0, previous,
     )
     validate_manifest(m)
     return m

@@ -306,13 +306,27 @@ def _manifest(n: int = 9, transitions: tuple[int, ...] = (2, 5), final: bool = T
 
 def test_manifest_round_trip_and_contents() -> None:
     m = _manifest()
-    assert [s.leaf_index for s in m.states] == [2, 3, 5, 6, 8]
+    assert [s.leaf_index for s in m.states] == [0, 2, 3, 5, 6, 8]  # final needs the start state too
     data = formats.encode_manifest(m)
     assert data == canonical_json(json.loads(data))
     back = formats.decode_manifest(data)
     assert back == m
     assert back.state(5).digest == _trace(9)[5]
     assert merkle.verify(m.trace_root, m.state(8).digest, 8, 9, m.state(8).proof)
+
+
+def test_manifest_previous_epoch_states_are_proven() -> None:
+    prev = _trace(5)
+    m = formats.build_manifest(
+        run_id=1, epoch=3, trainer=TRAINER, trace=_trace(9), transitions=(2,), final=True,
+        cid_of_leaf=lambda i: cid_of(b"state %d" % i),
+        previous_trace=prev, previous_cid_of_leaf=lambda i: cid_of(b"prev %d" % i),
+    )
+    assert [s.leaf_index for s in m.previous] == [0, 4] and m.previous_root == merkle.root(prev)
+    assert formats.decode_manifest(formats.encode_manifest(m)) == m
+    forged = dataclasses.replace(m, previous=(m.previous[0], dataclasses.replace(m.previous[1], digest=prev[3])))
+    with pytest.raises(FormatError, match="previous state 4"):
+        formats.encode_manifest(forged)
 
 
 def test_manifest_with_a_tampered_proof_is_rejected() -> None:

@@ -1,0 +1,91 @@
+"""A trainer's local memory of its epochs: what it committed to, and states to reproduce any leaf.
+
+Audits may challenge any transition of a trace, so the trainer must be able to produce any state
+d_k it committed to. Keeping every state costs H full states per epoch; instead it keeps every
+`every`-th state (always d_0 and d_H) and replays forward from the nearest one, which is exact
+because inner steps are bitwise reproducible. The metadata file (salt, CIDs, digests, status) is
+written atomically before each chain transaction, so a killed node resumes without losing a reveal
+or sending anything twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from protocol.data import Corpus
+from protocol.formats import load_state_file, write_state
+from trainer.inner import State
+from trainer.round import RoundSpec, replay_step
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class EpochDir:
+    """workdir/epoch-<e>/: meta.json, state-<k>.safetensors checkpoints, carried.safetensors, payload.bin."""
+
+    def __init__(self, root: Path, epoch: int) -> None:
+        self.epoch = epoch
+        self.path = root / f"epoch-{epoch:06d}"
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._meta_path = self.path / "meta.json"
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        try:
+            return json.loads(self._meta_path.read_text())
+        except FileNotFoundError:
+            return {}
+
+    def update(self, **fields: Any) -> dict[str, Any]:
+        meta = {**self.meta, **fields}
+        _atomic_write(self._meta_path, json.dumps(meta, sort_keys=True, indent=1).encode())
+        return meta
+
+    def save(self, name: str, state: State) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f".{name}.")
+        os.close(fd)
+        write_state(state, tmp)
+        os.replace(tmp, self.path / f"{name}.safetensors")
+
+    def load(self, name: str) -> State:
+        return load_state_file(self.path / f"{name}.safetensors", allow_nonfinite=True)
+
+    def has(self, name: str) -> bool:
+        return (self.path / f"{name}.safetensors").exists()
+
+    def checkpoints(self) -> list[int]:
+        return sorted(int(p.stem.split("-")[1]) for p in self.path.glob("state-*.safetensors"))
+
+    def save_step(self, k: int, state: State) -> None:
+        self.save(f"state-{k:06d}", state)
+
+    def state_at(self, k: int, spec: RoundSpec, corpus: Corpus, slot: int) -> State:
+        """d_k's state: the nearest checkpoint at or before k, replayed forward."""
+        base = max((c for c in self.checkpoints() if c <= k), default=None)
+        if base is None:
+            raise FileNotFoundError(f"no checkpoint at or before step {k} of epoch {self.epoch}")
+        state = self.load(f"state-{base:06d}")
+        for j in range(base, k):
+            state, _ = replay_step(state, spec, corpus, self.epoch, slot, j)
+        return state
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        _atomic_write(self.path / name, data)
+
+    def read_bytes(self, name: str) -> bytes:
+        return (self.path / name).read_bytes()
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)

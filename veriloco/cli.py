@@ -13,7 +13,8 @@ import sys
 from protocol.errors import VerilocoError
 
 COMMANDS: list[str] = [
-
+    "veriloco.devnet",
+    "veriloco.storecmd",
 ]
 
 

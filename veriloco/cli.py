@@ -14,7 +14,6 @@ from protocol.errors import VerilocoError
 
 COMMANDS: list[str] = [
     "veriloco.devnet",
-    "veriloco.storecmd",
 ]
 
 

@@ -77,18 +77,6 @@ contract Veriloco {
         string modelCid;
     }
 
-    /// @dev Two slots per trainer and epoch: `hash` is the commitment until the reveal and the trace
-    ///      root after it (the commitment stays in the Committed event, the payload digest and CID in
-    ///      the Revealed event), which keeps a trainer's epoch within the gas budget.
-    struct Submission {
-        bytes32 hash;
-        uint32 leafCount;
-        uint8 state; // SUB_* below
-        uint16 voteMask;
-        uint16 passVotes;
-        uint16 failVotes;
-    }
-
     /// @dev One slot per member.
     struct Member {
         uint96 stake;
@@ -100,6 +88,11 @@ contract Veriloco {
         bool pendingRemoval; // verifier left while an audit was running
     }
 
+    // A trainer's epoch record is a 64-bit lane, four per storage word, indexed by trainer slot:
+    // bits 0-31 leafCount, 32-39 state (SUB_*), 40-47 pass-vote mask, 48-55 fail-vote mask (bit j =
+    // assignment index j). Its commitment, then its trace root, lives in `hashes`. Sharing words
+    // keeps a trainer's epoch within the gas budget (a fresh slot costs 22k gas, a shared one 5k).
+    uint256 internal constant LANE_MASK = 0xFFFFFFFFFFFFFFFF;
     uint8 internal constant SUB_NONE = 0;
     uint8 internal constant SUB_COMMITTED = 1;
     uint8 internal constant SUB_REVEALED = 2;
@@ -135,8 +128,11 @@ contract Veriloco {
 
     mapping(uint256 => Run) internal runs;
     mapping(uint256 => mapping(uint256 => Epoch)) internal epochs;
-    mapping(uint256 => mapping(uint256 => mapping(address => Submission))) internal subs;
-    mapping(uint256 => mapping(uint256 => mapping(uint256 => uint256))) internal committedBits;
+    /// @dev commitment until the reveal, trace root after it (the commitment stays in the Committed
+    ///      event; the payload digest and CID are in the Revealed event).
+    mapping(uint256 => mapping(uint256 => mapping(address => bytes32))) internal hashes;
+    mapping(uint256 => mapping(uint256 => mapping(uint256 => uint256))) internal lanes;
+    mapping(uint256 => mapping(address => uint32)) internal slotPlusOne; // stable per address
     mapping(uint256 => mapping(address => Member)) internal members;
     mapping(uint256 => mapping(uint256 => address)) internal slotTrainer;
     mapping(uint256 => address[]) internal verifierList;
@@ -301,9 +297,16 @@ contract Veriloco {
         if (m.role != ROLE_NONE) revert AlreadyJoined(runId, msg.sender);
         if (msg.value != r.p.trainerStake) revert WrongStake(msg.value, r.p.trainerStake);
         if (r.activeTrainers >= r.p.maxTrainers) revert RunFull(runId, r.p.maxTrainers);
-        uint32 slot = r.trainerSlots++;
+        uint32 slot = slotPlusOne[runId][msg.sender];
+        if (slot == 0) {
+            // first time in this run: a new slot, kept for good so old epochs stay readable
+            slot = r.trainerSlots++;
+            slotPlusOne[runId][msg.sender] = slot + 1;
+            slotTrainer[runId][slot] = msg.sender;
+        } else {
+            slot -= 1;
+        }
         r.activeTrainers += 1;
-        slotTrainer[runId][slot] = msg.sender;
         m.stake = uint96(msg.value);
         m.slot = slot;
         m.joinEpoch = r.nextEpoch;
@@ -411,10 +414,10 @@ contract Veriloco {
         Phase ph = _phase(runId, r, epoch);
         if (ph != Phase.Committing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Committing));
         if (epoch < m.joinEpoch || epoch >= m.leaveEpoch) revert NotEligible(runId, epoch, msg.sender, m.joinEpoch, m.leaveEpoch);
-        Submission storage s = subs[runId][epoch][msg.sender];
-        if (s.hash != bytes32(0)) revert AlreadyCommitted(runId, epoch, msg.sender);
-        s.hash = commitment;
-        committedBits[runId][epoch][m.slot >> 8] |= uint256(1) << (m.slot & 255);
+        mapping(address => bytes32) storage hs = hashes[runId][epoch];
+        if (hs[msg.sender] != bytes32(0)) revert AlreadyCommitted(runId, epoch, msg.sender);
+        hs[msg.sender] = commitment;
+        _setLane(runId, epoch, m.slot, uint256(SUB_COMMITTED) << 32);
         uint32 c = ep.committed + 1;
         ep.committed = c;
         if (c == ep.expected) ep.allCommittedAt = uint64(block.timestamp);
@@ -435,15 +438,17 @@ contract Veriloco {
         Run storage r = _run(runId);
         Phase ph = _phase(runId, r, epoch);
         if (ph != Phase.Revealing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Revealing));
-        Submission storage s = subs[runId][epoch][msg.sender];
-        if (s.hash == bytes32(0)) revert NotCommitted(runId, epoch, msg.sender);
-        if (s.state != SUB_NONE) revert AlreadyRevealed(runId, epoch, msg.sender);
+        uint32 slot = _slotOf(runId, msg.sender);
+        uint256 lane = _lane(runId, epoch, slot);
+        uint8 st = uint8(lane >> 32);
+        if (st == SUB_NONE) revert NotCommitted(runId, epoch, msg.sender);
+        if (st != SUB_COMMITTED) revert AlreadyRevealed(runId, epoch, msg.sender);
         if (leafCount < 2) revert BadLeafCount(leafCount, 2);
         bytes32 c = commitmentOf(runId, epoch, msg.sender, payloadDigest, traceRoot, leafCount, salt);
-        if (c != s.hash) revert RevealMismatch(runId, epoch, msg.sender, c, s.hash);
-        s.hash = traceRoot;
-        s.leafCount = leafCount;
-        s.state = SUB_REVEALED;
+        bytes32 committed = hashes[runId][epoch][msg.sender];
+        if (c != committed) revert RevealMismatch(runId, epoch, msg.sender, c, committed);
+        hashes[runId][epoch][msg.sender] = traceRoot;
+        _setLane(runId, epoch, slot, (uint256(SUB_REVEALED) << 32) | leafCount);
         Epoch storage ep = epochs[runId][epoch];
         uint32 n = ep.revealed + 1;
         ep.revealed = n;
@@ -476,12 +481,14 @@ contract Veriloco {
         Epoch storage ep = epochs[runId][epoch];
         uint256 deadline = _revealsClose(runId, r, epoch) + r.p.responseWindow;
         if (block.timestamp >= deadline) revert DeadlinePassed(runId, epoch, deadline, block.timestamp);
-        Submission storage s = subs[runId][epoch][msg.sender];
-        if (s.state == SUB_RESPONDED) revert AlreadyResponded(runId, epoch, msg.sender);
-        if (s.state != SUB_REVEALED) revert NotRevealed(runId, epoch, msg.sender);
+        uint32 slot = _slotOf(runId, msg.sender);
+        uint256 lane = _lane(runId, epoch, slot);
+        uint8 st = uint8(lane >> 32);
+        if (st == SUB_RESPONDED) revert AlreadyResponded(runId, epoch, msg.sender);
+        if (st != SUB_REVEALED) revert NotRevealed(runId, epoch, msg.sender);
         if (!ep.seeded) _fixSeed(runId, epoch, ep);
-        _checkResponse(runId, epoch, r.p, ep.seed, s, leaves, proofs);
-        s.state = SUB_RESPONDED;
+        _checkResponse(runId, epoch, r.p, ep.seed, hashes[runId][epoch][msg.sender], uint32(lane), leaves, proofs);
+        _setLane(runId, epoch, slot, (uint256(SUB_RESPONDED) << 32) | uint32(lane));
         ep.responded += 1;
         emit Responded(runId, epoch, msg.sender, manifestCid);
     }
@@ -668,14 +675,18 @@ contract Veriloco {
         view
         returns (bytes32 commitment, bytes32 traceRoot, uint32 leafCount, uint8 state, uint16 passVotes, uint16 failVotes, bool passed)
     {
-        passed = _isPassed(_run(runId), subs[runId][epoch][trainer], epochs[runId][epoch]);
-        Submission storage s = subs[runId][epoch][trainer];
-        state = s.hash == bytes32(0) ? SUB_NONE : (s.state == SUB_NONE ? SUB_COMMITTED : s.state);
-        if (state == SUB_COMMITTED) commitment = s.hash;
-        else traceRoot = s.hash;
-        leafCount = s.leafCount;
-        passVotes = s.passVotes;
-        failVotes = s.failVotes;
+        Run storage r = _run(runId);
+        uint32 sp = slotPlusOne[runId][trainer];
+        if (sp == 0) return (commitment, traceRoot, 0, SUB_NONE, 0, 0, false);
+        uint256 lane = _lane(runId, epoch, sp - 1);
+        passed = _isPassed(r, lane, epochs[runId][epoch]);
+        state = uint8(lane >> 32);
+        bytes32 h = hashes[runId][epoch][trainer];
+        if (state == SUB_COMMITTED) commitment = h;
+        else traceRoot = h;
+        leafCount = uint32(lane);
+        passVotes = _popcount8(uint8(lane >> 40));
+        failVotes = _popcount8(uint8(lane >> 48));
     }
 
     /// @notice A trainer's audit assignment (docs/protocol.md §5); empty until the seed is fixed.
@@ -689,10 +700,11 @@ contract Veriloco {
     {
         Run storage r = _run(runId);
         Epoch storage ep = epochs[runId][epoch];
-        Submission storage s = subs[runId][epoch][trainer];
-        if (!ep.seeded || s.leafCount < 2) return (steps, false, verifiers);
+        uint32 sp = slotPlusOne[runId][trainer];
+        uint32 leafCount = sp == 0 ? 0 : uint32(_lane(runId, epoch, sp - 1));
+        if (!ep.seeded || leafCount < 2) return (steps, false, verifiers);
         steps = new uint256[](r.p.auditSteps);
-        for (uint256 j = 0; j < steps.length; j++) steps[j] = _stepIndex(ep.seed, trainer, j, s.leafCount);
+        for (uint256 j = 0; j < steps.length; j++) steps[j] = _stepIndex(ep.seed, trainer, j, leafCount);
         finalCheck = _finalCheck(ep.seed, trainer, r.p.finalCheckBps);
         uint256 q = _needed(r, ep);
         verifiers = new address[](q);
@@ -870,9 +882,32 @@ contract Veriloco {
 
     /// @dev Passed: responded, no fail vote, and a pass vote from every assigned verifier
     ///      (quorum capped by the verifier count at seed time; with no verifiers nobody passes).
-    function _isPassed(Run storage r, Submission storage s, Epoch storage ep) internal view returns (bool) {
+    function _isPassed(Run storage r, uint256 lane, Epoch storage ep) internal view returns (bool) {
         uint256 q = _needed(r, ep);
-        return s.state == SUB_RESPONDED && s.failVotes == 0 && q > 0 && s.passVotes >= q;
+        return uint8(lane >> 32) == SUB_RESPONDED && uint8(lane >> 48) == 0 && q > 0 && _popcount8(uint8(lane >> 40)) >= q;
+    }
+
+    function _popcount8(uint8 x) internal pure returns (uint16 n) {
+        while (x != 0) {
+            x &= x - 1;
+            n++;
+        }
+    }
+
+    function _slotOf(uint256 runId, address trainer) internal view returns (uint32) {
+        uint32 sp = slotPlusOne[runId][trainer];
+        if (sp == 0) revert NotTrainer(runId, trainer);
+        return sp - 1;
+    }
+
+    function _lane(uint256 runId, uint256 epoch, uint256 slot) internal view returns (uint256) {
+        return (lanes[runId][epoch][slot >> 2] >> ((slot & 3) << 6)) & LANE_MASK;
+    }
+
+    function _setLane(uint256 runId, uint256 epoch, uint256 slot, uint256 lane) internal {
+        uint256 sh = (slot & 3) << 6;
+        mapping(uint256 => uint256) storage ws = lanes[runId][epoch];
+        ws[slot >> 2] = (ws[slot >> 2] & ~(LANE_MASK << sh)) | (lane << sh);
     }
 
     function _checkResponse(
@@ -880,18 +915,18 @@ contract Veriloco {
         uint256 epoch,
         RunParams storage p,
         bytes32 seed,
-        Submission storage s,
+        bytes32 root,
+        uint32 leafCount,
         bytes32[] calldata leaves,
         bytes32[] calldata proofs
     ) internal view {
-        uint256 L = s.leafCount;
+        uint256 L = leafCount;
         uint256 depth = _ceilLog2(L);
         bool fin = _finalCheck(seed, msg.sender, p.finalCheckBps);
         uint256 nLeaves = 2 * uint256(p.auditSteps) + (fin ? 1 : 0);
         if (leaves.length != nLeaves || proofs.length != nLeaves * depth) {
             revert BadResponseLength(leaves.length, nLeaves, proofs.length, nLeaves * depth);
         }
-        bytes32 root = s.hash;
         for (uint256 i = 0; i < nLeaves; i++) {
             uint256 idx;
             if (i < 2 * uint256(p.auditSteps)) {
@@ -951,8 +986,9 @@ contract Veriloco {
     }
 
     function _verdict(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, address trainer, bool passed, string calldata evidenceCid) internal {
-        Submission storage s = subs[runId][epoch][trainer];
-        if (s.state != SUB_RESPONDED) revert NotResponded(runId, epoch, trainer);
+        uint32 sp = slotPlusOne[runId][trainer];
+        uint256 lane = sp == 0 ? 0 : _lane(runId, epoch, sp - 1);
+        if (uint8(lane >> 32) != SUB_RESPONDED) revert NotResponded(runId, epoch, trainer);
         uint256 q = _needed(r, ep);
         uint256 base = _verifierBase(ep.seed, trainer);
         address[] storage list = verifierList[runId];
@@ -961,28 +997,28 @@ contract Veriloco {
             if (list[(base + j) % ep.verifierCount] == msg.sender) break;
         }
         if (j == q) revert NotAssigned(runId, epoch, trainer, msg.sender);
-        uint16 bit = uint16(1 << j);
-        if (s.voteMask & bit != 0) revert AlreadyVoted(runId, epoch, trainer, msg.sender);
-        s.voteMask |= bit;
+        uint256 passBit = uint256(1) << (40 + j);
+        uint256 failBit = uint256(1) << (48 + j);
+        if (lane & (passBit | failBit) != 0) revert AlreadyVoted(runId, epoch, trainer, msg.sender);
         if (passed) {
-            uint16 pv = s.passVotes + 1;
-            s.passVotes = pv;
-            if (pv == q && s.failVotes == 0) ep.passed += 1;
+            lane |= passBit;
+            if (uint8(lane >> 48) == 0 && _popcount8(uint8(lane >> 40)) == q) ep.passed += 1;
         } else {
-            if (s.failVotes == 0) ep.failedVerdicts += 1;
-            s.failVotes += 1;
+            if (uint8(lane >> 48) == 0) ep.failedVerdicts += 1;
+            lane |= failBit;
         }
+        _setLane(runId, epoch, sp - 1, lane);
         emit VerdictSubmitted(runId, epoch, trainer, msg.sender, passed, evidenceCid);
     }
 
     function _checkIncluded(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, address[] calldata included) internal view {
         address prev = address(0);
-        mapping(address => Submission) storage es = subs[runId][epoch];
         for (uint256 i = 0; i < included.length; i++) {
             address t = included[i];
             if (t <= prev) revert NotSorted(i);
             prev = t;
-            if (!_isPassed(r, es[t], ep)) revert NotPassing(runId, epoch, t);
+            uint32 sp = slotPlusOne[runId][t];
+            if (sp == 0 || !_isPassed(r, _lane(runId, epoch, sp - 1), ep)) revert NotPassing(runId, epoch, t);
         }
         if (included.length != ep.passed) revert PassingOmitted(runId, epoch, included.length, ep.passed);
     }
@@ -1000,14 +1036,22 @@ contract Veriloco {
     }
 
     function _slashAll(uint256 runId, uint256 epoch, Run storage r, Epoch storage) internal {
-        uint256 words = (uint256(r.trainerSlots) + 255) >> 8;
+        uint256 words = (uint256(r.trainerSlots) + 3) >> 2;
         uint256 toCreator = 0;
+        mapping(uint256 => uint256) storage ws = lanes[runId][epoch];
         for (uint256 w = 0; w < words; w++) {
-            uint256 bits = committedBits[runId][epoch][w];
-            while (bits != 0) {
-                uint256 b = _lowestBit(bits);
-                bits &= bits - 1;
-                toCreator += _slashOne(runId, epoch, r, slotTrainer[runId][(w << 8) | b]);
+            uint256 word = ws[w];
+            for (uint256 k = 0; word != 0; k++) {
+                uint256 lane = word & LANE_MASK;
+                word >>= 64;
+                uint8 reason;
+                uint8 st = uint8(lane >> 32);
+                if (st == SUB_NONE) continue;
+                if (st == SUB_COMMITTED) reason = SLASH_NO_REVEAL;
+                else if (st == SUB_REVEALED) reason = SLASH_NO_RESPONSE;
+                else if (uint8(lane >> 48) != 0) reason = SLASH_FAILED_AUDIT;
+                else continue;
+                toCreator += _slashOne(runId, epoch, r, slotTrainer[runId][(w << 2) | k], reason);
             }
         }
         if (toCreator > 0) {
@@ -1018,13 +1062,7 @@ contract Veriloco {
     }
 
     /// @dev Slash one committed trainer if it did not reveal, did not respond, or failed; returns the amount.
-    function _slashOne(uint256 runId, uint256 epoch, Run storage r, address t) internal returns (uint256 amount) {
-        Submission storage s = subs[runId][epoch][t];
-        uint8 reason;
-        if (s.state == SUB_NONE) reason = SLASH_NO_REVEAL;
-        else if (s.state == SUB_REVEALED) reason = SLASH_NO_RESPONSE;
-        else if (s.failVotes > 0) reason = SLASH_FAILED_AUDIT;
-        else return 0;
+    function _slashOne(uint256 runId, uint256 epoch, Run storage r, address t, uint8 reason) internal returns (uint256 amount) {
         Member storage m = members[runId][t];
         amount = (uint256(m.stake) * r.p.slashBps) / BPS;
         m.stake -= uint96(amount);
@@ -1036,17 +1074,5 @@ contract Veriloco {
             emit TrainerLeft(runId, t, r.nextEpoch);
         }
         emit Slashed(runId, epoch, t, amount, reason);
-    }
-
-    function _lowestBit(uint256 x) internal pure returns (uint256 n) {
-        x &= (~x + 1);
-        if (x >= 1 << 128) { x >>= 128; n += 128; }
-        if (x >= 1 << 64) { x >>= 64; n += 64; }
-        if (x >= 1 << 32) { x >>= 32; n += 32; }
-        if (x >= 1 << 16) { x >>= 16; n += 16; }
-        if (x >= 1 << 8) { x >>= 8; n += 8; }
-        if (x >= 1 << 4) { x >>= 4; n += 4; }
-        if (x >= 1 << 2) { x >>= 2; n += 2; }
-        if (x >= 1 << 1) { n += 1; }
     }
 }

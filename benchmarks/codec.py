@@ -181,8 +181,8 @@ def run_powersgd(deltas: Deltas, rank: int, seed: int) -> Outcome:
         # so pass x - own_ef (= delta) and keep the two in lockstep.
         delta = {k: x[k] - own_ef[k] for k in x}
         out, dt = grads_of(delta)
-        for k in x:
-            own_ef[k] = x[k] - out[k]
+        for k, v in x.items():
+            own_ef[k] = v - out[k]
         return out, size, dt, 0.0
 
     return _evaluate(deltas, step)
@@ -212,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     variants = {
         "veriloco int4": CompressionConfig(bits=4),
         "veriloco int8": CompressionConfig(bits=8),
+        "veriloco fp32": CompressionConfig(bits=32),
     }
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -231,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             dist.destroy_process_group()
 
-    result = {
+    result: dict[str, object] = {
         "benchmark": "codec",
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
@@ -285,14 +286,15 @@ def _ratios(rows: list[dict[str, object]]) -> list[dict[str, object]]:
 def markdown(result: dict[str, object]) -> str:
     s = result["settings"]
     assert isinstance(s, dict)
-    lines = [
+    title = (
         f"Codec on `{s['preset']}` pseudo-gradients ({s['dense_mb']:.1f} MB fp32, {s['rounds']} rounds x "
-        f"H={s['h']}), {result['machine']['threads']} thread(s), torch {result['versions']['torch']}",  # type: ignore[index]
-        "",
+        f"H={s['h']}), {result['machine']['threads']} thread(s), torch {result['versions']['torch']}"  # type: ignore[index]
+    )
+    head = (
         "| PowerSGD rank | method | rank | bytes/round | compression | rel. error (mean) | rel. error (round 1) "
-        "| cumulative error | encode MB/s | decode MB/s | round trip MB/s | error vs PowerSGD |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+        "| cumulative error | encode MB/s | decode MB/s | round trip MB/s | error vs PowerSGD |"
+    )
+    lines = [title, "", head, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:  # type: ignore[attr-defined]
         base = row["methods"]["powersgd"]
         for name, v in row["methods"].items():

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+from eth_abi import encode as abi_encode
 
 from protocol.digest import keccak
 from protocol.errors import VerilocoError
@@ -124,6 +125,15 @@ class Compressed:
     payload: bytes
     new_ef: dict[str, torch.Tensor]
     stats: CompressionStats
+
+
+def compression_seed(run_seed: int, epoch: int, slot: int) -> int:
+    """The `seed` a trainer passes to `compress` (docs/compression.md): public, so verifiers can replay it."""
+    for label, v in (("run_seed", run_seed), ("epoch", epoch), ("slot", slot)):
+        if not 0 <= v < 2**256:
+            raise CompressError(f"{label}={v} must be a uint256")
+    enc = abi_encode(["string", "uint256", "uint256", "uint256"], [SEED_TAG.decode(), run_seed, epoch, slot])
+    return int.from_bytes(keccak(enc)[:8], "little")
 
 
 def tensor_seed(seed: int, name: str) -> int:
@@ -314,6 +324,7 @@ __all__ = [
     "TensorStats",
     "adapt",
     "compress",
+    "compression_seed",
     "factorize",
     "h_for_rank",
     "payload_profile",

@@ -18,6 +18,7 @@ from trainer.compress import (
     EpochRecord,
     adapt,
     compress,
+    compression_seed,
     factorize,
     h_for_rank,
     payload_profile,
@@ -145,6 +146,11 @@ def test_seed_drives_the_sketch() -> None:
     d = _model_delta(0)
     assert compress(d, {}, 4, 1, CFG).payload != compress(d, {}, 4, 2, CFG).payload
     assert tensor_seed(1, "a") != tensor_seed(1, "b") and tensor_seed(1, "a") == tensor_seed(1, "a")
+    seeds = {compression_seed(7, e, s) for e in range(3) for s in range(3)}
+    assert len(seeds) == 9 and all(0 <= x < 2**64 for x in seeds)
+    assert compression_seed(7, 1, 2) == compression_seed(7, 1, 2)
+    with pytest.raises(CompressError):
+        compression_seed(-1, 0, 0)
 
 
 @settings(max_examples=15, deadline=None)

@@ -168,13 +168,25 @@ def compute_grads(
     return dict(zip(names, grads)), float(loss.detach())
 
 
-def clip_grads(grads: Mapping[str, Tensor], max_norm: float) -> tuple[Params, float]:
-    """Scale gradients so their global L2 norm is at most ``max_norm``; norm summed in name order."""
+def squared_norm(grads: Mapping[str, Tensor]) -> Tensor:
+    """Sum of squared gradient entries, accumulated tensor by tensor in name order (a 0-d tensor)."""
     names = sorted(grads)
     total = torch.zeros((), dtype=torch.float32, device=grads[names[0]].device)
     for n in names:
         total = total + grads[n].pow(2).sum()
-    norm = total.sqrt()
+    return total
+
+
+def clip_grads(
+    grads: Mapping[str, Tensor], max_norm: float, norm: Tensor | None = None
+) -> tuple[Params, float]:
+    """Scale gradients so their global L2 norm is at most ``max_norm``.
+
+    ``norm`` is the global norm when the gradients are only a part of the model (a pipeline stage);
+    by default it is computed from ``grads``.
+    """
+    if norm is None:
+        norm = squared_norm(grads).sqrt()
     if max_norm <= 0:
         return dict(grads), float(norm)
     scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
@@ -182,18 +194,23 @@ def clip_grads(grads: Mapping[str, Tensor], max_norm: float) -> tuple[Params, fl
 
 
 def apply_update(
-    state: Mapping[str, Tensor], grads: Mapping[str, Tensor], cfg: InnerConfig
+    state: Mapping[str, Tensor],
+    grads: Mapping[str, Tensor],
+    cfg: InnerConfig,
+    norm: Tensor | None = None,
 ) -> State:
     """One AdamW step (decoupled weight decay, bias-corrected) with clipped ``grads``; new state.
 
     Per parameter, in this order: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
     p = p - lr wd p (matrices only); p = p - lr (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps).
+    Only the parameters in ``grads`` are updated (a pipeline stage passes its own, with the global
+    gradient ``norm``); the step counter always advances.
     """
     step = step_of(state)
     t = step + 1
     lr = lr_at(step, cfg)
     bc1, bc2 = 1.0 - cfg.beta1**t, 1.0 - cfg.beta2**t
-    grads, _ = clip_grads(grads, cfg.grad_clip)
+    grads, _ = clip_grads(grads, cfg.grad_clip, norm)
     out = dict(state)
     for n, g in grads.items():
         p, m, v = state[PARAM + n], state[MOM1 + n], state[MOM2 + n]

@@ -64,7 +64,7 @@ MAX_NAME_BYTES = 1024
 MAX_DIM = 1 << 32
 MAX_GROUP = 1 << 20
 DEFAULT_MAX_BYTES = 1 << 30
-DEFAULT_MAX_ELEMENTS = 1 << 30
+DEFAULT_MAX_ELEMENTS = 1 << 28  # 1 GiB of float32 output; pass `expected` to bound it by the model
 
 _FLOAT_DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float64}
 _DTYPE_BY_CODE = {code: dt for dt, code in DTYPE_CODES.items() if dt in _FLOAT_DTYPES}

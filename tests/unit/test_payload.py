@@ -170,6 +170,17 @@ def test_lying_or_malformed_headers_are_rejected(data: bytes, match: str) -> Non
         decode(data)
 
 
+def test_small_payload_cannot_demand_a_huge_output() -> None:
+    """A rank-1 entry of 2^15 x 2^15 is only ~32 KiB of bytes but 4 GiB dense: refused by default."""
+    m = 1 << 15
+    sizes = 8 + (m + 1) // 2 + (m // 64) * 2
+    data = _header([_entry(b"w", (m, m), 2, 4, 1, 64, 1, 2 * sizes - 8)])
+    with pytest.raises(PayloadError, match="elements"):
+        decode(data + bytes(2 * sizes - 8))
+    with pytest.raises(PayloadError, match="expects"):
+        decode(data + bytes(2 * sizes - 8), expected={"w": (m, 2)}, max_elements=1 << 31)
+
+
 def test_non_finite_values_are_rejected() -> None:
     nan32 = struct.pack("<f", math.nan)
     raw = _header([_entry(b"w", (2,), 0, 32, 0, 0, 0, 8)])

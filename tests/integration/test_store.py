@@ -251,3 +251,43 @@ def test_several_processes_share_one_local_store(tmp_path: Path) -> None:
         s.get(c)  # every object whole and verified
     assert not list((root / "tmp").iterdir())  # no temp files left behind
     assert all(p.name.startswith("Qm") for p in (root / "objects").rglob("*") if p.is_file())
+
+
+def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERILOCO_")}
+    return subprocess.run(
+        [sys.executable, "-m", "veriloco.cli", "store", *args],
+        cwd=cwd, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=120, check=False,
+    )
+
+
+def test_cli_put_and_get_local(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(_pattern(CHUNK_SIZE * 2 + 1, seed=1))
+    b.write_bytes(b"")
+    d = str(tmp_path / "store")
+    r = _cli("put", str(a), str(b), "--store-dir", d)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().split() == [cid_of(a.read_bytes()), cid_of(b"")]
+    cid = cid_of(a.read_bytes())
+    out = tmp_path / "out.bin"
+    assert _cli("get", cid, "-o", str(out), "--store-dir", d).returncode == 0
+    assert out.read_bytes() == a.read_bytes()
+    r = _cli("get", cid, "--store-dir", d, "--digest", "0x" + keccak(a.read_bytes()).hex())
+    assert r.returncode == 0 and r.stdout == a.read_bytes()
+    LocalStore(d).path_of(cid).write_bytes(b"tampered")
+    r = _cli("get", cid, "-o", str(tmp_path / "bad.bin"), "--store-dir", d)
+    assert r.returncode == 2 and not (tmp_path / "bad.bin").exists()
+    assert cid in r.stderr.decode() and "Traceback" not in r.stderr.decode()
+    r = _cli("put", str(tmp_path / "missing"), "--store-dir", d)
+    assert r.returncode == 2 and b"not a file" in r.stderr
+
+
+def test_cli_put_and_get_ipfs(ipfs_node: IpfsNode, tmp_path: Path) -> None:  # noqa: F811
+    f = tmp_path / "f.bin"
+    f.write_bytes(_pattern(1000, seed=77))
+    r = _cli("put", str(f), "--store", "ipfs", "--ipfs-api", ipfs_node.api)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().strip() == cid_of(f.read_bytes())
+    r = _cli("get", cid_of(f.read_bytes()), "--store", "ipfs", "--ipfs-api", ipfs_node.api)
+    assert r.returncode == 0 and r.stdout == f.read_bytes()

@@ -89,7 +89,7 @@ contract Veriloco {
     }
 
     // A trainer's epoch record is a 64-bit lane, four per storage word, indexed by trainer slot:
-    // bits 0-31 leafCount, 32-39 state (SUB_*), 40-47 pass-vote mask, 48-55 fail-vote mask (bit j =
+    // bits 0-23 leafCount, 24-31 state (SUB_*), 32-47 pass-vote mask, 48-63 fail-vote mask (bit j =
     // assignment index j). Its commitment, then its trace root, lives in `hashes`. Sharing words
     // keeps a trainer's epoch within the gas budget (a fresh slot costs 22k gas, a shared one 5k).
     uint256 internal constant LANE_MASK = 0xFFFFFFFFFFFFFFFF;
@@ -113,7 +113,7 @@ contract Veriloco {
     uint64 internal constant NEVER = type(uint64).max;
     uint32 internal constant NEVER_EPOCH = type(uint32).max;
     uint256 internal constant BPS = 10_000;
-    uint256 internal constant MAX_LEAVES = 1 << 32;
+    uint256 internal constant MAX_LEAVES = (1 << 24) - 1;
 
     // ------------------------------------------------------------------ storage
 
@@ -172,8 +172,8 @@ contract Veriloco {
     error AlreadyRevealed(uint256 runId, uint256 epoch, address trainer);
     /// @notice The revealed values hash to `actual`, but the trainer committed `expected`.
     error RevealMismatch(uint256 runId, uint256 epoch, address trainer, bytes32 actual, bytes32 expected);
-    /// @notice A trace needs at least `minimum` leaves (one inner step).
-    error BadLeafCount(uint256 actual, uint256 minimum);
+    /// @notice A trace needs between `minimum` (one inner step) and `maximum` leaves.
+    error BadLeafCount(uint256 actual, uint256 minimum, uint256 maximum);
     /// @notice The trainer has not revealed in this epoch.
     error NotRevealed(uint256 runId, uint256 epoch, address trainer);
     /// @notice The trainer already answered its audit.
@@ -417,7 +417,7 @@ contract Veriloco {
         mapping(address => bytes32) storage hs = hashes[runId][epoch];
         if (hs[msg.sender] != bytes32(0)) revert AlreadyCommitted(runId, epoch, msg.sender);
         hs[msg.sender] = commitment;
-        _setLane(runId, epoch, m.slot, uint256(SUB_COMMITTED) << 32);
+        _setLane(runId, epoch, m.slot, uint256(SUB_COMMITTED) << 24);
         uint32 c = ep.committed + 1;
         ep.committed = c;
         if (c == ep.expected) ep.allCommittedAt = uint64(block.timestamp);
@@ -440,15 +440,15 @@ contract Veriloco {
         if (ph != Phase.Revealing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Revealing));
         uint32 slot = _slotOf(runId, msg.sender);
         uint256 lane = _lane(runId, epoch, slot);
-        uint8 st = uint8(lane >> 32);
+        uint8 st = uint8(lane >> 24);
         if (st == SUB_NONE) revert NotCommitted(runId, epoch, msg.sender);
         if (st != SUB_COMMITTED) revert AlreadyRevealed(runId, epoch, msg.sender);
-        if (leafCount < 2) revert BadLeafCount(leafCount, 2);
+        if (leafCount < 2 || leafCount > MAX_LEAVES) revert BadLeafCount(leafCount, 2, MAX_LEAVES);
         bytes32 c = commitmentOf(runId, epoch, msg.sender, payloadDigest, traceRoot, leafCount, salt);
         bytes32 committed = hashes[runId][epoch][msg.sender];
         if (c != committed) revert RevealMismatch(runId, epoch, msg.sender, c, committed);
         hashes[runId][epoch][msg.sender] = traceRoot;
-        _setLane(runId, epoch, slot, (uint256(SUB_REVEALED) << 32) | leafCount);
+        _setLane(runId, epoch, slot, (uint256(SUB_REVEALED) << 24) | leafCount);
         Epoch storage ep = epochs[runId][epoch];
         uint32 n = ep.revealed + 1;
         ep.revealed = n;
@@ -483,12 +483,12 @@ contract Veriloco {
         if (block.timestamp >= deadline) revert DeadlinePassed(runId, epoch, deadline, block.timestamp);
         uint32 slot = _slotOf(runId, msg.sender);
         uint256 lane = _lane(runId, epoch, slot);
-        uint8 st = uint8(lane >> 32);
+        uint8 st = uint8(lane >> 24);
         if (st == SUB_RESPONDED) revert AlreadyResponded(runId, epoch, msg.sender);
         if (st != SUB_REVEALED) revert NotRevealed(runId, epoch, msg.sender);
         if (!ep.seeded) _fixSeed(runId, epoch, ep);
-        _checkResponse(runId, epoch, r.p, ep.seed, hashes[runId][epoch][msg.sender], uint32(lane), leaves, proofs);
-        _setLane(runId, epoch, slot, (uint256(SUB_RESPONDED) << 32) | uint32(lane));
+        _checkResponse(runId, epoch, r.p, ep.seed, hashes[runId][epoch][msg.sender], uint32(lane & 0xFFFFFF), leaves, proofs);
+        _setLane(runId, epoch, slot, (uint256(SUB_RESPONDED) << 24) | uint32(lane & 0xFFFFFF));
         ep.responded += 1;
         emit Responded(runId, epoch, msg.sender, manifestCid);
     }
@@ -680,13 +680,13 @@ contract Veriloco {
         if (sp == 0) return (commitment, traceRoot, 0, SUB_NONE, 0, 0, false);
         uint256 lane = _lane(runId, epoch, sp - 1);
         passed = _isPassed(r, lane, epochs[runId][epoch]);
-        state = uint8(lane >> 32);
+        state = uint8(lane >> 24);
         bytes32 h = hashes[runId][epoch][trainer];
         if (state == SUB_COMMITTED) commitment = h;
         else traceRoot = h;
-        leafCount = uint32(lane);
-        passVotes = _popcount8(uint8(lane >> 40));
-        failVotes = _popcount8(uint8(lane >> 48));
+        leafCount = uint32(lane & 0xFFFFFF);
+        passVotes = _popcount16(uint16(lane >> 32));
+        failVotes = _popcount16(uint16(lane >> 48));
     }
 
     /// @notice A trainer's audit assignment (docs/protocol.md §5); empty until the seed is fixed.
@@ -701,7 +701,7 @@ contract Veriloco {
         Run storage r = _run(runId);
         Epoch storage ep = epochs[runId][epoch];
         uint32 sp = slotPlusOne[runId][trainer];
-        uint32 leafCount = sp == 0 ? 0 : uint32(_lane(runId, epoch, sp - 1));
+        uint32 leafCount = sp == 0 ? 0 : uint32(_lane(runId, epoch, sp - 1) & 0xFFFFFF);
         if (!ep.seeded || leafCount < 2) return (steps, false, verifiers);
         steps = new uint256[](r.p.auditSteps);
         for (uint256 j = 0; j < steps.length; j++) steps[j] = _stepIndex(ep.seed, trainer, j, leafCount);
@@ -884,10 +884,10 @@ contract Veriloco {
     ///      (quorum capped by the verifier count at seed time; with no verifiers nobody passes).
     function _isPassed(Run storage r, uint256 lane, Epoch storage ep) internal view returns (bool) {
         uint256 q = _needed(r, ep);
-        return uint8(lane >> 32) == SUB_RESPONDED && uint8(lane >> 48) == 0 && q > 0 && _popcount8(uint8(lane >> 40)) >= q;
+        return uint8(lane >> 24) == SUB_RESPONDED && uint16(lane >> 48) == 0 && q > 0 && _popcount16(uint16(lane >> 32)) >= q;
     }
 
-    function _popcount8(uint8 x) internal pure returns (uint16 n) {
+    function _popcount16(uint16 x) internal pure returns (uint16 n) {
         while (x != 0) {
             x &= x - 1;
             n++;
@@ -988,7 +988,7 @@ contract Veriloco {
     function _verdict(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, address trainer, bool passed, string calldata evidenceCid) internal {
         uint32 sp = slotPlusOne[runId][trainer];
         uint256 lane = sp == 0 ? 0 : _lane(runId, epoch, sp - 1);
-        if (uint8(lane >> 32) != SUB_RESPONDED) revert NotResponded(runId, epoch, trainer);
+        if (uint8(lane >> 24) != SUB_RESPONDED) revert NotResponded(runId, epoch, trainer);
         uint256 q = _needed(r, ep);
         uint256 base = _verifierBase(ep.seed, trainer);
         address[] storage list = verifierList[runId];
@@ -997,14 +997,14 @@ contract Veriloco {
             if (list[(base + j) % ep.verifierCount] == msg.sender) break;
         }
         if (j == q) revert NotAssigned(runId, epoch, trainer, msg.sender);
-        uint256 passBit = uint256(1) << (40 + j);
+        uint256 passBit = uint256(1) << (32 + j);
         uint256 failBit = uint256(1) << (48 + j);
         if (lane & (passBit | failBit) != 0) revert AlreadyVoted(runId, epoch, trainer, msg.sender);
         if (passed) {
             lane |= passBit;
-            if (uint8(lane >> 48) == 0 && _popcount8(uint8(lane >> 40)) == q) ep.passed += 1;
+            if (uint16(lane >> 48) == 0 && _popcount16(uint16(lane >> 32)) == q) ep.passed += 1;
         } else {
-            if (uint8(lane >> 48) == 0) ep.failedVerdicts += 1;
+            if (uint16(lane >> 48) == 0) ep.failedVerdicts += 1;
             lane |= failBit;
         }
         _setLane(runId, epoch, sp - 1, lane);
@@ -1045,11 +1045,11 @@ contract Veriloco {
                 uint256 lane = word & LANE_MASK;
                 word >>= 64;
                 uint8 reason;
-                uint8 st = uint8(lane >> 32);
+                uint8 st = uint8(lane >> 24);
                 if (st == SUB_NONE) continue;
                 if (st == SUB_COMMITTED) reason = SLASH_NO_REVEAL;
                 else if (st == SUB_REVEALED) reason = SLASH_NO_RESPONSE;
-                else if (uint8(lane >> 48) != 0) reason = SLASH_FAILED_AUDIT;
+                else if (uint16(lane >> 48) != 0) reason = SLASH_FAILED_AUDIT;
                 else continue;
                 toCreator += _slashOne(runId, epoch, r, slotTrainer[runId][(w << 2) | k], reason);
             }

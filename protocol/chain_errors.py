@@ -150,9 +150,9 @@ class RevealMismatch(ContractRevert):
 
 
 class BadLeafCount(ContractRevert):
-    """A trace needs at least two leaves (the start state and one inner step)."""
+    """A trace needs 2 to 2^24-1 leaves (the start state and at least one inner step)."""
 
-    fields = ("actual", "minimum")
+    fields = ("actual", "minimum", "maximum")
 
 
 class NotRevealed(ContractRevert):

@@ -14,6 +14,7 @@ from protocol.errors import VerilocoError
 
 COMMANDS: list[str] = [
     "veriloco.devnet",
+    "veriloco.storecmd",
 ]
 
 

@@ -1,0 +1,458 @@
+"""Local simulation: K trainers' DiLoCoX rounds in one process, no chain, no store.
+
+It drives the same pure pieces the nodes use (``trainer.inner.train_step``, ``trainer.delay``,
+``trainer.compress``, ``protocol.payload.decode``, ``coordinator.aggregate``) so that the benchmark
+and ``veriloco demo`` measure the real engine, and compares training methods at an equal token
+budget (every worker runs the same number of inner steps on batches of the same size):
+
+- ``allreduce``: data-parallel AdamW, gradients averaged every step (ring all-reduce, fp32);
+- ``diloco``: H local AdamW steps, fp32 pseudo-gradients all-reduced, blocking;
+- ``dilocox``: one-step-delay overlap + adaptive low-rank int4 compression with error feedback;
+- ablations: ``dilocox_blocking`` (no overlap), ``lowrank_only`` (fp32 factors), ``quant_only``
+  (dense int4, no low rank), ``fixed_rank`` (no rank/H adaptation).
+
+Traffic model (bytes *sent* per worker): ring all-reduce of ``B`` bytes sends ``2 (K-1)/K B``; a
+compressed payload cannot be summed in flight, so it is all-gathered: ``(K-1) P``. Workers are run
+one after another; a round's compute time is the slowest worker's plus the aggregation. Simulated
+wall time (``simulated_seconds``) adds bytes / bandwidth per round, or hides the exchange of round
+r behind the compute of round r+1 where the method overlaps.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+from torch import Tensor
+
+from coordinator.aggregate import aggregate, mean_delta
+from coordinator.outer import OuterConfig, global_params, init_global
+from protocol.data import Corpus, batch, eval_loss, val_batches
+from protocol.errors import VerilocoError
+from protocol.model import GPTConfig, init_params, loss_fn, n_params, param_shapes
+from trainer.delay import (
+    StartRule,
+    carry,
+    global_index,
+    next_start,
+    pseudo_gradient,
+    public_history_end,
+)
+from trainer.inner import (
+    EF,
+    PARAM,
+    InnerConfig,
+    Params,
+    apply_update,
+    compute_grads,
+    init_state,
+    section,
+    train_step,
+)
+
+Progress = Callable[[str], None]
+
+
+class SimulationError(VerilocoError):
+    """A simulation request that cannot run (unknown method, impossible budget)."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """How one method trains and communicates. ``compression`` None means fp32 pseudo-gradients."""
+
+    name: str
+    kind: str  # "allreduce" | "local"
+    rule: StartRule = StartRule.BLOCKING
+    compression: object | None = None  # trainer.compress.CompressionConfig
+    description: str = ""
+
+    @property
+    def overlaps(self) -> bool:
+        return self.kind == "local" and self.rule is StartRule.DELAYED
+
+
+def methods(h: int = 16, rank: int = 8) -> dict[str, Method]:
+    """The compared methods; ``h`` and ``rank`` are the initial local steps and rank."""
+    from trainer.compress import CompressionConfig
+
+    base = CompressionConfig(rank_initial=rank, h_initial=h, h_min=max(1, h // 2), h_max=4 * h)
+    fixed = replace(base, adaptive=False)
+    return {
+        "allreduce": Method(
+            "allreduce", "allreduce", description="data-parallel, fp32 gradients every step"
+        ),
+        "diloco": Method(
+            "diloco", "local", StartRule.BLOCKING, None, f"H={h}, fp32 pseudo-gradients, blocking"
+        ),
+        "dilocox": Method(
+            "dilocox", "local", StartRule.DELAYED, base, "one-step delay + adaptive low-rank int4"
+        ),
+        "dilocox_blocking": Method(
+            "dilocox_blocking",
+            "local",
+            StartRule.BLOCKING,
+            base,
+            "adaptive low-rank int4, blocking",
+        ),
+        "lowrank_only": Method(
+            "lowrank_only",
+            "local",
+            StartRule.DELAYED,
+            replace(base, bits=32, dense_bits=32),
+            "low-rank fp32 factors",
+        ),
+        "quant_only": Method(
+            "quant_only",
+            "local",
+            StartRule.DELAYED,
+            replace(fixed, lowrank=False, dense_bits=4),
+            "dense int4, fixed H",
+        ),
+        "fixed_rank": Method(
+            "fixed_rank",
+            "local",
+            StartRule.DELAYED,
+            fixed,
+            f"low-rank int4, rank {rank}, H={h} fixed",
+        ),
+    }
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One comparison: model, workers, token budget (inner steps per worker) and optimizers."""
+
+    model: GPTConfig
+    trainers: int = 4
+    steps: int = (
+        256  # inner steps per worker (the token budget is steps * batch * seq_len * trainers)
+    )
+    batch_size: int = 8
+    h: int = 16
+    rank: int = 8
+    inner: InnerConfig = field(default_factory=InnerConfig)
+    outer: OuterConfig = field(default_factory=OuterConfig)
+    run_seed: int = 1
+    init_seed: int = 0
+    eval_rows: int = 64
+    bandwidth_bps: float = 1e9
+
+    def __post_init__(self) -> None:
+        if self.trainers < 1 or self.steps < 1 or self.batch_size < 1 or self.h < 1:
+            raise SimulationError(f"trainers, steps, batch_size and h must be positive: {self}")
+
+
+@dataclass
+class RoundTiming:
+    """Measured seconds of one round (a step, for allreduce) on the critical path."""
+
+    steps: int  # inner steps per worker in the round
+    train_s: float  # slowest worker's training time
+    codec_s: float  # slowest worker's compress (+ decode) time
+    agg_s: float  # aggregation / optimizer update after the exchange
+    comm_s: float  # bytes sent per worker over the link
+
+
+@dataclass
+class MethodResult:
+    name: str
+    description: str
+    final_eval_loss: float
+    bytes_per_worker: int
+    compute_seconds: float
+    comm_seconds: float
+    simulated_seconds_1gbps: float
+    rounds: int
+    steps_per_worker: int
+    curve: list[tuple[int, float]]  # (inner steps per worker so far, eval loss of the global model)
+    schedule: list[tuple[int, int]]  # (rank, H) per round; rank 0 = uncompressed
+    payload_bytes: list[int]  # per round, mean over workers
+    rel_error: list[float]  # per round, mean compression error
+    rounds_detail: list[RoundTiming] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)  # every measured worker step
+    overlaps: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def ring_allreduce_bytes(nbytes: int, k: int) -> int:
+    return 0 if k <= 1 else (2 * (k - 1) * nbytes) // k
+
+
+def _mean(grads: list[Params]) -> Params:
+    shapes = {n: tuple(g.shape) for n, g in grads[0].items()}
+    return mean_delta(grads, shapes)
+
+
+class _Evaluator:
+    def __init__(self, cfg: SimConfig, corpus: Corpus) -> None:
+        self.cfg = cfg
+        self.batches = val_batches(corpus, cfg.model.seq_len, cfg.eval_rows)
+
+    def __call__(self, params: Params) -> float:
+        return eval_loss(lambda x, y: loss_fn(self.cfg.model, params, x, y), self.batches)
+
+
+def simulated_seconds(
+    rounds: list[RoundTiming], overlaps: bool, step_seconds: float | None = None
+) -> float:
+    """Wall time of a run over the modelled link.
+
+    Per round the critical path is training (``steps * step_seconds`` when given, so methods
+    measured under different machine load compare fairly, else the measured time) plus encoding.
+    Blocking methods then wait for the exchange and the aggregation; overlapping ones hide round r's
+    exchange + aggregation behind round r+1's training, exposing only the last one.
+    """
+    if not rounds:
+        return 0.0
+    work = [
+        (r.steps * step_seconds if step_seconds is not None else r.train_s) + r.codec_s
+        for r in rounds
+    ]
+    wait = [r.comm_s + r.agg_s for r in rounds]
+    if not overlaps:
+        return sum(work) + sum(wait)
+    return work[0] + sum(max(w, x) for w, x in zip(work[1:], wait[:-1])) + wait[-1]
+
+
+def _result(
+    name: str,
+    description: str,
+    curve: list[tuple[int, float]],
+    sent: int,
+    rounds: list[RoundTiming],
+    step_times: list[float],
+    overlaps: bool,
+    schedule: list[tuple[int, int]] | None = None,
+    payload_bytes: list[int] | None = None,
+    rel_error: list[float] | None = None,
+) -> MethodResult:
+    return MethodResult(
+        name=name,
+        description=description,
+        final_eval_loss=curve[-1][1],
+        bytes_per_worker=sent,
+        compute_seconds=sum(r.train_s + r.codec_s + r.agg_s for r in rounds),
+        comm_seconds=sum(r.comm_s for r in rounds),
+        simulated_seconds_1gbps=simulated_seconds(rounds, overlaps),
+        rounds=len(rounds),
+        steps_per_worker=sum(r.steps for r in rounds),
+        curve=curve,
+        schedule=schedule or [],
+        payload_bytes=payload_bytes or [],
+        rel_error=rel_error or [],
+        rounds_detail=rounds,
+        step_seconds=step_times,
+        overlaps=overlaps,
+    )
+
+
+def run_allreduce(cfg: SimConfig, corpus: Corpus, progress: Progress) -> MethodResult:
+    """Data-parallel baseline: K gradients per step, fp32 mean in slot order, one AdamW update."""
+    m = cfg.model
+    evaluate = _Evaluator(cfg, corpus)
+    state = init_state(m, cfg.init_seed)
+    per_step_bytes = ring_allreduce_bytes(4 * n_params(m), cfg.trainers)
+    comm_step = per_step_bytes * 8 / cfg.bandwidth_bps
+    rounds: list[RoundTiming] = []
+    step_times: list[float] = []
+    curve = [(0, evaluate(section(state, PARAM)))]
+    for step in range(cfg.steps):
+        grads, times = [], []
+        for k in range(cfg.trainers):
+            t0 = time.perf_counter()
+            xy = batch(corpus, cfg.run_seed, 0, k, step, cfg.batch_size, m.seq_len)
+            grads.append(compute_grads(section(state, PARAM), xy, m)[0])
+            times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        state = apply_update(state, _mean(grads), cfg.inner)
+        update = time.perf_counter() - t0
+        step_times += [t + update for t in times]
+        rounds.append(
+            RoundTiming(steps=1, train_s=max(times), codec_s=0.0, agg_s=update, comm_s=comm_step)
+        )
+        if (step + 1) % cfg.h == 0 or step + 1 == cfg.steps:
+            curve.append((step + 1, evaluate(section(state, PARAM))))
+            progress(f"allreduce        step {step + 1:5d}/{cfg.steps}  eval {curve[-1][1]:.4f}")
+    desc = methods()["allreduce"].description
+    return _result(
+        "allreduce", desc, curve, per_step_bytes * cfg.steps, rounds, step_times, overlaps=False
+    )
+
+
+def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress) -> MethodResult:
+    """DiLoCo-family method: local rounds, (compressed) pseudo-gradients, outer Nesterov."""
+    from protocol.payload import decode
+    from trainer.compress import (
+        CompressionConfig,
+        EpochRecord,
+        adapt,
+        compress,
+        compression_seed,
+        payload_profile,
+    )
+
+    m = cfg.model
+    ccfg = method.compression
+    if ccfg is not None and not isinstance(ccfg, CompressionConfig):
+        raise SimulationError(f"method {method.name}: compression must be a CompressionConfig")
+    evaluate = _Evaluator(cfg, corpus)
+    shapes = param_shapes(m)
+    dense_bytes = 4 * n_params(m)
+    g = init_global(init_params(m, cfg.init_seed))
+    globals_: list[Params] = [global_params(g)]  # G_0, G_1, ...
+    starts: list[dict[str, Tensor] | None] = [None] * cfg.trainers
+    carried: list[dict[str, Tensor] | None] = [None] * cfg.trainers
+    history: list[EpochRecord] = []
+    curve = [(0, evaluate(globals_[0]))]
+    rounds: list[RoundTiming] = []
+    step_times: list[float] = []
+    schedule: list[tuple[int, int]] = []
+    payload_sizes: list[int] = []
+    rel_errors: list[float] = []
+    sent = done = epoch = 0
+    while done < cfg.steps:
+        if ccfg is not None:
+            rank, h = adapt(history[: public_history_end(method.rule, epoch)], ccfg)
+        else:
+            rank, h = 0, cfg.h
+        h = min(h, cfg.steps - done)
+        latest = globals_[global_index(method.rule, epoch)]
+        deltas: list[Params] = []
+        profiles = []
+        sizes, errs, train_t, codec_t = [], [], [], []
+        for k in range(cfg.trainers):
+            t0 = time.perf_counter()
+            start = next_start(method.rule, latest, starts[k], carried[k])
+            s = start
+            for i in range(h):
+                t1 = time.perf_counter()
+                xy = batch(corpus, cfg.run_seed, epoch, k, i, cfg.batch_size, m.seq_len)
+                s, _ = train_step(s, xy, m, cfg.inner)
+                step_times.append(time.perf_counter() - t1)
+            delta = pseudo_gradient(start, s)
+            train_t.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            if ccfg is None:
+                carried[k] = s
+                deltas.append(delta)
+                sizes.append(dense_bytes)
+            else:
+                comp = compress(
+                    delta, section(s, EF), rank, compression_seed(cfg.run_seed, epoch, k), ccfg
+                )
+                carried[k] = carry(s, comp.new_ef)
+                deltas.append(decode(comp.payload, shapes))
+                profiles.append(payload_profile(comp.payload))
+                sizes.append(len(comp.payload))
+                errs.append(comp.stats.rel_error)
+            codec_t.append(time.perf_counter() - t0)
+            starts[k] = start
+        t0 = time.perf_counter()
+        g = aggregate(g, deltas, cfg.outer)
+        agg = time.perf_counter() - t0
+        globals_.append(global_params(g))
+        if ccfg is None:
+            per_worker = ring_allreduce_bytes(dense_bytes, cfg.trainers)
+        else:
+            per_worker = (cfg.trainers - 1) * max(sizes)
+            history.append(EpochRecord(rank=rank, h=h, profiles=tuple(profiles)))
+        sent += per_worker
+        rounds.append(
+            RoundTiming(h, max(train_t), max(codec_t), agg, per_worker * 8 / cfg.bandwidth_bps)
+        )
+        schedule.append((rank, h))
+        payload_sizes.append(sum(sizes) // len(sizes))
+        rel_errors.append(sum(errs) / len(errs) if errs else 0.0)
+        done += h
+        epoch += 1
+        curve.append((done, evaluate(globals_[-1])))
+        extra = (
+            f"  rank {rank:2d}  payload {payload_sizes[-1] / 1024:8.1f} KiB"
+            if ccfg is not None
+            else ""
+        )
+        progress(
+            f"{method.name:16s} round {epoch:3d}  H {h:3d}  steps {done:5d}/{cfg.steps}  eval {curve[-1][1]:.4f}{extra}"
+        )
+    return _result(
+        method.name,
+        method.description,
+        curve,
+        sent,
+        rounds,
+        step_times,
+        method.overlaps,
+        schedule,
+        payload_sizes,
+        rel_errors,
+    )
+
+
+def run_method(
+    name: str, cfg: SimConfig, corpus: Corpus, progress: Progress = lambda _: None
+) -> MethodResult:
+    """Run one method by name (see ``methods``)."""
+    table = methods(cfg.h, cfg.rank)
+    if name not in table:
+        raise SimulationError(f"unknown method {name!r}; choose from {sorted(table)}")
+    torch.manual_seed(cfg.init_seed)  # nothing should read the global RNG; pin it anyway
+    if table[name].kind == "allreduce":
+        return run_allreduce(cfg, corpus, progress)
+    return run_local(table[name], cfg, corpus, progress)
+
+
+def compare(
+    names: list[str], cfg: SimConfig, corpus: Corpus, progress: Progress = lambda _: None
+) -> dict[str, MethodResult]:
+    """Run several methods on the same model, data and budget."""
+    return {n: run_method(n, cfg, corpus, progress) for n in names}
+
+
+def summary(
+    results: dict[str, MethodResult], baseline: str = "allreduce"
+) -> dict[str, dict[str, float]]:
+    """Ratios against ``baseline``: loss gap (relative), traffic reduction and simulated speed-up."""
+    if baseline not in results:
+        return {}
+    b = results[baseline]
+    out = {}
+    for n, r in results.items():
+        out[n] = {
+            "loss_gap": r.final_eval_loss / b.final_eval_loss - 1.0,
+            "traffic_reduction": b.bytes_per_worker / r.bytes_per_worker
+            if r.bytes_per_worker
+            else math.inf,
+            "speedup_1gbps": b.simulated_seconds_1gbps / r.simulated_seconds_1gbps,
+        }
+    return out
+
+
+def markdown_table(results: dict[str, MethodResult], baseline: str = "allreduce") -> str:
+    """One row per method with the ratios against the baseline."""
+    ratios = summary(results, baseline)
+    rows = [
+        "| method | final eval loss | vs allreduce | bytes/worker | traffic reduction | compute s | sim. s @1 Gbps | speed-up |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n, r in results.items():
+        q = ratios.get(n, {})
+        rows.append(
+            f"| {n} | {r.final_eval_loss:.4f} | {q.get('loss_gap', 0.0) * 100:+.2f}% | {_human(r.bytes_per_worker)} "
+            f"| {q.get('traffic_reduction', 1.0):,.0f}x | {r.compute_seconds:.1f} | {r.simulated_seconds_1gbps:.1f} "
+            f"| {q.get('speedup_1gbps', 1.0):.2f}x |"
+        )
+    return "\n".join(rows)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)

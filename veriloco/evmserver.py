@@ -126,6 +126,51 @@ class _Backend(PyEVMBackend):  # type: ignore[misc]
         super().revert_to_snapshot(snapshot)
         self.chain.chain_id = self._chain_id
 
+    def _locate(self, tx_hash: bytes) -> tuple[Any, Any, int]:
+        """(block, transaction, index) through py-evm's hash index.
+
+        eth-tester scans every block from the head down; on a devnet that mines idle blocks that
+        grows with uptime, and an unknown hash costs a scan of the whole chain.
+        """
+        from eth.exceptions import HeaderNotFound
+        from eth.exceptions import TransactionNotFound as EvmTxNotFound
+
+        chain = self.chain
+        pending = chain.get_block()
+        for index, tx in enumerate(pending.transactions):
+            if tx.hash == tx_hash:
+                return pending, tx, index
+        try:
+            number, index = chain.chaindb.get_transaction_index(tx_hash)
+            block = chain.get_canonical_block_by_number(number)
+            tx = block.transactions[index]
+        except (EvmTxNotFound, HeaderNotFound, IndexError):
+            tx = None
+        if tx is None or tx.hash != tx_hash:  # unknown, or left behind by evm_revert
+            raise TransactionNotFound(f"no transaction {encode_hex(tx_hash)}")
+        return block, tx, index
+
+    def get_transaction_by_hash(self, transaction_hash: bytes) -> Any:
+        from eth_tester.backends.pyevm.serializers import serialize_transaction
+
+        block, tx, index = self._locate(transaction_hash)
+        return serialize_transaction(
+            block, tx, index, block.number == self.chain.header.block_number
+        )
+
+    def get_transaction_receipt(self, transaction_hash: bytes) -> Any:
+        from eth_tester.backends.pyevm.serializers import serialize_transaction_receipt
+
+        block, tx, index = self._locate(transaction_hash)
+        return serialize_transaction_receipt(
+            block,
+            block.get_receipts(self.chain.chaindb),
+            tx,
+            index,
+            block.number == self.chain.header.block_number,
+            self.chain.get_vm(),
+        )
+
 
 class EvmChain:
     """eth-tester + py-evm with wall-clock block times, time travel and raw revert data.

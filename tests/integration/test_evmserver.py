@@ -222,15 +222,20 @@ def test_time_travel_mine_and_snapshots() -> None:
         assert w3.eth.get_block(number + 2)["timestamp"] == target
         assert w3.eth.get_block("latest")["timestamp"] == target + 1
         assert "error" in w3.provider.make_request("evm_setNextBlockTimestamp", [target])
+        kept = probe.functions.store(5, "").transact({"from": w3.eth.accounts[0]})
         snap = w3.provider.make_request("evm_snapshot", [])["result"]
-        w3.eth.wait_for_transaction_receipt(
-            probe.functions.store(99, "").transact({"from": w3.eth.accounts[0]}), timeout=30
-        )
+        gone = probe.functions.store(99, "").transact({"from": w3.eth.accounts[0]})
+        w3.eth.wait_for_transaction_receipt(gone, timeout=30)
         assert probe.functions.value().call() == 99
         assert w3.provider.make_request("evm_revert", [snap])["result"] is True
-        assert probe.functions.value().call() == 0
-        assert w3.eth.block_number == number + 3
+        assert probe.functions.value().call() == 5
+        assert w3.eth.block_number == number + 4
         assert w3.provider.make_request("evm_revert", ["0x99"])["result"] is False
+        # the reverted transaction is gone; the ones before the snapshot are still found
+        assert w3.provider.make_request("eth_getTransactionReceipt", [Web3.to_hex(gone)])["result"] is None
+        assert w3.eth.get_transaction_receipt(kept)["status"] == 1
+        unknown = "0x" + "ab" * 32
+        assert w3.provider.make_request("eth_getTransactionByHash", [unknown])["result"] is None
 
 
 def test_batch_requests_and_error_objects(evm_server: EvmServer) -> None:

@@ -22,6 +22,7 @@ import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -107,6 +108,14 @@ def _read_file(path: Path) -> Iterator[bytes]:
     with open(path, "rb") as f:
         while chunk := f.read(READ_SIZE):
             yield chunk
+
+
+def _pieces(chunks: Iterable[bytes | bytearray | memoryview], size: int = 4 << 20) -> Iterator[memoryview]:
+    """The same bytes as views of at most `size` bytes (so hashing and writing can overlap)."""
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        for i in range(0, len(view), size):
+            yield view[i : i + size]
 
 
 class Store(ABC):
@@ -206,10 +215,12 @@ class LocalStore(Store):
         builder = CidBuilder()
         fd, tmp = tempfile.mkstemp(dir=self._tmp, suffix=".part")
         try:
-            with os.fdopen(fd, "wb") as f:
-                for chunk in chunks:
-                    builder.update(chunk)
-                    f.write(chunk)
+            # write each piece on a second thread while this one hashes it: both release the GIL
+            with os.fdopen(fd, "wb") as f, ThreadPoolExecutor(1) as writer:
+                for piece in _pieces(chunks):
+                    done = writer.submit(f.write, piece)
+                    builder.update(piece)
+                    done.result()
             cid = builder.finish()
             dest = self.path_of(cid)
             dest.parent.mkdir(exist_ok=True)
@@ -315,7 +326,7 @@ class IpfsStore(Store):
         bad_address: tuple[type[BaseException], ...] = (*self._errors, ValueError, TypeError)
         try:
             # connect() rejects every current daemon version, so construct the client directly
-            self._client: Any = ipfshttpclient.Client(api, timeout=timeout)
+            self._client: Any = ipfshttpclient.Client(api, timeout=timeout, chunk_size=READ_SIZE)
         except bad_address as exc:  # bad multiaddr and the like
             raise StoreUnavailable(f"cannot use IPFS API address {api!r}: {exc}") from None
 
@@ -348,13 +359,19 @@ class IpfsStore(Store):
         )
 
     def put_stream(self, chunks: Iterable[bytes | bytearray | memoryview]) -> Cid:
-        reader = _HashingReader(chunks)
+        builder = CidBuilder()
+
+        def hashed() -> Iterator[memoryview]:  # the upload is streamed; we name it as it goes
+            for piece in _pieces(chunks, READ_SIZE):
+                builder.update(piece)
+                yield piece
+
         try:
-            res = self._client.add(reader, opts=dict(self._ADD_OPTS))
+            res = self._client.add_bytes(hashed(), opts=dict(self._ADD_OPTS))
         except self._errors as exc:
             raise self._translate(exc, "adding content to") from None
-        ours = reader.builder.finish()
-        theirs = (res if isinstance(res, list) else [res])[-1]["Hash"]
+        ours = builder.finish()
+        theirs = res if isinstance(res, str) else res["Hash"]  # add_bytes gives the hash string
         if theirs != ours:
             raise IntegrityError(
                 f"{self.where} named the added content {theirs} but its bytes hash to {ours}: the "
@@ -411,28 +428,3 @@ class IpfsStore(Store):
             self._client.pin.add(c, opts={"timeout": f"{self.deadline:g}s"}, timeout=self.deadline)
         except self._errors as exc:
             raise self._translate(exc, "pinning", c) from None
-
-
-class _HashingReader(io.RawIOBase):
-    """A file object over an iterable of byte pieces that computes the CID of what it hands out."""
-
-    def __init__(self, chunks: Iterable[bytes | bytearray | memoryview]) -> None:
-        self._it = iter(chunks)
-        self._cur = memoryview(b"")
-        self.builder = CidBuilder()
-        self.name = "data"
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        while not len(self._cur):
-            try:
-                self._cur = memoryview(next(self._it)).cast("B")
-            except StopIteration:
-                return 0
-        n = min(len(b), len(self._cur))
-        b[:n] = self._cur[:n]
-        self.builder.update(self._cur[:n])
-        self._cur = self._cur[n:]
-        return n

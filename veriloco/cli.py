@@ -13,6 +13,7 @@ import sys
 from protocol.errors import VerilocoError
 
 COMMANDS: list[str] = [
+    "veriloco.demo",
     "veriloco.devnet",
     "veriloco.storecmd",
 ]

@@ -21,6 +21,7 @@ r behind the compute of round r+1 where the method overlaps.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -218,6 +219,22 @@ def simulated_seconds(
     if not overlaps:
         return sum(work) + sum(wait)
     return work[0] + sum(max(w, x) for w, x in zip(work[1:], wait[:-1])) + wait[-1]
+
+
+def normalise_times(results: dict[str, MethodResult]) -> float:
+    """Recompute every result's simulated time with one per-step training time (the median step).
+
+    Methods run one after another on a shared machine see different load; using one step time
+    makes their simulated times differ only by what they do differently (encoding, exchange,
+    overlap). Returns the step time used.
+    """
+    steps = [t for r in results.values() for t in r.step_seconds]
+    if not steps:
+        return 0.0
+    step_s = statistics.median(steps)
+    for r in results.values():
+        r.simulated_seconds_1gbps = simulated_seconds(r.rounds_detail, r.overlaps, step_s)
+    return step_s
 
 
 def _result(

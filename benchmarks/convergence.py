@@ -52,6 +52,7 @@ class Preset:
     model: str
     steps: int
     batch_size: int
+    seq_len: int
     h: int
     rank: int
     lr: float
@@ -65,6 +66,7 @@ PRESETS_BENCH = {
         "tiny",
         steps=128,
         batch_size=8,
+        seq_len=64,
         h=16,
         rank=8,
         lr=3e-3,
@@ -75,7 +77,8 @@ PRESETS_BENCH = {
     "small": Preset(
         "small",
         steps=64,
-        batch_size=4,
+        batch_size=2,
+        seq_len=64,
         h=8,
         rank=8,
         lr=2e-3,
@@ -106,11 +109,11 @@ def machine() -> dict[str, object]:
     }
 
 
-def digest_cost(model: str, batch_size: int, corpus: object) -> dict[str, float]:
+def digest_cost(model: str, batch_size: int, seq_len: int, corpus: object) -> dict[str, float]:
     """State digest vs train_step time for one step of the preset's model."""
     cfg = PRESETS[model]
     s = init_state(cfg, 0)
-    xy = batch(corpus, 1, 0, 0, 0, batch_size, cfg.seq_len)  # type: ignore[arg-type]
+    xy = batch(corpus, 1, 0, 0, 0, batch_size, seq_len)  # type: ignore[arg-type]
     step_t, dig_t = [], []
     for _ in range(3):
         t0 = time.perf_counter()
@@ -193,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         trainers=a.trainers,
         steps=steps,
         batch_size=p.batch_size,
+        seq_len=p.seq_len,
         h=p.h,
         rank=p.rank,
         inner=InnerConfig(lr=p.lr, warmup_steps=p.warmup, total_steps=steps),
@@ -225,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             "trainers": a.trainers,
             "steps_per_worker": steps,
             "batch_size": p.batch_size,
-            "seq_len": model.seq_len,
-            "tokens_total": steps * p.batch_size * model.seq_len * a.trainers,
+            "seq_len": p.seq_len,
+            "tokens_total": steps * p.batch_size * p.seq_len * a.trainers,
             "h_initial": p.h,
             "rank_initial": p.rank,
             "inner": asdict(cfg.inner),
@@ -256,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             for n, r in results.items()
         },
-        "digest_cost": digest_cost(p.model, p.batch_size, corpus),
+        "digest_cost": digest_cost(p.model, p.batch_size, p.seq_len, corpus),
     }
     if "dilocox" in results:
         x = results["dilocox"]

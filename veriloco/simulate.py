@@ -133,6 +133,7 @@ class SimConfig:
         256  # inner steps per worker (the token budget is steps * batch * seq_len * trainers)
     )
     batch_size: int = 8
+    seq_len: int | None = None  # training/eval row length; default the model context
     h: int = 16
     rank: int = 8
     inner: InnerConfig = field(default_factory=InnerConfig)
@@ -145,6 +146,13 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.trainers < 1 or self.steps < 1 or self.batch_size < 1 or self.h < 1:
             raise SimulationError(f"trainers, steps, batch_size and h must be positive: {self}")
+        if self.seq_len is not None and not 1 <= self.seq_len <= self.model.seq_len:
+            raise SimulationError(f"seq_len must be in 1..{self.model.seq_len} (the model context)")
+
+    @property
+    def rows(self) -> int:
+        """Tokens per training row."""
+        return self.seq_len or self.model.seq_len
 
 
 @dataclass
@@ -153,8 +161,8 @@ class RoundTiming:
 
     steps: int  # inner steps per worker in the round
     train_s: float  # slowest worker's training time
-    codec_s: float  # slowest worker's compress (+ decode) time
-    agg_s: float  # aggregation / optimizer update after the exchange
+    codec_s: float  # slowest worker's compression time
+    agg_s: float  # after the exchange: decoding the payloads, averaging, the optimizer update
     comm_s: float  # bytes sent per worker over the link
 
 
@@ -193,7 +201,7 @@ def _mean(grads: list[Params]) -> Params:
 class _Evaluator:
     def __init__(self, cfg: SimConfig, corpus: Corpus) -> None:
         self.cfg = cfg
-        self.batches = val_batches(corpus, cfg.model.seq_len, cfg.eval_rows)
+        self.batches = val_batches(corpus, cfg.rows, cfg.eval_rows)
 
     def __call__(self, params: Params) -> float:
         return eval_loss(lambda x, y: loss_fn(self.cfg.model, params, x, y), self.batches)
@@ -283,7 +291,7 @@ def run_allreduce(cfg: SimConfig, corpus: Corpus, progress: Progress) -> MethodR
         grads, times = [], []
         for k in range(cfg.trainers):
             t0 = time.perf_counter()
-            xy = batch(corpus, cfg.run_seed, 0, k, step, cfg.batch_size, m.seq_len)
+            xy = batch(corpus, cfg.run_seed, 0, k, step, cfg.batch_size, cfg.rows)
             grads.append(compute_grads(section(state, PARAM), xy, m)[0])
             times.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
@@ -341,7 +349,7 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
         h = min(h, cfg.steps - done)
         latest = globals_[global_index(method.rule, epoch)]
         deltas: list[Params] = []
-        profiles = []
+        payloads: list[bytes] = []
         sizes, errs, train_t, codec_t = [], [], [], []
         for k in range(cfg.trainers):
             t0 = time.perf_counter()
@@ -349,7 +357,7 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
             s = start
             for i in range(h):
                 t1 = time.perf_counter()
-                xy = batch(corpus, cfg.run_seed, epoch, k, i, cfg.batch_size, m.seq_len)
+                xy = batch(corpus, cfg.run_seed, epoch, k, i, cfg.batch_size, cfg.rows)
                 s, _ = train_step(s, xy, m, cfg.inner)
                 step_times.append(time.perf_counter() - t1)
             delta = pseudo_gradient(start, s)
@@ -364,15 +372,16 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
                     delta, section(s, EF), rank, compression_seed(cfg.run_seed, epoch, k), ccfg
                 )
                 carried[k] = carry(s, comp.new_ef)
-                deltas.append(decode(comp.payload, shapes))
-                profiles.append(payload_profile(comp.payload))
+                payloads.append(comp.payload)
                 sizes.append(len(comp.payload))
                 errs.append(comp.stats.rel_error)
             codec_t.append(time.perf_counter() - t0)
             starts[k] = start
-        t0 = time.perf_counter()
+        t0 = time.perf_counter()  # after the exchange: decode every payload, average, outer step
+        deltas += [decode(p, shapes) for p in payloads]
         g = aggregate(g, deltas, cfg.outer)
         agg = time.perf_counter() - t0
+        profiles = [payload_profile(p) for p in payloads]
         globals_.append(global_params(g))
         if ccfg is None:
             per_worker = ring_allreduce_bytes(dense_bytes, cfg.trainers)

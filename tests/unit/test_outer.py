@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from coordinator.aggregate import AggregateError, aggregate, mean_delta
+from coordinator.aggregate import AggregateError, aggregate, aggregate_payloads, mean_delta
 from coordinator.outer import (
     MOM,
     PARAM,
@@ -14,6 +14,8 @@ from coordinator.outer import (
     outer_step,
 )
 from protocol.digest import state_digest
+from protocol.payload import PayloadError, decode
+from trainer.compress import CompressionConfig, compress
 
 pytestmark = pytest.mark.unit
 
@@ -77,3 +79,14 @@ def test_aggregate_is_mean_in_fixed_order_and_deterministic() -> None:
 def test_aggregate_rejects_bad_deltas(deltas: list[dict[str, torch.Tensor]], match: str) -> None:
     with pytest.raises(AggregateError, match=match):
         aggregate(init_global(_params(0)), deltas, OuterConfig())
+
+
+def test_aggregate_payloads_decodes_then_aggregates() -> None:
+    g = init_global(_params(0))
+    deltas = [_params(s) for s in (1, 2)]
+    payloads = [compress(d, {}, 2, 0, CompressionConfig()).payload for d in deltas]
+    want = aggregate(g, [decode(p) for p in payloads], OuterConfig())
+    got = aggregate_payloads(g, payloads, OuterConfig())
+    assert state_digest(got) == state_digest(want)
+    with pytest.raises(PayloadError):
+        aggregate_payloads(g, [payloads[0][:-3]], OuterConfig())

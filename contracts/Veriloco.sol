@@ -144,8 +144,9 @@ contract Veriloco {
 
     /// @notice The run id does not exist.
     error UnknownRun(uint256 runId);
-    /// @notice createRun was given an unusable parameter; `reason` names it.
-    error InvalidParams(string reason);
+    /// @notice createRun was given an unusable parameter; `reason` (ASCII, zero-padded) names it.
+    /// @dev bytes32, not string: some clients misread a lone-string custom error as Error(string).
+    error InvalidParams(bytes32 reason);
     /// @notice The epoch is in phase `actual`, the call needs phase `expected`.
     error WrongPhase(uint256 runId, uint256 epoch, uint8 actual, uint8 expected);
     /// @notice The attached value is not the required stake.

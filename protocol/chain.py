@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from eth_abi import decode as abi_decode
 from eth_account.signers.local import LocalAccount
 from eth_utils import function_abi_to_4byte_selector, to_checksum_address
+from hexbytes import HexBytes
 from web3 import HTTPProvider, Web3
 from web3.exceptions import TimeExhausted
 
@@ -62,8 +63,8 @@ __all__ = [
     "ARTIFACT_PATH", "Assignment", "AuditResponse", "Chain", "ChainError", "ChainEvent", "ChainUnavailable",
     "ContractRevert", "EpochStatus", "EpochTimes", "EventStream", "MemberInfo", "Phase", "RunInfo",
     "RunParams", "SubmissionInfo", "TxResult", "artifact", "assigned_verifiers", "audit_seed",
-    "build_response", "challenged_steps", "commitment", "connect", "deploy", "final_check",
-    "response_indices",
+    "build_response", "challenged_steps", "commitment", "connect", "decode_revert", "deploy", "final_check",
+    "response_indices", "revert_data",
 ]
 
 ARTIFACT_PATH = Path(__file__).resolve().parents[1] / "contracts" / "build" / "Veriloco.json"
@@ -122,8 +123,8 @@ class RunParams:
     final_check_bps: int = 10_000
     quorum: int = 1
     slash_bps: int = 5_000
-    trainer_stake: Wei = Wei(10**18)
-    verifier_stake: Wei = Wei(10**18)
+    trainer_stake: Wei = 10**18  # type: ignore[assignment]
+    verifier_stake: Wei = 10**18  # type: ignore[assignment]
 
     def to_abi(self) -> tuple[Any, ...]:
         values = [getattr(self, f.name) for f in fields(self)]
@@ -292,7 +293,7 @@ def revert_data(exc: BaseException) -> bytes | None:
                     return bytes.fromhex(cand[2:])
                 except ValueError:
                     pass
-            m = re.search(r"execution reverted: (b'.*'|b\".*\")$", cand, re.S)
+            m = re.search(r"execution reverted: (b'.*'|b\".*\")$", cand, re.DOTALL)
             if m:
                 try:
                     lit = ast.literal_eval(m.group(1))
@@ -364,15 +365,16 @@ def deploy(w3: Web3, account: LocalAccount | str, timeout: float = 120.0) -> Add
     def go() -> Address:
         tx: dict[str, Any] = {"from": sender}
         if not isinstance(account, str):
-            tx["nonce"] = w3.eth.get_transaction_count(sender, "pending")
+            tx["nonce"] = w3.eth.get_transaction_count(to_checksum_address(sender), "pending")
         gas = factory.constructor().estimate_gas({"from": sender})
         tx["gas"] = min(int(gas * 1.2) + 50_000, _block_gas_limit(w3))
         built = factory.constructor().build_transaction(tx)  # type: ignore[arg-type]
         h = _send_raw(w3, account, dict(built))
-        receipt = w3.eth.wait_for_transaction_receipt(h, timeout=timeout, poll_latency=0.05)
-        if receipt["status"] != 1 or not receipt.get("contractAddress"):
+        receipt = w3.eth.wait_for_transaction_receipt(HexBytes(h), timeout=timeout, poll_latency=0.05)
+        created = receipt.get("contractAddress")
+        if receipt["status"] != 1 or not created:
             raise TransactionFailed(f"deployment transaction 0x{h.hex()} failed")
-        return Address(to_checksum_address(receipt["contractAddress"]))
+        return Address(to_checksum_address(created))
 
     try:
         return _rpc(go, where)
@@ -419,7 +421,7 @@ class Chain:
             raise WrongChain(
                 f"the node at {self.where} serves chain id {self.chain_id}, expected {chain_id}; check the RPC URL"
             )
-        code = bytes(_rpc(lambda: self.w3.eth.get_code(self.address), self.where))
+        code = bytes(_rpc(lambda: self.w3.eth.get_code(to_checksum_address(self.address)), self.where))
         expected = bytes.fromhex(artifact()["deployedBytecode"][2:])
         if not code:
             raise WrongContract(
@@ -431,7 +433,7 @@ class Chain:
                 f"the contract at {self.address} on chain {self.chain_id} is not this Veriloco build "
                 f"({len(code)} bytes of code, expected {len(expected)}); deploy the current build or update veriloco"
             )
-        self.contract = self.w3.eth.contract(address=self.address, abi=artifact()["abi"])
+        self.contract = self.w3.eth.contract(address=to_checksum_address(self.address), abi=artifact()["abi"])
         self.account = account
         self.sender: Address | None = _sender(account) if account is not None else None
         self.receipt_timeout = receipt_timeout
@@ -615,9 +617,9 @@ class Chain:
         return EpochStatus(Phase(ph), c, r, p, f, Cid(cid))
 
     def epoch_times(self, run_id: int, epoch: int) -> EpochTimes:
-        t = self._call("epochTimes", run_id, epoch)
-        a = self._call("epochAudit", run_id, epoch)
-        return EpochTimes(*t, a[0], a[1], a[2], bool(a[3]), Digest(bytes(a[4])), Digest(bytes(a[5])))
+        o, cc, rc, rd, vd, fd, done = self._call("epochTimes", run_id, epoch)
+        exp, resp, vc, seeded, seed, md = self._call("epochAudit", run_id, epoch)
+        return EpochTimes(o, cc, rc, rd, vd, fd, done, exp, resp, vc, bool(seeded), Digest(bytes(seed)), Digest(bytes(md)))
 
     def run_count(self) -> int:
         return int(self._call("runCount"))
@@ -652,7 +654,7 @@ class Chain:
         return Wei(int(self._call("credits", to_checksum_address(account))))
 
     def balance(self) -> Wei:
-        return Wei(int(_rpc(lambda: self.w3.eth.get_balance(self.address), self.where)))
+        return Wei(int(_rpc(lambda: self.w3.eth.get_balance(to_checksum_address(self.address)), self.where)))
 
     def revealed(self, run_id: int, epoch: int, trainer: str | None = None) -> list[ChainEvent]:
         """Revealed events of an epoch (payload CIDs live there, not in storage)."""

@@ -70,6 +70,11 @@ class InvalidParams(ContractRevert):
 
     fields = ("reason",)
 
+    def __init__(self, reason: bytes | str) -> None:
+        if isinstance(reason, bytes):
+            reason = reason.rstrip(b"\0").decode("ascii", "replace")
+        super().__init__(reason)
+
 
 class WrongPhase(ContractRevert):
     """The epoch is not in the phase this call needs (0 NotStarted, 1 Committing, 2 Revealing, 3 Auditing, 4 Finalized, 5 Aborted)."""

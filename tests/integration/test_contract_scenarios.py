@@ -1,0 +1,401 @@
+"""The contract's state machine, end to end through the Python binding, on py-evm and on anvil.
+
+Each test runs twice: on in-process py-evm (eth-tester) and on a real anvil from npm. The chain is
+snapshotted before and reverted after each test, so tests are independent. Reverts are asserted by
+the exception named after the custom error, with its arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from eth_utils import to_checksum_address
+
+from protocol import chain_errors as ce
+from protocol.chain import (
+    Chain,
+    Phase,
+    assigned_verifiers,
+    audit_seed,
+    challenged_steps,
+    commitment,
+    decode_revert,
+    final_check,
+    revert_data,
+)
+from protocol.digest import keccak
+from tests.fixtures.chain import STAKE, VSTAKE, AnvilNet, PyEvmNet, Trainer, params
+
+pytestmark = pytest.mark.integration
+
+COORD = 0
+TRAINERS = [1, 2, 3, 4, 5, 6]
+VERIFIERS = [7, 8, 9, 10]
+OUTSIDER = 11
+
+
+@pytest.fixture(scope="module", params=["py-evm", "anvil"])
+def net(request: pytest.FixtureRequest) -> Iterator[Any]:
+    n = PyEvmNet() if request.param == "py-evm" else AnvilNet()
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+@pytest.fixture
+def fresh(net: Any) -> Iterator[Any]:
+    snap = net.snapshot()
+    try:
+        yield net
+    finally:
+        net.revert(snap)
+
+
+@dataclass
+class Run:
+    net: Any
+    run_id: int
+    coord: Chain
+    trainers: list[Trainer]
+    verifiers: list[Chain]
+
+    def verifier(self, address: str) -> Chain:
+        return next(v for v in self.verifiers if v.sender == address)
+
+    def judge_all(self, epoch: int, fail: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        """Every assigned verifier judges every responded trainer (fail for those in `fail`)."""
+        for t in self.trainers:
+            if self.coord.submission(self.run_id, epoch, t.address).state != 3:
+                continue
+            for v in self.coord.assignment(self.run_id, epoch, t.address).verifiers:
+                self.verifier(v).submit_verdict(self.run_id, epoch, t.address, t.address not in fail, "bafkreievidence")
+
+
+def make_run(net: Any, n_trainers: int = 3, n_verifiers: int = 3, **over: Any) -> Run:
+    coord = net.chain(COORD)
+    run_id = coord.create_run(params(net.accounts[COORD], **over))
+    trainers = [Trainer(net.chain(i), run_id) for i in TRAINERS[:n_trainers]]
+    verifiers = [net.chain(i) for i in VERIFIERS[:n_verifiers]]
+    for t in trainers:
+        t.chain.join_trainer(run_id)
+    for v in verifiers:
+        v.join_verifier(run_id)
+    return Run(net, run_id, coord, trainers, verifiers)
+
+
+def phase(r: Run, epoch: int) -> Phase:
+    return r.coord.epoch_status(r.run_id, epoch).phase
+
+
+def test_happy_path_and_one_step_delay(fresh: Any) -> None:
+    r = make_run(fresh)
+    rid = r.run_id
+    assert r.coord.current_epoch(rid) == 0 and phase(r, 0) == Phase.NOT_STARTED
+    seen = [phase(r, 0)]
+    for t in r.trainers:
+        t.commit(0)
+        seen.append(phase(r, 0))
+    # every expected trainer committed: reveals open at once, no waiting out the window
+    assert seen == [Phase.NOT_STARTED, Phase.COMMITTING, Phase.COMMITTING, Phase.REVEALING]
+    for t in r.trainers:
+        res = t.reveal(0)
+        assert res.events[0].name == "Revealed"
+    assert phase(r, 0) == Phase.AUDITING
+    assert any(e.name == "AuditStarted" for e in res.events)
+    st = r.coord.epoch_status(rid, 0)
+    assert (st.committed, st.revealed, st.passed, st.failed) == (3, 3, 0, 0)
+    assert r.coord.current_epoch(rid) == 1
+
+    # one-step delay: epoch 1 takes commitments while epoch 0 is auditing, but no further
+    for t in r.trainers:
+        t.commit(1)
+    assert phase(r, 1) == Phase.COMMITTING  # all committed, but epoch 0 is not done yet
+    with pytest.raises(ce.WrongPhase) as ei:
+        r.trainers[0].reveal(1)
+    assert (ei.value.epoch, ei.value.actual, ei.value.expected) == (1, Phase.COMMITTING, Phase.REVEALING)
+    with pytest.raises(ce.EpochNotOpen) as no:
+        r.trainers[0].chain.commit(rid, 2, keccak(b"x"))
+    assert (no.value.epoch, no.value.next_epoch) == (2, 2)
+
+    for t in r.trainers:
+        t.respond(0)
+    with pytest.raises(ce.NotReady) as nr:
+        r.coord.finalize(rid, 0, "bafkreimodel1", keccak(b"m1"), [t.address for t in r.trainers])
+    assert (nr.value.decided, nr.value.committed) == (0, 3)
+    r.judge_all(0)
+    assert r.coord.epoch_status(rid, 0).passed == 3
+    for t in r.trainers:
+        assert r.coord.submission(rid, 0, t.address).passed
+    res = r.coord.finalize(rid, 0, "bafkreimodel1", keccak(b"m1"), [t.address for t in r.trainers])
+    assert [e.name for e in res.events] == ["EpochFinalized"]
+    st = r.coord.epoch_status(rid, 0)
+    assert st.phase == Phase.FINALIZED and st.model_cid == "bafkreimodel1"
+    assert r.coord.epoch_times(rid, 0).model_digest == keccak(b"m1")
+    # epoch 0 done: epoch 1's commit phase closes and its reveals open
+    assert phase(r, 1) == Phase.REVEALING
+    assert r.coord.current_epoch(rid) == 1
+    # a generic client reading epochStatus directly
+    raw = r.coord.contract.functions.epochStatus(rid, 0).call()
+    assert raw == [4, 3, 3, 3, 0, "bafkreimodel1"] or tuple(raw) == (4, 3, 3, 3, 0, "bafkreimodel1")
+
+
+def test_python_helpers_match_contract(fresh: Any) -> None:
+    r = make_run(fresh, n_trainers=2, n_verifiers=4, final_check_bps=5_000, quorum=3, audit_steps=4)
+    rid, c = r.run_id, r.coord
+    t0 = r.trainers[0]
+    m = t0.material(0)
+    on_chain = c.contract.functions.commitmentOf(rid, 0, t0.address, m.payload_digest, m.root, len(m.digests), m.salt).call()
+    assert bytes(on_chain) == commitment(c.chain_id, c.address, rid, 0, t0.address, m.payload_digest, m.root, len(m.digests), m.salt)
+    for t in r.trainers:
+        t.commit(0)
+    for t in r.trainers:
+        res = t.reveal(0)
+    started = next(e for e in res.events if e.name == "AuditStarted")
+    block = fresh.w3.eth.get_block(started.block_number)
+    # eth-tester executes with PREVRANDAO = 0 although it reports a random mixHash; anvil uses mixHash
+    prevrandao = bytes(block["mixHash"]) if fresh.name == "anvil" else bytes(32)
+    seed = audit_seed(prevrandao, bytes(block["parentHash"]), rid, 0)
+    assert started.args["seed"] == seed == c.epoch_times(rid, 0).seed
+    _, vlist = c.participants(rid)
+    for t in r.trainers:
+        a = c.assignment(rid, 0, t.address)
+        assert list(a.steps) == challenged_steps(seed, t.address, 4, t.leaves)
+        assert a.final_check == final_check(seed, t.address, 5_000)
+        assert list(a.verifiers) == assigned_verifiers(seed, t.address, vlist, 3)
+        assert len(set(a.verifiers)) == 3
+
+
+@pytest.mark.parametrize("leaves", [2, 3, 5, 8, 33])
+def test_merkle_proofs_accepted_and_tampering_rejected(fresh: Any, leaves: int) -> None:
+    r = make_run(fresh, n_trainers=1, n_verifiers=1, quorum=1)
+    t = r.trainers[0]
+    t.leaves = leaves
+    t.commit(0)
+    t.reveal(0)
+    good = t.response(0)
+    # a wrong digest for the first challenged leaf
+    bad_leaf = type(good)(good.indices, (keccak(b"forged"),) + good.leaves[1:], good.proofs)
+    with pytest.raises(ce.InvalidProof) as ei:
+        t.chain.respond(r.run_id, 0, "bafkreimanifest", bad_leaf)
+    assert ei.value.leaf_index == good.indices[0]
+    if good.proofs:
+        bad_sib = type(good)(good.indices, good.leaves, good.proofs[:-1] + (keccak(b"sib"),))
+        with pytest.raises(ce.InvalidProof):
+            t.chain.respond(r.run_id, 0, "bafkreimanifest", bad_sib)
+    short = type(good)(good.indices, good.leaves[:-1], good.proofs)
+    with pytest.raises(ce.BadResponseLength):
+        t.chain.respond(r.run_id, 0, "bafkreimanifest", short)
+    t.chain.respond(r.run_id, 0, "bafkreimanifest", good)
+    assert r.coord.submission(r.run_id, 0, t.address).state == 3
+
+
+def test_cheaters_are_slashed_and_omissions_rejected(fresh: Any) -> None:
+    r = make_run(fresh, n_trainers=4, n_verifiers=3)
+    rid, c = r.run_id, r.coord
+    honest, liar, silent, lazy = r.trainers
+    for t in r.trainers:
+        t.commit(0)
+    # a reveal that does not match its commitment is rejected, with both hashes
+    wrong = keccak(b"other payload")
+    with pytest.raises(ce.RevealMismatch) as ei:
+        m = liar.material(0)
+        liar.chain.reveal(rid, 0, "bafkreix", wrong, m.root, len(m.digests), m.salt)
+    assert ei.value.expected == liar.commitment(0) and ei.value.trainer == liar.address
+    for t in (honest, liar, lazy):
+        t.reveal(0)
+    assert phase(r, 0) == Phase.REVEALING  # `silent` never reveals
+    with pytest.raises(ce.WrongPhase):
+        c.start_audit(rid, 0)
+    r.net.advance(101)
+    assert phase(r, 0) == Phase.AUDITING
+    with pytest.raises(ce.WrongPhase) as late:
+        silent.reveal(0)
+    assert (late.value.actual, late.value.expected) == (Phase.AUDITING, Phase.REVEALING)
+    c.start_audit(rid, 0)
+    honest.respond(0)
+    liar.respond(0)
+    r.judge_all(0, fail={liar.address})
+    st = c.epoch_status(rid, 0)
+    assert (st.passed, st.failed) == (1, 2)  # liar (failed verdict) + silent (no reveal); lazy undecided
+    outsider = fresh.chain(OUTSIDER)
+    with pytest.raises(ce.NotAssigned):
+        outsider.submit_verdict(rid, 0, honest.address, True, "x")
+    v = c.assignment(rid, 0, honest.address).verifiers[0]
+    with pytest.raises(ce.AlreadyVoted):
+        r.verifier(v).submit_verdict(rid, 0, honest.address, True, "x")
+    with pytest.raises(ce.NotCoordinator) as nc:
+        honest.chain.finalize(rid, 0, "m", keccak(b"m"), [honest.address])
+    assert nc.value.coordinator == to_checksum_address(fresh.accounts[COORD])
+    r.net.advance(100)  # response window over: lazy counts as failed too
+    assert c.epoch_status(rid, 0).failed == 3
+    with pytest.raises(ce.NotPassing):
+        c.finalize(rid, 0, "m", keccak(b"m"), [honest.address, liar.address])
+    with pytest.raises(ce.PassingOmitted) as po:
+        c.finalize(rid, 0, "m", keccak(b"m"), [])
+    assert (po.value.included, po.value.passed) == (0, 1)
+    # the binding sorts `included`; a raw call with a duplicate shows the contract's own check
+    with pytest.raises(Exception) as raw:
+        c.contract.functions.finalize(rid, 0, "m", keccak(b"m"), [honest.address] * 2).call({"from": fresh.accounts[COORD]})
+    data = revert_data(raw.value)
+    assert data is not None
+    err = decode_revert(data)
+    assert isinstance(err, ce.NotSorted) and err.index == 1
+    balance_before = c.balance()
+    res = c.finalize(rid, 0, "bafkreimodel1", keccak(b"m"), [honest.address])
+    slashed = {e.args["trainer"]: e.args["reason"] for e in res.events if e.name == "Slashed"}
+    assert slashed == {liar.address: 3, silent.address: 1, lazy.address: 2}
+    staked, credits = c.totals()
+    assert c.balance() == balance_before == staked + credits
+    assert credits == 3 * STAKE // 2 == c.credits(fresh.accounts[COORD])
+    assert c.member(rid, liar.address).stake == STAKE // 2
+    assert c.member(rid, liar.address).leave_epoch == 1  # removed at the next boundary
+    assert c.member(rid, honest.address).stake == STAKE
+    c.claim()
+    assert c.totals()[1] == 0 and c.balance() == c.totals()[0]
+
+
+def test_too_few_trainers_aborts_and_next_epoch_opens(fresh: Any) -> None:
+    r = make_run(fresh, n_trainers=3, min_trainers=2)
+    rid = r.run_id
+    r.trainers[0].commit(0)
+    assert phase(r, 0) == Phase.COMMITTING
+    r.net.advance(101)
+    assert phase(r, 0) == Phase.ABORTED
+    assert r.coord.current_epoch(rid) == 1
+    with pytest.raises(ce.WrongPhase):
+        r.trainers[1].commit(0)
+    for t in r.trainers:
+        t.commit(1)
+    assert phase(r, 1) == Phase.REVEALING
+
+
+def test_missing_coordinator_settle_after_deadline(fresh: Any) -> None:
+    r = make_run(fresh, n_trainers=2, n_verifiers=2)
+    rid, c = r.run_id, r.coord
+    for t in r.trainers:
+        t.commit(0)
+    for t in r.trainers:
+        t.reveal(0)
+    r.trainers[0].respond(0)  # the other never responds
+    r.judge_all(0)
+    with pytest.raises(ce.NotExpired):
+        c.settle(rid, 0)
+    r.net.advance(100 + 100 + 100 + 1)
+    assert phase(r, 0) == Phase.ABORTED
+    with pytest.raises(ce.WrongPhase) as ei:
+        c.finalize(rid, 0, "m", keccak(b"m"), [r.trainers[0].address])
+    assert (ei.value.actual, ei.value.expected) == (Phase.ABORTED, Phase.AUDITING)
+    res = fresh.chain(OUTSIDER).settle(rid, 0)
+    assert [e.name for e in res.events] == ["EpochSettled", "TrainerLeft", "Slashed"]
+    assert phase(r, 0) == Phase.ABORTED and c.epoch_status(rid, 0).model_cid == ""
+    with pytest.raises(ce.WrongPhase):
+        c.settle(rid, 0)
+
+
+def test_leave_unbond_withdraw(fresh: Any) -> None:
+    r = make_run(fresh, n_trainers=2, n_verifiers=2, quorum=1)
+    rid, c = r.run_id, r.coord
+    a, b = r.trainers
+    for t in r.trainers:
+        t.commit(0)
+    a.chain.leave(rid)
+    assert c.member(rid, a.address).leave_epoch == 1
+    with pytest.raises(ce.EpochNotOpen):
+        a.chain.commit(rid, 1, keccak(b"c"))  # epoch 0 is still revealing
+    with pytest.raises(ce.StillBonded):
+        a.chain.withdraw(rid)
+    r.net.advance(60)
+    with pytest.raises(ce.EpochNotSettled) as ns:
+        a.chain.withdraw(rid)  # epoch 0, which it took part in, has not settled
+    assert ns.value.epoch == 0
+    for t in r.trainers:
+        t.reveal(0)
+    with pytest.raises(ce.NotEligible) as ne:
+        a.chain.commit(rid, 1, keccak(b"c"))  # epoch 0 audits, epoch 1 could open, but `a` left
+    assert (ne.value.join_epoch, ne.value.leave_epoch) == (0, 1)
+    for t in r.trainers:
+        t.respond(0)
+    r.judge_all(0)
+    c.finalize(rid, 0, "m1", keccak(b"m1"), [a.address, b.address])
+    before = fresh.w3.eth.get_balance(a.address)
+    res = a.chain.withdraw(rid)
+    assert res.events[0].name == "Withdrawn" and res.events[0].args["amount"] == STAKE
+    assert fresh.w3.eth.get_balance(a.address) > before
+    with pytest.raises(ce.NotLeaving):
+        a.chain.withdraw(rid)
+    # a verifier leaves while no audit runs: removed at once, withdraws after unbonding
+    v = r.verifiers[0]
+    v.leave(rid)
+    assert v.sender not in c.participants(rid)[1]
+    r.net.advance(60)
+    v.withdraw(rid)
+    staked, credits = c.totals()
+    assert c.balance() == staked + credits == STAKE + VSTAKE
+
+
+def test_membership_and_access_errors(fresh: Any) -> None:
+    r = make_run(fresh, n_trainers=1, n_verifiers=1, max_trainers=2)
+    rid = r.run_id
+    t = r.trainers[0]
+    with pytest.raises(ce.AlreadyJoined):
+        t.chain.join_verifier(rid)
+    with pytest.raises(ce.WrongStake) as ws:
+        fresh.chain(2).join_trainer(rid, stake=STAKE - 1)
+    assert (ws.value.actual, ws.value.expected) == (STAKE - 1, STAKE)
+    fresh.chain(2).join_trainer(rid)
+    with pytest.raises(ce.RunFull) as rf:
+        fresh.chain(3).join_trainer(rid)
+    assert rf.value.limit == 2
+    with pytest.raises(ce.UnknownRun) as ur:
+        r.coord.epoch_status(999, 0)
+    assert ur.value.run_id == 999
+    with pytest.raises(ce.NotTrainer):
+        fresh.chain(OUTSIDER).commit(rid, 0, keccak(b"c"))
+    with pytest.raises(ce.ZeroCommitment):
+        t.chain.commit(rid, 0, bytes(32))
+    with pytest.raises(ce.InvalidParams) as ip:
+        r.coord.create_run(params(fresh.accounts[COORD], quorum=0))
+    assert "quorum" in ip.value.reason
+    t.commit(0)
+    with pytest.raises(ce.AlreadyCommitted):
+        t.commit(0)
+    fresh.advance(101)  # the commit window closes with one of two trainers committed
+    with pytest.raises(ce.NotCommitted):
+        fresh.chain(2).reveal(rid, 0, "x", keccak(b"p"), keccak(b"r"), 4, keccak(b"s"))
+
+
+def test_binding_rejects_wrong_address_and_chain(fresh: Any) -> None:
+    with pytest.raises(ce.WrongContract, match="no contract"):
+        Chain(fresh.w3, fresh.accounts[5])
+    with pytest.raises(ce.WrongContract, match="not a"):
+        Chain(fresh.w3, "0x1234")
+    with pytest.raises(ce.WrongChain):
+        Chain(fresh.w3, fresh.address, chain_id=fresh.w3.eth.chain_id + 1)
+    with pytest.raises(ce.ChainUnavailable):
+        Chain("http://127.0.0.1:9", fresh.address)
+
+
+def test_event_stream_survives_a_lost_connection(fresh: Any) -> None:
+    from web3 import HTTPProvider, Web3
+
+    r = make_run(fresh, n_trainers=3)
+    start = fresh.w3.eth.block_number
+    c = Chain(Web3(fresh.w3.provider), fresh.address)  # a reader with its own connection
+    stream = c.stream(["Committed", "Revealed"], run_id=r.run_id, from_block=start)
+    r.trainers[0].commit(0)
+    got = stream.poll()
+    assert [e.name for e in got] == ["Committed"]
+    good = c.w3.provider
+    c.w3.provider = HTTPProvider("http://127.0.0.1:9")  # the node becomes unreachable
+    r.trainers[1].commit(0)  # sent through another client while this one is cut off
+    with pytest.raises(ce.ChainUnavailable):
+        stream.poll()
+    c.w3.provider = good
+    r.trainers[2].commit(0)
+    got = stream.poll()
+    assert [e.args["trainer"] for e in got] == [r.trainers[1].address, r.trainers[2].address]
+    assert stream.poll() == []

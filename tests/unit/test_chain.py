@@ -1,0 +1,167 @@
+"""Pure parts of the chain binding: revert decoding, the commitment and audit-sampling helpers."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from eth_abi import encode
+from eth_utils import function_abi_to_4byte_selector, to_checksum_address
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol import chain_errors as ce
+from protocol import merkle
+from protocol.chain import (
+    RunParams,
+    artifact,
+    assigned_verifiers,
+    build_response,
+    challenged_steps,
+    commitment,
+    decode_revert,
+    final_check,
+    response_indices,
+    revert_data,
+)
+from protocol.chain_audit import COMMIT_TAG
+from protocol.digest import keccak
+from protocol.errors import VerilocoError
+
+pytestmark = pytest.mark.unit
+
+ADDR = [to_checksum_address("0x" + f"{i:02x}" * 20) for i in range(1, 9)]
+
+
+def _error_abi(name: str) -> dict:
+    return next(e for e in artifact()["abi"] if e["type"] == "error" and e["name"] == name)
+
+
+def test_every_abi_error_has_a_python_class_with_its_arity() -> None:
+    errors = [e for e in artifact()["abi"] if e["type"] == "error"]
+    assert len(errors) >= 30
+    for e in errors:
+        cls = ce.REVERT_CLASSES.get(e["name"])
+        assert cls is not None, f"no Python class for custom error {e['name']}"
+        assert len(cls.fields) == len(e["inputs"]), e["name"]
+        assert issubclass(cls, ce.ChainError) and issubclass(cls, VerilocoError)
+
+
+def test_decode_custom_error_with_arguments() -> None:
+    abi = _error_abi("WrongPhase")
+    data = function_abi_to_4byte_selector(abi) + encode(["uint256", "uint256", "uint8", "uint8"], [7, 3, 2, 1])
+    err = decode_revert(data)
+    assert isinstance(err, ce.WrongPhase)
+    assert (err.run_id, err.epoch, err.actual, err.expected) == (7, 3, 2, 1)
+    assert err.args == (7, 3, 2, 1)
+    assert "WrongPhase(run_id=7, epoch=3, actual=2, expected=1)" in str(err)
+
+
+def test_decode_addresses_are_checksummed_and_bytes32_reason_is_text() -> None:
+    abi = _error_abi("NotCoordinator")
+    data = function_abi_to_4byte_selector(abi) + encode(["uint256", "address", "address"], [1, ADDR[0], ADDR[1]])
+    err = decode_revert(data)
+    assert isinstance(err, ce.NotCoordinator) and err.caller == ADDR[0] and err.coordinator == ADDR[1]
+    ip = decode_revert(function_abi_to_4byte_selector(_error_abi("InvalidParams")) + encode(["bytes32"], [b"quorum (1..16)"]))
+    assert isinstance(ip, ce.InvalidParams) and ip.reason == "quorum (1..16)"
+
+
+def test_decode_standard_and_unknown_reverts() -> None:
+    e1 = decode_revert(bytes.fromhex("08c379a0") + encode(["string"], ["boom"]))
+    assert isinstance(e1, ce.TransactionFailed) and "boom" in str(e1)
+    e2 = decode_revert(bytes.fromhex("4e487b71") + encode(["uint256"], [0x11]))
+    assert isinstance(e2, ce.TransactionFailed) and "0x11" in str(e2)
+    e3 = decode_revert(b"\xde\xad\xbe\xef")
+    assert isinstance(e3, ce.TransactionFailed) and "unknown" in str(e3)
+    assert isinstance(decode_revert(b""), ce.TransactionFailed)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_decode_never_crashes_on_garbage(data: bytes) -> None:
+    sel = function_abi_to_4byte_selector(_error_abi("RevealMismatch"))
+    for blob in (data, sel + data):
+        assert isinstance(decode_revert(blob), ce.ChainError)
+
+
+def test_revert_data_from_each_client_shape() -> None:
+    payload = bytes.fromhex("ab12cd34") + bytes(32)
+
+    class Web3Style(Exception):
+        def __init__(self) -> None:
+            super().__init__("execution reverted", "0x" + payload.hex())
+            self.data = "0x" + payload.hex()
+
+    assert revert_data(Web3Style()) == payload
+    assert revert_data(Exception(f"execution reverted: {payload!r}")) == payload  # eth-tester
+    assert revert_data(Exception({"code": 3, "message": "reverted", "data": "0x" + payload.hex()})) == payload
+    assert revert_data(Exception("execution reverted")) is None
+
+
+def test_commitment_is_abi_encoding_of_the_spec_fields() -> None:
+    pd, tr, salt = keccak(b"p"), keccak(b"r"), os.urandom(32)
+    contract, trainer = ADDR[2], ADDR[3]
+    words = (
+        COMMIT_TAG
+        + (31337).to_bytes(32, "big")
+        + bytes(12) + bytes.fromhex(contract[2:])
+        + (5).to_bytes(32, "big")
+        + (9).to_bytes(32, "big")
+        + bytes(12) + bytes.fromhex(trainer[2:])
+        + pd + tr
+        + (17).to_bytes(32, "big")
+        + salt
+    )
+    assert COMMIT_TAG == keccak(b"veriloco.commit.v1")
+    assert commitment(31337, contract, 5, 9, trainer, pd, tr, 17, salt) == keccak(words)
+    # every bound field changes it
+    base = commitment(31337, contract, 5, 9, trainer, pd, tr, 17, salt)
+    assert commitment(1, contract, 5, 9, trainer, pd, tr, 17, salt) != base
+    assert commitment(31337, contract, 5, 9, ADDR[4], pd, tr, 17, salt) != base
+    assert commitment(31337, contract, 5, 10, trainer, pd, tr, 17, salt) != base
+    with pytest.raises(ValueError, match="salt"):
+        commitment(31337, contract, 5, 9, trainer, pd, tr, 17, b"short")
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.binary(min_size=32, max_size=32), leaves=st.integers(2, 70), steps=st.integers(1, 8),
+       bps=st.sampled_from([0, 5000, 10_000]), who=st.sampled_from(ADDR))
+def test_response_proofs_verify_against_the_trace_root(seed: bytes, leaves: int, steps: int, bps: int, who: str) -> None:
+    digests = [keccak(i.to_bytes(4, "big") + seed) for i in range(leaves)]
+    ks = challenged_steps(seed, who, steps, leaves)
+    assert len(ks) == steps and all(0 <= k < leaves - 1 for k in ks)
+    resp = build_response(digests, seed, who, steps, bps)
+    idx = response_indices(seed, who, steps, leaves, bps)
+    assert list(resp.indices) == idx
+    assert len(idx) == 2 * steps + (1 if final_check(seed, who, bps) else 0)
+    depth = merkle.proof_length(leaves)
+    assert len(resp.proofs) == len(idx) * depth
+    root = merkle.root(digests)
+    for n, i in enumerate(idx):
+        assert merkle.verify(root, resp.leaves[n], i, leaves, resp.proofs[n * depth:(n + 1) * depth])
+    if bps == 0:
+        assert not final_check(seed, who, bps)
+    if bps == 10_000:
+        assert final_check(seed, who, bps) and idx[-1] == leaves - 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.binary(min_size=32, max_size=32), n=st.integers(0, 8), q=st.integers(1, 16))
+def test_assigned_verifiers_are_distinct_members(seed: bytes, n: int, q: int) -> None:
+    vs = ADDR[:n]
+    got = assigned_verifiers(seed, ADDR[0], vs, q)
+    assert len(got) == min(q, n) and len(set(got)) == len(got) and set(got) <= set(vs)
+
+
+def test_challenged_steps_reject_a_trace_without_steps() -> None:
+    with pytest.raises(ValueError, match="2 leaves"):
+        challenged_steps(bytes(32), ADDR[0], 2, 1)
+
+
+def test_run_params_roundtrip_through_abi_tuple() -> None:
+    p = RunParams(config_cid="bafyc", config_digest=keccak(b"c"), init_model_cid="bafym",
+                  init_model_digest=keccak(b"m"), coordinator=ADDR[0].lower(), quorum=3)
+    t = p.to_abi()
+    assert t[4] == ADDR[0] and len(t) == 20
+    back = RunParams.from_abi(t)
+    assert back == RunParams(**{**p.__dict__, "coordinator": ADDR[0]})

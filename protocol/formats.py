@@ -529,6 +529,9 @@ def decode_dataclass(
 # Audit manifest
 
 
+_ZERO32 = Digest(bytes(32))
+
+
 @dataclass(frozen=True)
 class ChallengedState:
     """One state the trainer must reveal: its leaf index, file CID, digest and Merkle proof."""
@@ -560,7 +563,7 @@ class AuditManifest:
     transitions: tuple[int, ...]
     final: bool
     states: tuple[ChallengedState, ...]
-    previous_root: Digest = Digest(bytes(32))
+    previous_root: Digest = _ZERO32
     previous_leaf_count: int = 0
     previous: tuple[ChallengedState, ...] = ()
 
@@ -612,9 +615,10 @@ def validate_manifest(m: AuditManifest) -> None:
             raise FormatError(
                 f"audit manifest state {s.leaf_index}: Merkle proof does not lead to the trace root"
             )
-
-
-    if m.previous:
+    if not m.previous:
+        if m.previous_leaf_count != 0 or m.previous_root != _ZERO32:
+            raise FormatError("audit manifest has previous_root/previous_leaf_count but no previous states")
+    else:
         if not m.final or m.epoch == 0:
             raise FormatError("audit manifest carries previous-epoch states without a final check")
         if not 2 <= m.previous_leaf_count <= 1 << 32:
@@ -639,11 +643,15 @@ def encode_manifest(m: AuditManifest) -> bytes:
 
 def decode_manifest(data: bytes, *, max_bytes: int = DEFAULT_MAX_JSON_BYTES) -> AuditManifest:
     m = decode_dataclass(AuditManifest, data, AUDIT_FORMAT, max_bytes=max_bytes)
-    for s in m.states:
+    if len(m.previous_root) != 32:
+        raise FormatError("audit manifest previous_root must be 32 bytes")
+    for s in (*m.states, *m.previous):
         for d in (s.digest, *s.proof):
             if len(d) != 32:
                 raise FormatError(f"audit manifest state {s.leaf_index}: digests must be 32 bytes")
     validate_manifest(m)
+    if encode_dataclass(m, AUDIT_FORMAT) != bytes(data):  # e.g. defaulted keys left out
+        raise FormatError("audit manifest is not in canonical form (every field present)")
     return m
 
 
@@ -668,7 +676,7 @@ def build_manifest(
         for i in required_leaves(ts, final, leaf_count)
     )
     previous: tuple[ChallengedState, ...] = ()
-    prev_root = Digest(bytes(32))
+    prev_root = _ZERO32
     if final and previous_trace and previous_cid_of_leaf is not None:
         plook = previous_cid_of_leaf.__getitem__ if isinstance(previous_cid_of_leaf, Mapping) else previous_cid_of_leaf
         prev_root = merkle.root(previous_trace)

@@ -175,7 +175,10 @@ class Store(ABC):
         c = _cid(cid)
         path = Path(path)
         check = _Check(c, max_size, digest, self.where)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+        try:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+        except OSError as exc:
+            raise StoreError(f"cannot write {path} for {c}: {exc}") from None
         try:
             with os.fdopen(fd, "wb") as f:
                 for chunk in self._stream(c, max_size):
@@ -186,6 +189,8 @@ class Store(ABC):
             size = check.finish()
             os.replace(tmp, path)
             return size
+        except OSError as exc:
+            raise StoreError(f"cannot write {path} for {c}: {exc}") from None
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -237,6 +242,8 @@ class LocalStore(Store):
             f = open(self.path_of(cid), "rb")  # noqa: SIM115 - the caller's `with` closes it
         except FileNotFoundError:
             raise NotFound(f"{cid} is not in {self.where}; put it there or fetch it from IPFS") from None
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot read {cid} from {self.where}: {exc}") from None
         size = os.fstat(f.fileno()).st_size
         if size > max_size:
             f.close()

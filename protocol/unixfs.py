@@ -163,7 +163,10 @@ class CidBuilder:
     that keep blocks; the CID itself needs none of them kept.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, chunk_size: int = CHUNK_SIZE, max_links: int = MAX_LINKS) -> None:
+        if chunk_size < 1 or max_links < 2:
+            raise ValueError("chunk_size must be >= 1 and max_links >= 2")
+        self._chunk_size, self._max_links = chunk_size, max_links
         self._pending = bytearray()
         self._levels: list[list[Link]] = [[]]
         self._chunks = 0
@@ -180,18 +183,18 @@ class CidBuilder:
         view = memoryview(data).cast("B")
         self._size += len(view)
         if self._pending:
-            need = CHUNK_SIZE - len(self._pending)
+            need = self._chunk_size - len(self._pending)
             self._pending += view[:need]
             view = view[need:]
-            if len(self._pending) < CHUNK_SIZE:
+            if len(self._pending) < self._chunk_size:
                 return
             self._add_chunk(self._pending)
             self._pending = bytearray()
         # whole chunks straight from the caller's buffer; keep the last (possibly full) piece
         # pending so finish() sees at least one chunk and an exact multiple is not split wrongly
-        while len(view) > CHUNK_SIZE:
-            self._add_chunk(view[:CHUNK_SIZE])
-            view = view[CHUNK_SIZE:]
+        while len(view) > self._chunk_size:
+            self._add_chunk(view[: self._chunk_size])
+            view = view[self._chunk_size :]
         self._pending += view
 
     def _add_chunk(self, chunk: bytes | bytearray | memoryview) -> None:
@@ -202,7 +205,7 @@ class CidBuilder:
         if len(self._levels) == level:
             self._levels.append([])
         self._levels[level].append(link)
-        if len(self._levels[level]) == MAX_LINKS:
+        if len(self._levels[level]) == self._max_links:
             children, self._levels[level] = self._levels[level], []
             self._push(level + 1, _parent(children)[1])
 

@@ -291,3 +291,10 @@ def test_cli_put_and_get_ipfs(ipfs_node: IpfsNode, tmp_path: Path) -> None:  # n
     assert r.stdout.decode().strip() == cid_of(f.read_bytes())
     r = _cli("get", cid_of(f.read_bytes()), "--store", "ipfs", "--ipfs-api", ipfs_node.api)
     assert r.returncode == 0 and r.stdout == f.read_bytes()
+
+
+def test_unwritable_target_is_a_store_error(tmp_path: Path) -> None:
+    s = LocalStore(tmp_path / "s")
+    cid = s.put(b"content")
+    with pytest.raises(StoreError, match="cannot write"):
+        s.get_to_file(cid, tmp_path / "no" / "such" / "dir" / "f")

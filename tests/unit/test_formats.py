@@ -380,3 +380,18 @@ def test_cids_of_leaves_can_be_a_mapping() -> None:
                                final=False, cid_of_leaf=cids)
     assert [s.cid for s in m.states] == [cids[0], cids[1]]
     assert isinstance(io.BytesIO(formats.encode_manifest(m)).read(), bytes)
+
+
+def test_manifest_without_previous_states_has_no_previous_root() -> None:
+    m = _manifest()
+    raw = json.loads(formats.encode_manifest(m))
+    raw["previous_root"] = "0x" + "11" * 32
+    with pytest.raises(FormatError, match="no previous states"):
+        formats.decode_manifest(canonical_json(raw))
+
+
+def test_manifest_with_defaulted_keys_left_out_is_not_canonical() -> None:
+    raw = json.loads(formats.encode_manifest(_manifest()))
+    del raw["previous"]
+    with pytest.raises(FormatError, match="canonical"):
+        formats.decode_manifest(canonical_json(raw))

@@ -102,3 +102,45 @@ def test_builder_cannot_be_reused() -> None:
 @given(st.binary(max_size=64))
 def test_base58_round_trip(raw: bytes) -> None:
     assert unixfs.b58decode(unixfs.b58encode(raw)) == raw
+
+
+def _reference_cid(data: bytes, chunk_size: int, max_links: int) -> str:
+    """The importer's algorithm written the obvious, non-streaming way: chunk everything, then group
+    max_links at a time, level by level, until one node is left (a lone leaf stays itself)."""
+    chunks = [data[i : i + chunk_size] for i in range(0, len(data), chunk_size)] or [b""]
+    level: list[unixfs.Link] = []
+    for c in chunks:
+        block = unixfs.leaf_block(c)
+        level.append(unixfs.Link(unixfs.multihash_of(unixfs.cid_of_block(block)), len(block), len(c)))
+    while len(level) > 1:
+        parents = []
+        for i in range(0, len(level), max_links):
+            group = level[i : i + max_links]
+            filesize = sum(g.filesize for g in group)
+            block = unixfs.dagpb_node(unixfs.unixfs_file(b"", filesize, [g.filesize for g in group]), group)
+            mh = unixfs.multihash_of(unixfs.cid_of_block(block))
+            parents.append(unixfs.Link(mh, len(block) + sum(g.tsize for g in group), filesize))
+        level = parents
+    return unixfs.b58encode(level[0].multihash)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 400),
+    st.integers(1, 5),
+    st.integers(2, 4),
+    st.lists(st.integers(1, 30), max_size=8),
+)
+def test_streaming_tree_equals_level_by_level_reduction(
+    n: int, chunk_size: int, max_links: int, cuts: list[int]
+) -> None:
+    """Small chunks and fan-out give deep trees (up to 8 levels) from a few hundred bytes."""
+    data = bytes(range(256)) * 2
+    data = data[:n]
+    b = CidBuilder(chunk_size=chunk_size, max_links=max_links)
+    pos = 0
+    for c in cuts:
+        b.update(data[pos : pos + c])
+        pos += c
+    b.update(data[pos:])
+    assert b.finish() == _reference_cid(data, chunk_size, max_links)

@@ -8,7 +8,9 @@ The same web3 8 client code runs the same workload on each backend, side by side
 - concurrent: 4 client threads, each with its own key, sending raw transactions (transactions/s).
 
 Backends: "eth-tester (in-process)" is web3's EthereumTesterProvider with no transport (the floor
-for py-evm); "py-evm JSON-RPC" is veriloco.evmserver over HTTP on loopback; "anvil JSON-RPC" is the
+for py-evm); "py-evm JSON-RPC" is veriloco.evmserver over HTTP on loopback, once on a thread of the
+benchmark process (sharing its GIL, as start_devnet runs it) and once in its own process (as
+`veriloco devnet` serves other nodes); "anvil JSON-RPC" is the
 npm anvil binary (skipped if absent). Ratios are against anvil.
 
     .venv/bin/python -m benchmarks.devnet_rpc --out benchmarks/results/devnet_rpc.json
@@ -22,7 +24,10 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -57,6 +62,24 @@ def in_process() -> Iterator[Web3]:
 def evmserver() -> Iterator[Web3]:
     with EvmServer(EvmConfig(accounts=THREADS + 2)) as server:
         yield Web3(Web3.HTTPProvider(server.url, request_kwargs={"timeout": 60}))
+
+
+@contextmanager
+def evmserver_process() -> Iterator[Web3]:
+    """The same server in its own process, as `veriloco devnet` serves other nodes (no shared GIL)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "veriloco.evmserver", "--port", "0", "--accounts", str(THREADS + 2)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "py-evm JSON-RPC on http://127.0.0.1:PORT (chain id ...)"
+        url = line.split(" on ", 1)[1].split()[0]
+        yield Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": 60}))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
 
 
 @contextmanager
@@ -193,7 +216,8 @@ def main() -> None:
     args = parser.parse_args()
     backends: list[tuple[str, Callable[[], Any], bool]] = [
         ("eth-tester (in-process)", in_process, False),
-        ("py-evm JSON-RPC", evmserver, True),
+        ("py-evm JSON-RPC (thread of the client process)", evmserver, True),
+        ("py-evm JSON-RPC (own process)", evmserver_process, True),
     ]
     try:
         anvil_binary()

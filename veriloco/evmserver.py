@@ -289,13 +289,7 @@ class EvmChain:
         return vm.build_state(chain.chaindb.db, free, vm.chain_context, vm.previous_hashes)
 
     def call(self, tx: dict[str, Any], at: str | int) -> bytes:
-        spoof = self._spoof(tx, at)
-        state = self._scratch_state(at)
-        snapshot = state.snapshot()
-        try:
-            computation = state.apply_transaction(spoof)
-        finally:
-            state.revert(snapshot)
+        computation = self._execute(self._spoof(tx, at), at)
         if computation.is_error:
             raise _reverted(computation.error)
         return bytes(computation.output)
@@ -347,17 +341,37 @@ class EvmChain:
         return out
 
     def estimate_gas(self, tx: dict[str, Any], at: str | int) -> int:
+        """Gas limit for `tx` in the block it would land in.
+
+        As geth does: run once with the whole block's gas, then try the gas that used plus the
+        63/64 reserve calls keep back; only if that fails fall back to py-evm's binary search
+        (which alone needs a dozen executions).
+        """
         from eth.exceptions import VMError
 
         tx = {k: v for k, v in tx.items() if k != "gas"}
         if at == "latest":
             at = "pending"  # estimate for the block the transaction would land in: now
-        spoof = self._spoof(tx, at)
-        state = self._scratch_state(at)
+        full = self._spoof(tx, at)
+        computation = self._execute(full, at)
+        if computation.is_error:
+            raise _reverted(computation.error)
+        used = int(full.gas) - int(computation.get_gas_remaining())
+        guess = min(int(full.gas), (used + 2300) * 64 // 63)
+        if not self._execute(self._spoof({**tx, "gas": guess}, at), at).is_error:
+            return guess
         try:
-            return int(self.backend.chain.gas_estimator(state, spoof))
+            return int(self.backend.chain.gas_estimator(self._scratch_state(at), full))
         except VMError as exc:
             raise _reverted(exc) from None
+
+    def _execute(self, spoof: Any, at: str | int) -> Any:
+        state = self._scratch_state(at)
+        snapshot = state.snapshot()
+        try:
+            return state.apply_transaction(spoof)
+        finally:
+            state.revert(snapshot)
 
 
 def _log_matches(

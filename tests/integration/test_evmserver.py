@@ -168,6 +168,19 @@ def test_unfunded_address_can_call_and_estimate(evm_server: EvmServer) -> None:
     assert probe.functions.store(1, "").estimate_gas({"from": nobody}) > 21_000
 
 
+def test_gas_estimate_is_enough_and_tight(evm_server: EvmServer) -> None:
+    w3 = _w3(evm_server)
+    probe = deploy_probe(w3)
+    sender = w3.eth.accounts[1]
+    for value, note in [(7, ""), (8, "a longer note " * 20)]:
+        estimate = probe.functions.store(value, note).estimate_gas({"from": sender})
+        tx = probe.functions.store(value, note).transact({"from": sender, "gas": estimate})
+        receipt = w3.eth.wait_for_transaction_receipt(tx, timeout=30)
+        assert receipt["status"] == 1  # the estimate sufficed
+        # refunds make gasUsed lower than the limit needed; the estimate stays within a few %
+        assert receipt["gasUsed"] <= estimate <= receipt["gasUsed"] * 1.3 + 5_000
+
+
 def test_block_time_follows_the_clock_without_new_blocks() -> None:
     clock = FakeClock(1_800_000_000.0)
     with EvmServer(EvmConfig(accounts=2), clock=clock) as server:
@@ -232,7 +245,10 @@ def test_time_travel_mine_and_snapshots() -> None:
         assert w3.eth.block_number == number + 4
         assert w3.provider.make_request("evm_revert", ["0x99"])["result"] is False
         # the reverted transaction is gone; the ones before the snapshot are still found
-        assert w3.provider.make_request("eth_getTransactionReceipt", [Web3.to_hex(gone)])["result"] is None
+        assert (
+            w3.provider.make_request("eth_getTransactionReceipt", [Web3.to_hex(gone)])["result"]
+            is None
+        )
         assert w3.eth.get_transaction_receipt(kept)["status"] == 1
         unknown = "0x" + "ab" * 32
         assert w3.provider.make_request("eth_getTransactionByHash", [unknown])["result"] is None

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import torch
 
@@ -35,6 +35,9 @@ from protocol.digest import DTYPE_CODES, tensor_bytes
 from protocol.errors import VerilocoError
 from protocol.types import Address, Cid, Digest
 from protocol.unixfs import CidError, validate_cid
+
+if TYPE_CHECKING:
+    from protocol.store import Store
 
 STATE_FORMAT = "veriloco.state.v1"
 AUDIT_FORMAT = "veriloco.audit.v1"
@@ -287,6 +290,32 @@ def load_state_file(
         size = f.seek(0, io.SEEK_END)
         f.seek(0)
         return read_state(f, size, max_bytes=max_bytes, expect=expect, allow_nonfinite=allow_nonfinite)
+
+
+def publish_state(store: Store, state: Mapping[str, torch.Tensor]) -> Cid:
+    """Store the canonical state file of `state` without building it in memory first."""
+    return store.put_stream(iter_state(state))
+
+
+def fetch_state(
+    store: Store,
+    cid: str,
+    *,
+    max_bytes: int = DEFAULT_MAX_STATE_BYTES,
+    expect: Mapping[str, TensorSpec] | None = None,
+    allow_nonfinite: bool = False,
+    digest: bytes | None = None,
+) -> dict[str, torch.Tensor]:
+    """Fetch, verify (CID, optional keccak `digest`) and parse a state file, one copy in memory.
+
+    The bytes are streamed into a temporary file and read tensor by tensor from there.
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="veriloco-state-") as tmp:
+        path = Path(tmp) / "state.safetensors"
+        store.get_to_file(cid, path, max_size=max_bytes, digest=digest)
+        return load_state_file(path, max_bytes=max_bytes, expect=expect, allow_nonfinite=allow_nonfinite)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -106,6 +106,13 @@ def test_state_file_published_and_fetched(store: Store, tmp_path: Path) -> None:
     store.get_to_file(cid, path)
     back = formats.load_state_file(path, expect=formats.spec_of(state))
     assert state_digest(back) == state_digest(state)
+    assert formats.publish_state(store, state) == cid
+    again = formats.fetch_state(store, cid, expect=formats.spec_of(state))
+    assert state_digest(again) == state_digest(state)
+    with pytest.raises(formats.FormatError, match="expected"):
+        formats.fetch_state(store, cid, expect={**formats.spec_of(state), "meta/step": formats.TensorSpec(torch.int32, (1,))})
+    with pytest.raises(TooLarge):
+        formats.fetch_state(store, cid, max_bytes=1000)
 
 
 def test_oversize_is_refused(store: Store, tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -12,11 +13,20 @@ import pytest
 import requests
 from eth_abi import decode as abi_decode
 from eth_account import Account
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from web3 import Web3
 from web3.exceptions import ContractCustomError, ContractLogicError, Web3RPCError
 
 from tests.fixtures.devnet import deploy_probe, load_probe
-from veriloco.evmserver import DEFAULT_CHAIN_ID, EvmConfig, EvmServer, EvmServerError
+from veriloco.evmserver import (
+    DEFAULT_CHAIN_ID,
+    EvmChain,
+    EvmConfig,
+    EvmRpc,
+    EvmServer,
+    EvmServerError,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -331,3 +341,51 @@ def test_config_is_validated() -> None:
         EvmConfig(accounts=0)
     with pytest.raises(EvmServerError, match="chain id"):
         EvmConfig(chain_id=0)
+
+
+_FUZZ_RPC = EvmRpc(EvmChain(EvmConfig(accounts=2)))  # one chain for all examples
+
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-5, max_value=40)
+    | st.sampled_from(
+        ["latest", "pending", "earliest", "0x", "0x0", "0x1", "0xzz", "", "0x" + "11" * 20,
+         "0x" + "22" * 32, "0x02f8", "0xf86c808504a817c800825208"]
+    ),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(
+        st.sampled_from(["from", "to", "data", "input", "gas", "value", "fromBlock", "toBlock",
+                         "topics", "address", "blockHash", "timestamp", "blocks", "x"]),
+        inner,
+        max_size=4,
+    ),
+    max_leaves=8,
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_params_get_a_json_rpc_answer_never_a_crash(data: st.DataObject) -> None:
+    rpc = _FUZZ_RPC
+    method = data.draw(st.sampled_from(rpc.methods))
+    params = data.draw(st.lists(_json_values, max_size=3) | _json_values)
+    reply = rpc.handle({"jsonrpc": "2.0", "id": 7, "method": method, "params": params})
+    assert reply["id"] == 7 and reply["jsonrpc"] == "2.0"
+    if "error" in reply:
+        assert isinstance(reply["error"]["code"], int) and reply["error"]["message"]
+    else:
+        json.dumps(reply["result"])  # always JSON-encodable
+
+
+def test_hostile_http_requests_are_refused_cleanly(evm_server: EvmServer) -> None:
+    deep = ("[" * 100_000 + "]" * 100_000).encode()
+    assert requests.post(evm_server.url, data=deep, timeout=30).json()["error"]["code"] == -32600
+    with socket.create_connection((evm_server.host, evm_server.port), timeout=30) as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 400")
+    with socket.create_connection((evm_server.host, evm_server.port), timeout=30) as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999999\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 413")
+    assert requests.get(evm_server.url, timeout=30).status_code == 405
+    assert _w3(evm_server).eth.chain_id == DEFAULT_CHAIN_ID  # still serving

@@ -128,33 +128,55 @@ class IpfsNode:
         except (urllib.error.URLError, OSError):
             return False
 
-    def start(self, timeout: float = 60.0) -> Self:
-        """Start the daemon and wait (up to `timeout` s) until its API answers."""
+    def start(self, timeout: float = 60.0, attempts: int = 3) -> Self:
+        """Start the daemon and wait (up to `timeout` s) until its API answers.
+
+        Ports are picked free just before the start; if another process takes one in between, the
+        daemon reports EADDRINUSE and is stopped and started again on new ports (up to `attempts`).
+        """
         if self.proc is not None and self.proc.poll() is None:
             return self
-        self._init_repo()
-        self._log = open(self.repo / "daemon.log", "ab")  # noqa: SIM115 - open while the daemon runs
-        self.proc = subprocess.Popen(
-            self._cmd("daemon", "--offline", "--enable-preload=false"),
-            env=self._env(),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise IpfsNodeError(f"IPFS daemon exited with {self.proc.returncode}: {self.log_tail()}")
-            if self._answers():
-                return self
-            time.sleep(0.1)  # polling interval of a condition wait, not synchronisation by sleep
-        self.stop()
-        raise IpfsNodeError(f"IPFS daemon did not answer on {self.api} within {timeout} s: {self.log_tail()}")
+        for attempt in range(attempts):
+            self._init_repo()
+            log_start = self._log_size()
+            self._log = open(self.repo / "daemon.log", "ab")  # noqa: SIM115 - open while the daemon runs
+            self.proc = subprocess.Popen(
+                self._cmd("daemon", "--offline", "--enable-preload=false"),
+                env=self._env(),
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            while time.monotonic() < deadline:
+                if self._answers():
+                    return self
+                exited = self.proc.poll() is not None
+                tail = self.log_tail(since=log_start)
+                if "EADDRINUSE" in tail and attempt + 1 < attempts:
+                    self.stop()  # js-ipfs logs the clash but keeps running: stop it, new ports
+                    break
+                if exited:
+                    self._log.close()
+                    raise IpfsNodeError(f"IPFS daemon exited with {self.proc.returncode}: {tail}")
+                time.sleep(0.1)  # polling interval of a condition wait, not synchronisation by sleep
+            else:
+                self.stop()
+                raise IpfsNodeError(
+                    f"IPFS daemon did not answer on {self.api} within {timeout} s: {self.log_tail()}"
+                )
+        raise IpfsNodeError(f"IPFS daemon could not bind free ports in {attempts} attempts")
 
-    def log_tail(self, n: int = 2000) -> str:
+    def _log_size(self) -> int:
         try:
-            return (self.repo / "daemon.log").read_bytes()[-n:].decode(errors="replace")
+            return (self.repo / "daemon.log").stat().st_size
+        except OSError:
+            return 0
+
+    def log_tail(self, n: int = 2000, since: int = 0) -> str:
+        try:
+            return (self.repo / "daemon.log").read_bytes()[since:][-n:].decode(errors="replace")
         except OSError:
             return ""
 

@@ -104,12 +104,6 @@ def _cid(cid: str) -> Cid:
         raise StoreError(str(exc)) from None
 
 
-def _read_file(path: Path) -> Iterator[bytes]:
-    with open(path, "rb") as f:
-        while chunk := f.read(READ_SIZE):
-            yield chunk
-
-
 def _pieces(chunks: Iterable[bytes | bytearray | memoryview], size: int = 4 << 20) -> Iterator[memoryview]:
     """The same bytes as views of at most `size` bytes (so hashing and writing can overlap)."""
     for chunk in chunks:
@@ -130,9 +124,11 @@ class Store(ABC):
 
     def put_file(self, path: Path | str) -> Cid:
         try:
-            return self.put_stream(_read_file(Path(path)))
-        except FileNotFoundError:
-            raise StoreError(f"cannot publish {path}: no such file") from None
+            f = open(path, "rb")  # noqa: SIM115 - closed by the `with` below
+        except OSError as exc:
+            raise StoreError(f"cannot publish {path}: {exc.strerror or exc}") from None
+        with f:
+            return self.put_stream(iter(lambda: f.read(READ_SIZE), b""))
 
     @abstractmethod
     def _stream(self, cid: Cid, max_size: int) -> Iterator[bytes]:

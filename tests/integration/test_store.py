@@ -307,3 +307,8 @@ def test_unwritable_target_is_a_store_error(tmp_path: Path) -> None:
     cid = s.put(b"content")
     with pytest.raises(StoreError, match="cannot write"):
         s.get_to_file(cid, tmp_path / "no" / "such" / "dir" / "f")
+
+
+def test_publishing_a_missing_file_names_it(store: Store, tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="cannot publish .*missing.bin"):
+        store.put_file(tmp_path / "missing.bin")

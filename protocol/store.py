@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from Crypto.Hash import keccak as _keccak
 
@@ -121,6 +121,15 @@ class Store(ABC):
 
     def put(self, data: bytes | bytearray | memoryview) -> Cid:
         return self.put_stream([data])
+
+    def close(self) -> None:
+        """Release connections (nothing to do for a directory)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def put_file(self, path: Path | str) -> Cid:
         try:

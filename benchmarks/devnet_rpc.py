@@ -119,8 +119,10 @@ def measure(w3: Web3, n: int, concurrent: bool) -> dict[str, Any]:
     probe = w3.eth.contract(address=receipt["contractAddress"], abi=art["abi"])
     chain_id = w3.eth.chain_id
     signer = Account.from_key(keys[1])
-    base = probe.functions.store(1, "bench").build_transaction(
-        {"from": signer.address, "nonce": 0, "gas": 100_000, "chainId": chain_id}
+    base: dict[str, Any] = dict(
+        probe.functions.store(1, "bench").build_transaction(
+            {"from": signer.address, "nonce": 0, "gas": 100_000, "chainId": chain_id}  # type: ignore[arg-type]
+        )
     )
 
     def raw_tx(i: int) -> None:
@@ -178,6 +180,7 @@ def machine() -> dict[str, Any]:
         "processor": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
+        "loadavg_1m_at_start": round(os.getloadavg()[0], 2),  # other work on the machine skews it
     }
 
 
@@ -224,6 +227,7 @@ def main() -> None:
         backends.append(("anvil JSON-RPC", anvil, True))
     except AnvilError:
         print("anvil not installed: skipped")
+    host = machine()
     numbers: dict[str, Any] = {}
     for name, start, concurrent in backends:
         with start() as w3:
@@ -237,9 +241,10 @@ def main() -> None:
                 k: round(r[k]["median_ms"] / ref[k]["median_ms"], 2)
                 for k in ("raw_tx", "transact", "call", "get_logs")
             }
-    result = {
+    load_end = round(os.getloadavg()[0], 2)
+    result: dict[str, Any] = {
         "benchmark": "devnet_rpc",
-        "machine": machine(),
+        "machine": {**host, "loadavg_1m_at_end": load_end},
         "versions": versions(),
         "settings": {"n": args.n, "threads": THREADS},
         "backends": numbers,
@@ -248,6 +253,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(markdown(result))
+    print(f"\nload average {host['loadavg_1m_at_start']} -> {load_end} on {host['cpus']} CPUs")
 
 
 if __name__ == "__main__":

@@ -14,13 +14,12 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from protocol.data import Corpus
 from protocol.formats import load_state_file, write_state
 from trainer.inner import State
-from trainer.round import RoundSpec, replay_step
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -71,14 +70,14 @@ class EpochDir:
     def save_step(self, k: int, state: State) -> None:
         self.save(f"state-{k:06d}", state)
 
-    def state_at(self, k: int, spec: RoundSpec, corpus: Corpus, slot: int) -> State:
-        """d_k's state: the nearest checkpoint at or before k, replayed forward."""
+    def state_at(self, k: int, step: Callable[[State, int], tuple[State, float]]) -> State:
+        """d_k's state: the nearest checkpoint at or before k, advanced with `step(state, j)`."""
         base = max((c for c in self.checkpoints() if c <= k), default=None)
         if base is None:
             raise FileNotFoundError(f"no checkpoint at or before step {k} of epoch {self.epoch}")
         state = self.load(f"state-{base:06d}")
         for j in range(base, k):
-            state, _ = replay_step(state, spec, corpus, self.epoch, slot, j)
+            state, _ = step(state, j)
         return state
 
     def write_bytes(self, name: str, data: bytes) -> None:

@@ -13,25 +13,44 @@ import sys
 from protocol.errors import VerilocoError
 
 COMMANDS: list[str] = [
-    "veriloco.demo",
     "veriloco.devnet",
     "veriloco.storecmd",
+    "veriloco.nodes",
+    "veriloco.netdemo",
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Which module serves a command, so `veriloco trainer ...` imports the trainer's dependencies only
+# (the node processes of a demo start several seconds sooner); `veriloco --help` imports all.
+OWNER: dict[str, str] = {
+    "demo": "veriloco.netdemo",
+    "simulate": "veriloco.demo",
+    "devnet": "veriloco.devnet",
+    "store": "veriloco.storecmd",
+    "trainer": "veriloco.nodes",
+    "verifier": "veriloco.nodes",
+    "coordinator": "veriloco.nodes",
+    "deploy": "veriloco.chaincmds",
+    "run": "veriloco.chaincmds",
+    "status": "veriloco.chaincmds",
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="veriloco",
         description="Verifiable, on-chain-coordinated DiLoCoX training across untrusted machines.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
+    owner = OWNER.get(command or "")
+    for name in [owner] if owner in COMMANDS else COMMANDS:
         importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except VerilocoError as exc:

@@ -1,0 +1,75 @@
+"""Adversarial trainers, for the demo's `--cheat` and the security tests. Each must be caught.
+
+- `lazy`: trains only the first step of each epoch honestly and forges the rest (the step counter
+  advances, the weights do not), then answers audits with its forged states. Any challenged forged
+  transition fails replay, so with s sampled steps it escapes with probability (1/H)^s.
+- `noise`: trains honestly but publishes a random payload of the right format and shapes. The
+  final state → payload replay catches it whenever the final check is drawn (probability q).
+- `copy`: does no work; commits to a placeholder, then at reveal time takes an honest trainer's
+  revealed payload. The reveal does not match its commitment, so the contract rejects it, the
+  copier misses its reveal and is slashed; its payload (bound to another trainer anyway) is never
+  aggregated.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+
+from protocol.payload import wrap
+from trainer.compress import compress
+from trainer.inner import STEP, State
+from trainer.node import Behaviour, TrainerNode
+from trainer.round import Final, compress_seed
+
+
+class Lazy(Behaviour):
+    name = "lazy"
+
+    def step(self, node: TrainerNode, state: State, epoch: int, k: int) -> tuple[State, float]:
+        if k == 0:
+            return super().step(node, state, epoch, k)
+        forged = dict(state)
+        forged[STEP] = state[STEP] + 1
+        return forged, 0.0
+
+
+class Noise(Behaviour):
+    name = "noise"
+
+    def publication(self, node: TrainerNode, final: Final, epoch: int) -> bytes:
+        g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+        shapes = node.ctx.param_shapes
+        noise = {n: torch.randn(s, generator=g) * 0.05 for n, s in shapes.items()}
+        c = compress(noise, {}, 4, compress_seed(node.spec.run_seed, epoch, node.slot), node.spec.compression)
+        return wrap(node.run_id, epoch, node.me, c.payload)
+
+
+class Copy(Behaviour):
+    name = "copy"
+
+    def step(self, node: TrainerNode, state: State, epoch: int, k: int) -> tuple[State, float]:
+        forged = dict(state)
+        forged[STEP] = state[STEP] + 1
+        return forged, 0.0
+
+    def commitment(self, node: TrainerNode, epoch: int, meta: dict[str, Any]) -> bytes:
+        return os.urandom(32)  # it cannot know anyone's payload yet
+
+    def reveal(self, node: TrainerNode, epoch: int, meta: dict[str, Any]) -> tuple[str, bytes, bytes, int, bytes]:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            others = [ev for ev in node.chain.revealed(node.run_id, epoch) if ev.args["trainer"] != node.me]
+            if others:
+                a = others[0].args
+                node.log("copying", epoch=epoch, victim=a["trainer"])
+                return (a["payloadCid"], bytes(a["payloadDigest"]), bytes(a["traceRoot"]), int(a["leafCount"]),
+                        bytes.fromhex(meta["salt"]))
+            time.sleep(node.poll_s)
+        return super().reveal(node, epoch, meta)
+
+
+CHEATS: dict[str, type[Behaviour]] = {"lazy": Lazy, "noise": Noise, "copy": Copy}

@@ -1,0 +1,330 @@
+"""The trainer node: follow the run's epochs, train, publish, commit, reveal, answer audits.
+
+A thin loop around the pure round functions (trainer/round.py), talking only to an injected
+`Chain` and `Store`. Per epoch: derive the start state (docs/protocol.md §8), train H steps
+recording the state digest after each, compress, publish the payload, commit, reveal; then, while
+the next epoch trains, answer the audit with the challenged states and their Merkle proofs. Every
+step is recorded in the epoch directory before its transaction, and every transaction is preceded
+by a look at the chain, so a node killed at any point resumes without double-submitting.
+
+Run it with `veriloco trainer --run ID`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from protocol import merkle
+from protocol.chain import Chain, ChainError, Phase
+from protocol.chain_audit import build_response
+from protocol.digest import keccak, state_digest
+from protocol.errors import VerilocoError
+from protocol.formats import build_manifest, encode_manifest, save_state
+from protocol.run import RunContext, latest_model, load_model, open_run, params_of
+from protocol.store import Store
+from protocol.types import Cid
+from trainer.checkpoints import EpochDir
+from trainer.delay import StartRule
+from trainer.inner import State, TrainerError, configure_determinism
+from trainer.round import Final, RoundSpec, final_transition, replay_step, start_state
+from trainer.schedule import Schedule
+
+Log = Callable[..., None]
+TERMINAL = (Phase.FINALIZED, Phase.ABORTED)
+
+# epoch directory statuses, in order
+TRAINING, TRAINED, COMMITTING, COMMITTED, REVEALED, RESPONDED, CLOSED = (
+    "training", "trained", "committing", "committed", "revealed", "responded", "closed",
+)
+
+
+class Behaviour:
+    """How this trainer plays. The honest default; trainer/cheats.py holds adversaries for tests and demos."""
+
+    name = "honest"
+
+    def step(self, node: TrainerNode, state: State, epoch: int, k: int) -> tuple[State, float]:
+        return replay_step(state, node.spec, node.ctx.corpus, epoch, node.slot, k)
+
+    def publication(self, node: TrainerNode, final: Final, epoch: int) -> bytes:
+        return final.publication
+
+    def commitment(self, node: TrainerNode, epoch: int, meta: dict[str, Any]) -> bytes:
+        return node.chain.commitment_for(
+            node.run_id, epoch, bytes.fromhex(meta["payload_digest"]), bytes.fromhex(meta["trace_root"]),
+            meta["leaf_count"], bytes.fromhex(meta["salt"]),
+        )
+
+    def reveal(self, node: TrainerNode, epoch: int, meta: dict[str, Any]) -> tuple[str, bytes, bytes, int, bytes]:
+        """(payload CID, payload digest, trace root, leaf count, salt) as `Chain.reveal` takes them."""
+        return (meta["payload_cid"], bytes.fromhex(meta["payload_digest"]), bytes.fromhex(meta["trace_root"]),
+                meta["leaf_count"], bytes.fromhex(meta["salt"]))
+
+
+class TrainerNode:
+    def __init__(
+        self, chain: Chain, store: Store, run_id: int, workdir: Path, *,
+        behaviour: Behaviour | None = None, log: Log | None = None, poll_s: float = 0.25,
+        checkpoint_every: int = 4, threads: int = 1, max_epochs: int | None = None,
+    ) -> None:
+        if chain.sender is None:
+            raise TrainerError("a trainer node needs a signing key")
+        self.chain, self.store, self.run_id = chain, store, run_id
+        self.me = chain.sender
+        self.root = Path(workdir)
+        self.behaviour = behaviour or Behaviour()
+        self.log: Log = log or (lambda event, **kv: None)
+        self.poll_s, self.every, self.threads, self.max_epochs = poll_s, max(1, checkpoint_every), threads, max_epochs
+        self._last_service = 0.0
+
+    # ------------------------------------------------------------------ main loop
+
+    def run(self) -> None:
+        configure_determinism(self.threads)
+        self.ctx: RunContext = open_run(self.chain, self.store, self.run_id)
+        self.spec = RoundSpec.from_config(self.ctx.config)
+        self.schedule = Schedule(self.chain, self.store, self.ctx, self.spec)
+        member = self._join()
+        self.slot = member.slot
+        epochs = self.ctx.config.schedule.epochs
+        if self.max_epochs is not None:
+            epochs = min(epochs, member.join_epoch + self.max_epochs)
+        e = max(member.join_epoch, self.chain.current_epoch(self.run_id))
+        while self._dir(e).meta.get("status") in (COMMITTED, REVEALED, RESPONDED, CLOSED):
+            e += 1  # resumed after a crash: that epoch is already in the chain's hands
+        self.log("started", slot=self.slot, epoch=e, behaviour=self.behaviour.name)
+        while e < epochs:
+            self._epoch(e)
+            e += 1
+        self._wait(lambda: not self._pending(), "the last audits to close")
+        self.log("finished", epochs=epochs)
+
+    def _join(self) -> Any:
+        m = self.chain.member(self.run_id, self.me)
+        if m.role == 2:
+            raise TrainerError(f"{self.me} is a verifier in run {self.run_id}; use another key for the trainer")
+        if m.role == 0 or m.leave_epoch is not None:
+            self.chain.join_trainer(self.run_id)
+            m = self.chain.member(self.run_id, self.me)
+            self.log("joined", slot=m.slot, join_epoch=m.join_epoch)
+        return m
+
+    def _dir(self, epoch: int) -> EpochDir:
+        return EpochDir(self.root / f"run-{self.run_id}", epoch)
+
+    def _phase(self, epoch: int) -> Phase:
+        return self.chain.epoch_status(self.run_id, epoch).phase
+
+    def _wait(self, ready: Callable[[], bool], what: str, timeout: float | None = None) -> bool:
+        """Poll `ready`, answering chain duties meanwhile; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        announced = False
+        while not ready():
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            if not announced:
+                self.log("waiting", what=what)
+                announced = True
+            self.service(force=True)
+            time.sleep(self.poll_s)
+        return True
+
+    # ------------------------------------------------------------------ one epoch
+
+    def _epoch(self, e: int) -> None:
+        d = self._dir(e)
+        if d.meta.get("status") in (None, TRAINING):
+            if not self._commit_still_possible(e):
+                self.log("skipped", epoch=e, reason="its commit phase has closed")
+                d.update(status=CLOSED)
+                return
+            self._train(e, d)
+        if d.meta["status"] == TRAINED:
+            self._publish(e, d)
+        if d.meta["status"] == COMMITTING:
+            self._commit(e, d)
+        # Reveal before the next epoch starts: whether this epoch was revealed decides the next start rule.
+        self._wait(lambda: d.meta.get("status") != COMMITTED, f"epoch {e} reveals")
+
+    def _commit_still_possible(self, e: int) -> bool:
+        ph = self._phase(e)
+        return ph is Phase.COMMITTING or (ph is Phase.NOT_STARTED)
+
+    def _start(self, e: int) -> tuple[State, int, bool]:
+        """S_e (docs/protocol.md §8), the global epoch it builds on, and whether it continues epoch e-1."""
+        before = e if self.spec.rule is StartRule.BLOCKING else e - 1
+        if before >= 1:
+            self._wait(lambda: self._phase(before - 1) in TERMINAL, f"epoch {before - 1} to finalize")
+        cid, digest, g_epoch = latest_model(self.chain, self.ctx, max(before, 0))
+        g = params_of(load_model(self.store, cid, digest, self.ctx.param_shapes))
+        prev = self._dir(e - 1) if e >= 1 else None
+        revealed = e >= 1 and self.chain.submission(self.run_id, e - 1, self.me).state >= 2
+        if prev is not None and revealed and prev.has("state-000000") and prev.has("carried"):
+            return start_state(self.spec, g, prev.load("state-000000"), prev.load("carried")), g_epoch, True
+        if revealed:
+            self.log("warning", epoch=e, detail="epoch e-1 was revealed but its local states are lost; starting fresh")
+        return start_state(self.spec, g, None, None), g_epoch, False
+
+    def _train(self, e: int, d: EpochDir) -> None:
+        meta = d.meta
+        rank, steps = self.schedule.for_epoch(e)
+        ckpts = d.checkpoints()
+        if meta.get("status") == TRAINING and ckpts and "digests" in meta:
+            k0 = max(c for c in ckpts if c < len(meta["digests"]))
+            state = d.load(f"state-{k0:06d}")
+            digests = [bytes.fromhex(x) for x in meta["digests"][: k0 + 1]]
+            losses = list(meta.get("losses", []))[:k0]
+            self.log("resumed", epoch=e, step=k0)
+        else:
+            state, g_epoch, continued = self._start(e)
+            k0, digests, losses = 0, [state_digest(state)], []
+            d.save_step(0, state)
+            meta = d.update(status=TRAINING, rank=rank, steps=steps, g_epoch=g_epoch, continued=continued,
+                            digests=[x.hex() for x in digests], losses=[])
+        t0 = time.monotonic()
+        for k in range(k0, steps):
+            state, loss = self.behaviour.step(self, state, e, k)
+            digests.append(state_digest(state))
+            losses.append(loss)
+            if (k + 1) % self.every == 0 or k + 1 == steps:
+                d.save_step(k + 1, state)
+                d.update(digests=[x.hex() for x in digests], losses=losses)
+            self.log("step", epoch=e, step=k + 1, of=steps, loss=round(loss, 4))
+            self.service()
+        start = d.load("state-000000")
+        final = final_transition(start, state, self.spec, self.run_id, e, self.slot, self.me, rank)
+        d.save("carried", final.carried)
+        d.write_bytes("payload.bin", self.behaviour.publication(self, final, e))
+        d.update(status=TRAINED, digests=[x.hex() for x in digests], losses=losses)
+        self.log("trained", epoch=e, steps=steps, rank=rank, loss=round(sum(losses[-4:]) / max(1, len(losses[-4:])), 4),
+                 seconds=round(time.monotonic() - t0, 2), payload_bytes=final.stats.payload_bytes,
+                 dense_bytes=final.stats.dense_bytes)
+
+    def _publish(self, e: int, d: EpochDir) -> None:
+        pub = d.read_bytes("payload.bin")
+        cid = self.store.put(pub)
+        self.store.pin(cid)
+        digests = [bytes.fromhex(x) for x in d.meta["digests"]]
+        d.update(status=COMMITTING, payload_cid=cid, payload_digest=keccak(pub).hex(),
+                 trace_root=merkle.root(digests).hex(), leaf_count=len(digests), salt=os.urandom(32).hex())
+
+    def _commit(self, e: int, d: EpochDir) -> None:
+        if self.chain.submission(self.run_id, e, self.me).state >= 1:
+            d.update(status=COMMITTED)  # the commit landed before a crash
+            return
+
+        def can_commit() -> bool:
+            ph = self._phase(e)
+            if ph is Phase.COMMITTING:
+                return True
+            if ph is not Phase.NOT_STARTED:
+                return True  # too late; handled below
+            return e == 0 or self._phase(e - 1) not in (Phase.NOT_STARTED, Phase.COMMITTING, Phase.REVEALING)
+
+        self._wait(can_commit, f"epoch {e} to accept commitments")
+        if self._phase(e) not in (Phase.COMMITTING, Phase.NOT_STARTED):
+            self.log("skipped", epoch=e, reason="commit phase closed before we could commit")
+            d.update(status=CLOSED)
+            return
+        m = d.meta
+        try:
+            tx = self.chain.commit(self.run_id, e, self.behaviour.commitment(self, e, m))
+        except ChainError as exc:
+            self.log("commit-failed", epoch=e, error=str(exc))
+            d.update(status=CLOSED)
+            return
+        d.update(status=COMMITTED, gas_commit=tx.gas_used)
+        self.log("committed", epoch=e, payload_cid=m["payload_cid"], gas=tx.gas_used)
+
+    # ------------------------------------------------------------------ duties while training
+
+    def _pending(self) -> list[int]:
+        base = self.root / f"run-{self.run_id}"
+        out = []
+        for p in sorted(base.glob("epoch-*")):
+            e = int(p.name.split("-")[1])
+            if self._dir(e).meta.get("status") in (COMMITTED, REVEALED, RESPONDED):
+                out.append(e)
+        return out
+
+    def service(self, force: bool = False) -> None:
+        """Reveal, respond to audits and close epochs whose time has come (rate-limited)."""
+        now = time.monotonic()
+        if not force and now - self._last_service < self.poll_s:
+            return
+        self._last_service = now
+        for e in self._pending():
+            try:
+                self._service_epoch(e)
+            except (VerilocoError, OSError) as exc:
+                self.log("error", epoch=e, error=f"{type(exc).__name__}: {exc}")
+
+    def _service_epoch(self, e: int) -> None:
+        d = self._dir(e)
+        status = d.meta["status"]
+        ph = self._phase(e)
+        if status == COMMITTED:
+            if ph is Phase.REVEALING:
+                if self.chain.submission(self.run_id, e, self.me).state < 2:
+                    args = self.behaviour.reveal(self, e, d.meta)
+                    try:
+                        tx = self.chain.reveal(self.run_id, e, *args)
+                    except ChainError as exc:
+                        self.log("reveal-failed", epoch=e, error=str(exc))
+                        d.update(status=CLOSED)
+                        return
+                    self.log("revealed", epoch=e, gas=tx.gas_used)
+                d.update(status=REVEALED)
+            elif ph not in (Phase.COMMITTING, Phase.NOT_STARTED):
+                d.update(status=CLOSED)
+        elif status == REVEALED:
+            if ph is Phase.AUDITING:
+                self._respond(e, d)
+            elif ph in TERMINAL:
+                d.update(status=CLOSED)
+        elif status == RESPONDED and ph in TERMINAL:
+            d.update(status=CLOSED)
+            self._prune(e)
+
+    def _respond(self, e: int, d: EpochDir) -> None:
+        sub = self.chain.submission(self.run_id, e, self.me)
+        if sub.state >= 3:
+            d.update(status=RESPONDED)
+            return
+        times = self.chain.epoch_times(self.run_id, e)
+        if not times.seeded:
+            self.chain.start_audit(self.run_id, e)
+            times = self.chain.epoch_times(self.run_id, e)
+        params = self.ctx.info.params
+        digests = [bytes.fromhex(x) for x in d.meta["digests"]]
+        response = build_response(digests, times.seed, self.me, params.audit_steps, params.final_check_bps)
+        a = self.chain.assignment(self.run_id, e, self.me)
+        cids: dict[int, Cid] = {}
+
+        def cid_of(directory: EpochDir, k: int) -> Cid:
+            state = directory.state_at(k, lambda st, j: self.behaviour.step(self, st, directory.epoch, j))
+            return self.store.put(save_state(state))
+
+        prev = self._dir(e - 1) if e >= 1 else None
+        use_prev = a.final_check and d.meta.get("continued") and prev is not None and "digests" in prev.meta
+        manifest = build_manifest(
+            run_id=self.run_id, epoch=e, trainer=self.me, trace=digests, transitions=a.steps, final=a.final_check,
+            cid_of_leaf=lambda k: cids.setdefault(k, cid_of(d, k)),
+            previous_trace=[bytes.fromhex(x) for x in prev.meta["digests"]] if use_prev and prev else (),
+            previous_cid_of_leaf=(lambda k: cid_of(prev, k)) if use_prev and prev else None,
+        )
+        mcid = self.store.put(encode_manifest(manifest))
+        tx = self.chain.respond(self.run_id, e, mcid, response)
+        d.update(status=RESPONDED, manifest_cid=mcid, gas_respond=tx.gas_used)
+        self.log("responded", epoch=e, transitions=list(a.steps), final=a.final_check, manifest=mcid, gas=tx.gas_used)
+
+    def _prune(self, e: int) -> None:
+        """Keep the last two epochs (the next start-rule check needs e-1); drop older checkpoints."""
+        for p in (self.root / f"run-{self.run_id}").glob("epoch-*"):
+            old = int(p.name.split("-")[1])
+            if old < e - 1 and self._dir(old).meta.get("status") == CLOSED:
+                self._dir(old).remove()

@@ -1,0 +1,201 @@
+"""The verifier node: judge the trainers the audit seed assigns to it, by replaying their work.
+
+For each trainer that answered an audit it is assigned to, it fetches the manifest, the challenged
+states and the payload (all checked against CIDs and on-chain digests), runs the checks of
+verifier/replay.py, publishes the findings as evidence, and posts the verdict. Anything malformed a
+trainer sends is a failed finding, never a crash. After an epoch finalizes it recomputes the
+coordinator's aggregate and reports a mismatch.
+
+Run it with `veriloco verifier --run ID`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from protocol.chain import Chain, ChainError, Phase
+from protocol.digest import state_digest
+from protocol.errors import VerilocoError
+from protocol.formats import AuditManifest, canonical_json, decode_manifest, load_state
+from protocol.run import RunContext, latest_model, load_model, open_run, params_of
+from protocol.store import Store
+from protocol.types import Cid
+from trainer.delay import StartRule
+from trainer.inner import State, TrainerError, configure_determinism
+from trainer.round import RoundSpec
+from trainer.schedule import MAX_PAYLOAD_BYTES, Schedule
+from verifier.replay import Finding, check_final, check_leaf_count, check_payload, check_start, check_step
+
+Log = Callable[..., None]
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_STATE_BYTES = 2 << 30
+EVIDENCE_FORMAT = "veriloco.evidence.v1"
+
+
+class VerifierNode:
+    def __init__(
+        self, chain: Chain, store: Store, run_id: int, workdir: Path, *,
+        log: Log | None = None, poll_s: float = 0.25, threads: int = 1,
+    ) -> None:
+        if chain.sender is None:
+            raise TrainerError("a verifier node needs a signing key")
+        self.chain, self.store, self.run_id = chain, store, run_id
+        self.me = chain.sender
+        self.log: Log = log or (lambda event, **kv: None)
+        self.poll_s, self.threads = poll_s, threads
+        self.ledger = Path(workdir) / f"run-{run_id}" / "verdicts.json"
+        self.ledger.parent.mkdir(parents=True, exist_ok=True)
+
+    def _done(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.ledger.read_text())
+        except FileNotFoundError:
+            return {}
+
+    def _record(self, key: str, value: Any) -> None:
+        done = {**self._done(), key: value}
+        tmp = self.ledger.with_suffix(".tmp")
+        tmp.write_text(json.dumps(done, sort_keys=True, indent=1))
+        tmp.replace(self.ledger)
+
+    def run(self) -> None:
+        configure_determinism(self.threads)
+        self.ctx: RunContext = open_run(self.chain, self.store, self.run_id)
+        self.spec = RoundSpec.from_config(self.ctx.config)
+        self.schedule = Schedule(self.chain, self.store, self.ctx, self.spec)
+        m = self.chain.member(self.run_id, self.me)
+        if m.role == 1:
+            raise TrainerError(f"{self.me} is a trainer in run {self.run_id}; a verifier needs its own key")
+        if m.role == 0:
+            self.chain.join_verifier(self.run_id)
+            self.log("joined")
+        last = self.ctx.config.schedule.epochs - 1
+        self.log("started")
+        while True:
+            nxt = self.chain.run_info(self.run_id).next_epoch
+            for e in range(max(0, nxt - 3), nxt):
+                self._audit_epoch(e)
+                self._check_aggregate(e)
+            if nxt > last and self.chain.epoch_status(self.run_id, last).phase in (Phase.FINALIZED, Phase.ABORTED):
+                self._check_aggregate(last)
+                break
+            time.sleep(self.poll_s)
+        self.log("finished")
+
+    # ------------------------------------------------------------------ audits
+
+    def _audit_epoch(self, e: int) -> None:
+        if self.chain.epoch_status(self.run_id, e).phase is not Phase.AUDITING:
+            return
+        done = self._done()
+        verdicts: list[tuple[str, bool, str]] = []
+        for ev in self.chain.events(["Responded"], run_id=self.run_id, epoch=e):
+            t = ev.args["trainer"]
+            key = f"{e}:{t}"
+            if key in done:
+                continue
+            a = self.chain.assignment(self.run_id, e, t)
+            if self.me not in a.verifiers:
+                self._record(key, "not-assigned")
+                continue
+            t0 = time.monotonic()
+            findings = self.verify(e, t, ev.args["manifestCid"])
+            passed = all(f.passed for f in findings)
+            evidence = canonical_json({
+                "format": EVIDENCE_FORMAT, "run_id": self.run_id, "epoch": e, "trainer": t, "verifier": self.me,
+                "passed": passed, "findings": [f.to_json() for f in findings],
+            })
+            verdicts.append((t, passed, self.store.put(evidence)))
+            self.log("verified", epoch=e, trainer=t, passed=passed, seconds=round(time.monotonic() - t0, 3),
+                     failed=[f"{f.check}: {f.detail}" for f in findings if not f.passed])
+        if verdicts:
+            try:
+                tx = self.chain.submit_verdicts(self.run_id, e, verdicts)
+            except ChainError as exc:
+                self.log("verdict-failed", epoch=e, error=str(exc))
+                return
+            for t, passed, cid in verdicts:
+                self._record(f"{e}:{t}", {"passed": passed, "evidence": cid})
+            self.log("verdicts", epoch=e, count=len(verdicts), gas=tx.gas_used)
+
+    def verify(self, e: int, trainer: str, manifest_cid: str) -> list[Finding]:
+        """Every check for one trainer's epoch; failures to fetch or parse are failed findings."""
+        try:
+            return self._verify(e, trainer, Cid(manifest_cid))
+        except (VerilocoError, OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+            return [Finding("fetch", False, f"{type(exc).__name__}: {exc}")]
+
+    def _state(self, cid: str, digest: bytes) -> State:
+        state = load_state(self.store.get(cid, max_size=MAX_STATE_BYTES))
+        if state_digest(state) != digest:
+            raise TrainerError(f"state {cid} does not hash to its committed leaf digest")
+        return state
+
+    def _verify(self, e: int, t: str, manifest_cid: Cid) -> list[Finding]:
+        run, spec = self.run_id, self.spec
+        sub = self.chain.submission(run, e, t)
+        slot = self.chain.member(run, t).slot
+        rank, steps = self.schedule.for_epoch(e)
+        reveal = self.chain.revealed(run, e, t)[0].args
+        findings = [check_leaf_count(sub.leaf_count, steps)]
+        publication = self.store.get(reveal["payloadCid"], max_size=MAX_PAYLOAD_BYTES, digest=bytes(reveal["payloadDigest"]))
+        findings.append(check_payload(publication, run, e, t, self.ctx.param_shapes))
+        m: AuditManifest = decode_manifest(self.store.get(manifest_cid, max_size=MAX_MANIFEST_BYTES))
+        a = self.chain.assignment(run, e, t)
+        bound = (m.run_id, m.epoch, m.trainer.lower(), m.trace_root, m.leaf_count, m.transitions, m.final) == (
+            run, e, t.lower(), sub.trace_root, sub.leaf_count, tuple(sorted(set(a.steps))), a.final_check)
+        findings.append(Finding("manifest", bound, "matches the on-chain submission and assignment" if bound
+                                else "manifest does not match the on-chain trace root, leaf count or challenges"))
+        if not bound:
+            return findings
+        states = {s.leaf_index: self._state(s.cid, s.digest) for s in m.states}
+        tolerant = self.ctx.config.audit.mode == "tolerant"
+        for k in m.transitions:
+            findings.append(check_step(
+                states[k], k, m.state(k + 1).digest, spec, self.ctx.corpus, e, slot,
+                mode=self.ctx.config.audit.mode, tolerance=self.ctx.config.audit.tolerance,
+                next_state=states[k + 1] if tolerant else None,
+            ))
+        if m.final:
+            end = states[m.leaf_count - 1]
+            findings.append(check_final(states[0], end, bytes(reveal["payloadDigest"]), spec, run, e, slot, t, rank))
+            if e >= 1:
+                findings.append(self._check_start(e, t, slot, m, states[0]))
+        return findings
+
+    def _check_start(self, e: int, t: str, slot: int, m: AuditManifest, start: State) -> Finding:
+        run = self.run_id
+        before = e if self.spec.rule is StartRule.BLOCKING else e - 1
+        cid, digest, _ = latest_model(self.chain, self.ctx, before)
+        g = params_of(load_model(self.store, cid, digest))
+        prev = self.chain.submission(run, e - 1, t)
+        if prev.state < 2:  # it did not reveal e-1, so it must have started fresh
+            return check_start(start, self.spec, g, None, None, run, e, slot, t, 0)
+        if not m.previous or m.previous_root != prev.trace_root or m.previous_leaf_count != prev.leaf_count:
+            return Finding("start", False, "previous-epoch states missing or not from the revealed trace")
+        p0, p_end = (self._state(s.cid, s.digest) for s in m.previous)
+        prev_rank, _ = self.schedule.for_epoch(e - 1)
+        return check_start(start, self.spec, g, p0, p_end, run, e, slot, t, prev_rank)
+
+    # ------------------------------------------------------------------ aggregate re-check
+
+    def _check_aggregate(self, e: int) -> None:
+        from coordinator.build import build_global  # the verifier re-runs the coordinator's aggregation
+
+        key = f"aggregate:{e}"
+        if key in self._done() or self.chain.epoch_status(self.run_id, e).phase is not Phase.FINALIZED:
+            return
+        try:
+            _, _, digest = build_global(self.chain, self.store, self.ctx, e)
+            ok = digest == self.chain.epoch_times(self.run_id, e).model_digest
+        except (VerilocoError, OSError, ValueError, RuntimeError) as exc:
+            ok, digest = False, b""
+            self.log("aggregate-error", epoch=e, error=str(exc))
+        self._record(key, {"matches": ok})
+        self.log("aggregate-checked", epoch=e, matches=ok)
+        if not ok:
+            self.log("alarm", epoch=e, detail="the finalized model is not the aggregate of the passing payloads")

@@ -1,0 +1,394 @@
+"""`veriloco demo`: a whole verifiable training network on one machine.
+
+It starts a devnet (py-evm over JSON-RPC in this process, or anvil; a LocalStore or a js-ipfs
+node), builds the corpus, publishes and creates a run, then launches N trainers, M verifiers and the
+coordinator as separate processes with the same `veriloco trainer|verifier|coordinator` commands a
+user would type. It shows live progress from the chain and the nodes' JSON logs, and ends with a
+summary (and, with --report DIR, summary.json plus a loss-curve PNG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from eth_account import Account
+
+from protocol.chain import Chain, Phase
+from protocol.config import RunConfig
+from protocol.errors import VerilocoError
+from protocol.model import n_params, preset
+from protocol.run import eval_model, initial_model, latest_model, load_model, open_run, params_of, publish_run
+
+PHASES = {p: p.name.lower() for p in Phase}
+
+
+class DemoError(VerilocoError):
+    """The demo network could not be started or did not finish."""
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    trainers: int = 4
+    verifiers: int = 2
+    epochs: int = 4
+    preset: str = "tiny"
+    steps: int = 24  # H in the first epoch (the adaptive rule moves it within [steps/2, 2*steps])
+    chain: str = "py-evm"
+    store: str = "local"
+    cheats: tuple[tuple[str, int], ...] = ()
+    workdir: Path = Path(".veriloco/demo")
+    report: Path | None = None
+    timeout_s: float = 900.0
+    windows_s: int = 60  # every chain window; the contract advances early when everyone has acted
+
+    def config(self) -> RunConfig:
+        w = self.windows_s
+        return RunConfig(name="veriloco-demo").replace(
+            model={"preset": self.preset},
+            data={"seq_len": min(64, preset(self.preset).seq_len), "batch_size": 8, "corpus_bytes": 2_000_000},
+            inner={"lr": 3e-3, "warmup_steps": 8, "total_steps": self.steps * self.epochs * 2},
+            schedule={"epochs": self.epochs, "h_initial": self.steps, "h_min": max(1, self.steps // 2),
+                      "h_max": self.steps * 2},
+            audit={"steps": 3, "final_check_bps": 10_000, "quorum": 1},
+            windows={"commit_s": w, "reveal_s": w, "response_s": w, "verdict_s": w, "finalize_s": w},
+            stakes={"min_trainers": 1},
+        )
+
+
+@dataclass
+class NodeProc:
+    role: str
+    index: int
+    account: int
+    address: str
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+    cheat: str | None = None
+    offset: int = 0
+    last: dict[str, Any] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}{self.index}" + (f"[{self.cheat}]" if self.cheat else "")
+
+    def read(self) -> list[dict[str, Any]]:
+        """New JSON log lines since the last read."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n") + 1
+        self.offset += end
+        new = []
+        for line in chunk[:end].splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue  # a traceback or a warning: kept in the log file
+            if isinstance(ev, dict):
+                new.append(ev)
+        self.events += new
+        if new:
+            self.last = new[-1]
+        return new
+
+
+def _spawn(role: str, index: int, account: int, devnet_file: Path, run_id: int, opts: DemoOptions,
+           address: str, cheat: str | None = None) -> NodeProc:
+    log_path = opts.workdir / "logs" / f"{role}{index}.jsonl"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "veriloco.cli", role, "--run", str(run_id), "--devnet", str(devnet_file),
+           "--account", str(account), "--workdir", str(opts.workdir / "nodes")]
+    if cheat:
+        cmd += ["--cheat", cheat]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return NodeProc(role, index, account, address, log_path, proc, cheat)
+
+
+def _stop(nodes: list[NodeProc]) -> None:
+    for n in nodes:
+        if n.proc.poll() is None:
+            n.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    for n in nodes:
+        try:
+            n.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            n.proc.kill()
+            n.proc.wait()
+
+
+def _status_line(chain: Chain, run_id: int, epochs: int) -> str:
+    parts = []
+    for e in range(epochs):
+        s = chain.epoch_status(run_id, e)
+        if s.phase is Phase.NOT_STARTED:
+            break
+        parts.append(f"e{e}:{PHASES[s.phase]} c{s.committed} r{s.revealed} ok{s.passed} x{s.failed}")
+    return " | ".join(parts) or "waiting for the first commitment"
+
+
+def _describe(n: NodeProc) -> str:
+    ev = n.last
+    if not ev:
+        return "starting"
+    kind = ev.get("event", "?")
+    if kind == "step":
+        return f"e{ev['epoch']} step {ev['step']}/{ev['of']} loss {ev['loss']}"
+    if kind == "finalized":
+        return f"e{ev['epoch']} finalized, eval loss {ev.get('eval_loss')}"
+    bits = [kind] + [f"{k}={ev[k]}" for k in ("epoch", "passed", "trainer", "what") if k in ev]
+    return " ".join(str(b) for b in bits)
+
+
+def run_demo(opts: DemoOptions, out: TextIO = sys.stdout,
+             inspect: Callable[[Chain, Any, int], None] | None = None) -> dict[str, Any]:
+    """Run the network to completion; returns the summary (also written to --report).
+
+    `inspect(chain, store, run_id)` runs after the nodes stop and before the devnet does (tests use
+    it to recompute aggregates against the live chain).
+    """
+    from veriloco.devnet import start_devnet
+
+    def say(msg: str) -> None:
+        out.write(msg + "\n")
+        out.flush()
+
+    n_cheat = sum(c for _, c in opts.cheats)
+    if n_cheat >= opts.trainers:
+        raise DemoError(f"{n_cheat} cheaters need at least {n_cheat + 1} trainers so someone is honest")
+    opts.workdir.mkdir(parents=True, exist_ok=True)
+    accounts = 1 + opts.trainers + opts.verifiers
+    t_start = time.monotonic()
+    say(f"veriloco demo: {opts.trainers} trainers, {opts.verifiers} verifiers, {opts.epochs} epochs, "
+        f"preset {opts.preset}, chain {opts.chain}, store {opts.store}")
+    with start_devnet(chain=opts.chain, store=opts.store, state_dir=opts.workdir / "devnet",  # type: ignore[arg-type]
+                      accounts=accounts, persist=False) as net:
+        info = net.info
+        devnet_file = opts.workdir / "devnet" / "devnet.json"
+        from veriloco.settings import Settings, open_store
+
+        store = open_store(Settings(info.rpc_url, info.contract, None, info.store.kind,
+                                    Path(info.store.path or opts.workdir / "store"), info.store.api or "", opts.workdir))
+        keys = [Account.from_key(a.key) for a in info.accounts]
+        assert info.contract is not None
+        creator = Chain(info.rpc_url, info.contract, keys[0])
+        say("building the corpus and publishing the run ...")
+        run_id, cfg = publish_run(creator, store, opts.config())
+        say(f"run {run_id} created on {info.rpc_url} (contract {info.contract}); config {creator.run_info(run_id).params.config_cid}")
+        # Stake everyone in before any node starts, so epoch 0 opens with the whole network
+        # (a node joins by itself when it is not a member yet).
+        for i in range(opts.verifiers):
+            Chain(info.rpc_url, info.contract, keys[1 + opts.trainers + i]).join_verifier(run_id)
+        for i in range(opts.trainers):
+            Chain(info.rpc_url, info.contract, keys[1 + i]).join_trainer(run_id)
+        say(f"{opts.trainers} trainers and {opts.verifiers} verifiers staked; starting the nodes")
+        cheat_list = [kind for kind, count in opts.cheats for _ in range(count)]
+        nodes: list[NodeProc] = []
+        try:
+            for i in range(opts.verifiers):
+                acct = 1 + opts.trainers + i
+                nodes.append(_spawn("verifier", i, acct, devnet_file, run_id, opts, keys[acct].address))
+            for i in range(opts.trainers):
+                cheat = cheat_list[i] if i < len(cheat_list) else None
+                nodes.append(_spawn("trainer", i, 1 + i, devnet_file, run_id, opts, keys[1 + i].address, cheat))
+            nodes.append(_spawn("coordinator", 0, 0, devnet_file, run_id, opts, keys[0].address))
+            _monitor(creator, run_id, cfg, nodes, opts, say, t_start)
+        finally:
+            _stop(nodes)
+        summary = _summarize(creator, store, run_id, cfg, nodes, opts, time.monotonic() - t_start)
+        if inspect is not None:
+            inspect(creator, store, run_id)
+    _print_summary(summary, say)
+    if opts.report is not None:
+        _write_report(summary, nodes, opts.report)
+        say(f"report written to {opts.report}/summary.json and {opts.report}/loss.png")
+    return summary
+
+
+def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], opts: DemoOptions, say: Any,
+             t_start: float) -> None:
+    coordinator = nodes[-1]
+    last_line, last_table = "", 0.0
+    deadline = time.monotonic() + opts.timeout_s
+    while True:
+        for n in nodes:
+            for ev in n.read():
+                if ev.get("event") in ("committed", "revealed", "responded", "verified", "finalized", "skipped",
+                                       "commit-failed", "reveal-failed", "alarm", "error", "joined"):
+                    detail = {k: v for k, v in ev.items() if k not in ("t", "node", "event")}
+                    say(f"  [{time.monotonic() - t_start:6.1f}s] {n.name:18s} {ev['event']:10s} {json.dumps(detail, default=str)[:150]}")
+        line = _status_line(chain, run_id, cfg.schedule.epochs)
+        if line != last_line or time.monotonic() - last_table > 15:
+            say(f"[{time.monotonic() - t_start:6.1f}s] chain: {line}")
+            if time.monotonic() - last_table > 15:
+                for n in nodes:
+                    say(f"           {n.name:18s} {_describe(n)}")
+                last_table = time.monotonic()
+            last_line = line
+        if coordinator.proc.poll() is not None:
+            break
+        dead = [n for n in nodes if n.proc.poll() not in (None, 0)]
+        if dead:
+            raise DemoError(f"{dead[0].name} exited with status {dead[0].proc.returncode}; see {dead[0].log_path}")
+        if time.monotonic() > deadline:
+            raise DemoError(f"the network did not finish within {opts.timeout_s:.0f} s; logs in {opts.workdir / 'logs'}")
+        time.sleep(0.5)
+    if coordinator.proc.returncode != 0:
+        raise DemoError(f"the coordinator failed; see {coordinator.log_path}")
+    # trainers and verifiers finish once the last epoch's audits close
+    end = time.monotonic() + 60
+    while any(n.proc.poll() is None for n in nodes) and time.monotonic() < end:
+        for n in nodes:
+            n.read()
+        time.sleep(0.3)
+    for n in nodes:
+        n.read()
+
+
+def _summarize(chain: Chain, store: Any, run_id: int, cfg: RunConfig, nodes: list[NodeProc], opts: DemoOptions,
+               seconds: float) -> dict[str, Any]:
+    ctx = open_run(chain, store, run_id)
+    epochs = cfg.schedule.epochs
+    finalized = [e for e in range(epochs) if chain.epoch_status(run_id, e).phase is Phase.FINALIZED]
+    initial = eval_model(ctx, params_of(initial_model(cfg)))
+    cid, digest, last = latest_model(chain, ctx, epochs)
+    final = eval_model(ctx, params_of(load_model(store, cid, digest)))
+    eval_curve = [{"epoch": -1, "eval_loss": initial}]
+    for n in nodes:
+        if n.role == "coordinator":
+            eval_curve += [{"epoch": ev["epoch"], "eval_loss": ev["eval_loss"]} for ev in n.events
+                           if ev.get("event") == "finalized" and "eval_loss" in ev]
+    verdicts = Counter("pass" if ev.args["passed"] else "fail" for ev in chain.events(["VerdictSubmitted"], run_id=run_id))
+    slashed = sorted({ev.args["trainer"] for ev in chain.events(["Slashed"], run_id=run_id)})
+    trainers = [n for n in nodes if n.role == "trainer"]
+    payload_bytes: dict[str, list[int]] = {}
+    steps_total = 0
+    for n in trainers:
+        sizes = [ev["payload_bytes"] for ev in n.events if ev.get("event") == "trained"]
+        payload_bytes[n.address] = sizes
+        steps_total = max(steps_total, sum(ev["steps"] for ev in n.events if ev.get("event") == "trained"))
+    honest = [s for n in trainers if n.cheat is None for s in payload_bytes[n.address]]
+    k = opts.trainers
+    params = n_params(preset(cfg.model.preset))
+    gas = 0
+    for n in nodes:
+        gas += sum(int(ev.get("gas", 0)) for ev in n.events)
+    return {
+        "run_id": run_id,
+        "seconds": round(seconds, 1),
+        "trainers": k,
+        "verifiers": opts.verifiers,
+        "cheaters": {n.address: n.cheat for n in trainers if n.cheat},
+        "epochs": epochs,
+        "epochs_finalized": len(finalized),
+        "initial_eval_loss": round(initial, 4),
+        "final_eval_loss": round(final, 4),
+        "final_model_epoch": last,
+        "eval_curve": eval_curve,
+        "slashed": slashed,
+        "verdicts": {"pass": verdicts.get("pass", 0), "fail": verdicts.get("fail", 0)},
+        "bytes_per_trainer": round(sum(honest) / max(1, len({n.address for n in trainers if n.cheat is None}))),
+        # ring AllReduce of fp32 gradients every inner step, per worker: 2 (K-1)/K * 4 bytes * params * steps
+        "allreduce_bytes_equivalent": round(2 * (k - 1) / k * 4 * params * steps_total),
+        "gas_used": gas,
+    }
+
+
+def _print_summary(s: dict[str, Any], say: Any) -> None:
+    say("")
+    say("summary")
+    say(f"  epochs finalized      {s['epochs_finalized']}/{s['epochs']} in {s['seconds']} s")
+    say(f"  eval loss             {s['initial_eval_loss']} -> {s['final_eval_loss']}")
+    say(f"  verdicts              {s['verdicts']['pass']} pass, {s['verdicts']['fail']} fail")
+    say(f"  slashed               {', '.join(s['slashed']) or 'nobody'}")
+    if s["cheaters"]:
+        say(f"  cheaters              {', '.join(f'{a} ({k})' for a, k in s['cheaters'].items())}")
+    ratio = s["allreduce_bytes_equivalent"] / max(1, s["bytes_per_trainer"])
+    say(f"  bytes per trainer     {s['bytes_per_trainer']:,} (AllReduce would send {s['allreduce_bytes_equivalent']:,}: {ratio:.0f}x more)")
+    say(f"  gas used              {s['gas_used']:,}")
+
+
+def _write_report(summary: dict[str, Any], nodes: list[NodeProc], report: Path) -> None:
+    report.mkdir(parents=True, exist_ok=True)
+    (report / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for n in nodes:
+        if n.role != "trainer":
+            continue
+        losses = [ev["loss"] for ev in n.events if ev.get("event") == "step"]
+        ax.plot(range(1, len(losses) + 1), losses, alpha=0.5, lw=1, label=f"{n.name} train loss")
+    steps_per_epoch = max((ev["steps"] for n in nodes for ev in n.events if ev.get("event") == "trained"), default=1)
+    xs = [(p["epoch"] + 1) * steps_per_epoch for p in summary["eval_curve"]]
+    ax.plot(xs, [p["eval_loss"] for p in summary["eval_curve"]], "k-o", lw=2, label="global model eval loss")
+    ax.set_xlabel("inner step")
+    ax.set_ylabel("loss (nats/byte)")
+    ax.set_title("veriloco demo: verified DiLoCoX training")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(report / "loss.png", dpi=120)
+    plt.close(fig)
+
+
+def _parse_cheats(items: list[str]) -> tuple[tuple[str, int], ...]:
+    out = []
+    for item in items:
+        kind, _, count = item.partition(":")
+        if kind not in ("lazy", "noise", "copy"):
+            raise DemoError(f"--cheat {item}: the kind must be lazy, noise or copy")
+        try:
+            n = int(count or "1")
+        except ValueError:
+            raise DemoError(f"--cheat {item}: COUNT must be a number, as in lazy:1") from None
+        out.append((kind, n))
+    return tuple(out)
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    opts = DemoOptions(
+        trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=args.preset, steps=args.steps,
+        chain=args.chain, store=args.store, cheats=_parse_cheats(args.cheat), workdir=args.workdir,
+        report=args.report, timeout_s=args.timeout,
+    )
+    summary = run_demo(opts)
+    return 0 if summary["epochs_finalized"] == summary["epochs"] else 1
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("demo", help="run a whole verifiable training network on this machine",
+                       description=__doc__.split("\n\n")[1] if __doc__ else None)
+    d = DemoOptions()
+    p.add_argument("--trainers", type=int, default=d.trainers)
+    p.add_argument("--verifiers", type=int, default=d.verifiers)
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--preset", default=d.preset, help="model preset: tiny, small, gpt2-124m")
+    p.add_argument("--steps", type=int, default=d.steps, help="local steps H in the first epoch")
+    p.add_argument("--chain", choices=["py-evm", "anvil"], default=d.chain)
+    p.add_argument("--store", choices=["local", "ipfs"], default=d.store)
+    p.add_argument("--cheat", action="append", default=[], metavar="KIND:COUNT",
+                   help="make COUNT trainers cheat: lazy, noise or copy (repeatable)")
+    p.add_argument("--workdir", type=Path, default=d.workdir, help="devnet, store, node state and logs")
+    p.add_argument("--report", type=Path, help="write DIR/summary.json and DIR/loss.png")
+    p.add_argument("--timeout", type=float, default=d.timeout_s, help="give up after this many seconds")
+    p.set_defaults(func=_cmd)

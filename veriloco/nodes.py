@@ -1,0 +1,86 @@
+"""`veriloco trainer | verifier | coordinator --run ID`: the three node programs.
+
+Each builds its edges (a `Chain` for its key, a `Store`) from the connection settings and hands
+them to the role's node loop. Progress goes to stdout as one JSON object per line, so a person can
+read it and a supervisor (the demo) can parse it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from eth_account import Account
+
+from protocol.chain import Chain
+from veriloco.settings import Settings, add_connection_args, open_store, resolve
+
+
+def json_logger(node: str, stream: Any = None) -> Callable[..., None]:
+    out = stream or sys.stdout
+
+    def log(event: str, **fields: Any) -> None:
+        out.write(json.dumps({"t": round(time.time(), 3), "node": node, "event": event, **fields}, default=str) + "\n")
+        out.flush()
+
+    return log
+
+
+def open_chain(s: Settings) -> Chain:
+    assert s.contract is not None
+    return Chain(s.rpc_url, s.contract, Account.from_key(s.key) if s.key else None)
+
+
+def _trainer(args: argparse.Namespace) -> int:
+    from trainer.cheats import CHEATS
+    from trainer.node import TrainerNode
+
+    s = resolve(args)
+    chain = open_chain(s)
+    behaviour = CHEATS[args.cheat]() if args.cheat else None
+    TrainerNode(
+        chain, open_store(s), args.run, s.workdir / f"trainer-{chain.sender}", behaviour=behaviour,
+        log=json_logger("trainer"), threads=args.threads, checkpoint_every=args.checkpoint_every,
+        max_epochs=args.epochs,
+    ).run()
+    return 0
+
+
+def _verifier(args: argparse.Namespace) -> int:
+    from verifier.node import VerifierNode
+
+    s = resolve(args)
+    chain = open_chain(s)
+    VerifierNode(chain, open_store(s), args.run, s.workdir / f"verifier-{chain.sender}",
+                 log=json_logger("verifier"), threads=args.threads).run()
+    return 0
+
+
+def _coordinator(args: argparse.Namespace) -> int:
+    from coordinator.node import CoordinatorNode
+
+    s = resolve(args)
+    CoordinatorNode(open_chain(s), open_store(s), args.run, log=json_logger("coordinator")).run()
+    return 0
+
+
+def register(sub: Any) -> None:
+    for name, func, help_ in (
+        ("trainer", _trainer, "run a trainer node: train, publish, commit, reveal, answer audits"),
+        ("verifier", _verifier, "run a verifier node: replay sampled steps of assigned trainers, post verdicts"),
+        ("coordinator", _coordinator, "run the coordinator node: aggregate verified pseudo-gradients, finalize epochs"),
+    ):
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.add_argument("--run", type=int, required=True, help="run id (see `veriloco run create`)")
+        add_connection_args(p, workdir=True)
+        if name != "coordinator":
+            p.add_argument("--threads", type=int, default=1, help="torch threads; replay is exact only at equal settings")
+        if name == "trainer":
+            p.add_argument("--checkpoint-every", type=int, default=4, help="keep every N-th state to answer audits")
+            p.add_argument("--epochs", type=int, help="stop after this many epochs (default: the run's schedule)")
+            p.add_argument("--cheat", choices=["lazy", "noise", "copy"], help=argparse.SUPPRESS)
+        p.set_defaults(func=func)

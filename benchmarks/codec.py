@@ -241,6 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     methods[name] = _summary(run_ours(deltas, r, cfg, args.seed), r, dense_mb)
                 row["methods"] = methods
                 rows.append(row)
+                print(f"PowerSGD rank {prank} done", file=sys.stderr, flush=True)
         finally:
             dist.destroy_process_group()
 

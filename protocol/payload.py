@@ -22,7 +22,7 @@ Entries are sorted by name (bytewise, unique). Sections follow in entry order. A
              (one row per component), as a block when bits is 4 or 8, as float32 when bits is 32.
     block(rows, L) := codes || scales; codes are rows*L signed integers (int8, or int4 packed two per
              byte, low nibble first, a zero nibble pads an odd count), scales are rows*ceil(L/group)
-             float16 (scale_dtype 1) or float32 (scale_dtype 2); value = code * scale of its group,
+             float16 (scale_dtype 1) or bfloat16 (scale_dtype 2); value = code * scale of its group,
              groups never cross rows.
 
 `energy` is ||X||_F^2 of the matrix that was compressed and `spectrum` its leading squared singular
@@ -56,7 +56,7 @@ WRAP_VERSION = 1
 
 RAW, QUANT, LOWRANK = 0, 1, 2
 KIND_NAMES = {RAW: "raw", QUANT: "quant", LOWRANK: "lowrank"}
-SCALE_NONE, SCALE_FP16, SCALE_FP32 = 0, 1, 2
+SCALE_NONE, SCALE_FP16, SCALE_BF16 = 0, 1, 2
 
 MAX_TENSORS = 1 << 16
 MAX_NDIM = 8
@@ -70,6 +70,7 @@ _FLOAT_DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float64}
 _DTYPE_BY_CODE = {code: dt for dt, code in DTYPE_CODES.items() if dt in _FLOAT_DTYPES}
 _FP16_MIN_NORMAL = 2.0**-14
 _FP16_SAFE_MAX = 60000.0
+_BF16_SAFE_MAX = 3.0e38
 _QMAX = {4: 7, 8: 127}
 
 
@@ -92,12 +93,12 @@ class Block:
     scale_dtype: int
 
 
-def quantize_rows(x: torch.Tensor, bits: int, group: int) -> Block:
+def quantize_rows(x: torch.Tensor, bits: int, group: int, scale_dtype: int | None = None) -> Block:
     """Symmetric round-to-nearest quantization of each row in groups of `group` values.
 
-    Scales are stored as float16 when every non-zero scale is a normal float16 (half the bytes),
-    else as float32; the stored scale is rounded up so no value is clipped, which keeps the error of
-    every value within half a quantization step of its group.
+    Scales are float16 when every non-zero scale is a normal float16 (finer), else bfloat16 (float32's
+    range): two bytes either way, so a payload's size depends only on shapes and rank. The stored
+    scale is rounded up so no value clips, which keeps every value within half a step of its group.
     """
     if bits not in _QMAX:
         raise ValueError(f"bits must be 4 or 8, got {bits}")
@@ -112,19 +113,21 @@ def quantize_rows(x: torch.Tensor, bits: int, group: int) -> Block:
     qmax = _QMAX[bits]
     scales = grouped.abs().amax(dim=2) / qmax
     nonzero = scales[scales > 0]
-    use_fp16 = bool(
-        nonzero.numel() == 0
-        or (nonzero.min().item() >= _FP16_MIN_NORMAL and nonzero.max().item() <= _FP16_SAFE_MAX)
-    )
-    if use_fp16:
-        s16 = scales.to(torch.float16)
-        low = s16.to(torch.float32) < scales
-        s16 = torch.where(low, torch.nextafter(s16, torch.full_like(s16, math.inf)), s16)
-        scales = s16.to(torch.float32)
+    if scale_dtype is None:
+        fits = nonzero.numel() == 0 or (
+            nonzero.min().item() >= _FP16_MIN_NORMAL and nonzero.max().item() <= _FP16_SAFE_MAX
+        )
+        scale_dtype = SCALE_FP16 if fits else SCALE_BF16
+    if not torch.isfinite(scales).all() or (scales > _BF16_SAFE_MAX).any():
+        raise ValueError("values too large to quantize (a scale overflows bfloat16)")
+    s16 = scales.to(torch.float16 if scale_dtype == SCALE_FP16 else torch.bfloat16)
+    low = s16.to(torch.float32) < scales
+    s16 = torch.where(low, torch.nextafter(s16, torch.full_like(s16, math.inf)), s16)
+    scales = s16.to(torch.float32)
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))
     codes = torch.round(grouped / safe.unsqueeze(2)).clamp_(-qmax, qmax)
     codes = codes.view(rows, n_groups * group)[:, :length].to(torch.int8).contiguous()
-    return Block(codes, scales.contiguous(), bits, group, SCALE_FP16 if use_fp16 else SCALE_FP32)
+    return Block(codes, scales.contiguous(), bits, group, scale_dtype)
 
 
 def dequantize_rows(block: Block) -> torch.Tensor:
@@ -147,7 +150,7 @@ def all_finite(t: torch.Tensor) -> bool:
 def _block_sizes(rows: int, length: int, bits: int, group: int, scale_dtype: int) -> tuple[int, int]:
     count = rows * length
     code_bytes = count if bits == 8 else (count + 1) // 2
-    scale_bytes = rows * (-(-length // group)) * (2 if scale_dtype == SCALE_FP16 else 4)
+    scale_bytes = rows * (-(-length // group)) * 2
     return code_bytes, scale_bytes
 
 
@@ -160,8 +163,11 @@ def _block_bytes(block: Block) -> bytes:
         if nib.size % 2:
             nib = np.concatenate([nib, np.zeros(1, dtype=np.uint8)])
         code_bytes = (nib[0::2] | (nib[1::2] << 4)).tobytes()
-    sdt = "<f2" if block.scale_dtype == SCALE_FP16 else "<f4"
-    return code_bytes + block.scales.numpy().astype(sdt).tobytes()
+    if block.scale_dtype == SCALE_FP16:
+        scale_bytes = block.scales.numpy().astype("<f2").tobytes()
+    else:
+        scale_bytes = block.scales.to(torch.bfloat16).view(torch.int16).numpy().astype("<i2").tobytes()
+    return code_bytes + scale_bytes
 
 
 def _f32_bytes(t: torch.Tensor) -> bytes:
@@ -238,9 +244,8 @@ def encode_lowrank(
     if bits == 32:
         return Record(name, dtype, shape, LOWRANK, 32, SCALE_NONE, 0, rank, stats + _f32_bytes(pt) + _f32_bytes(qt))
     bp, bq = quantize_rows(pt, bits, group), quantize_rows(qt, bits, group)
-    if bp.scale_dtype != bq.scale_dtype:  # one scale dtype per tensor: widen the fp16 one
-        bp = Block(bp.codes, bp.scales, bits, group, SCALE_FP32)
-        bq = Block(bq.codes, bq.scales, bits, group, SCALE_FP32)
+    if bp.scale_dtype != bq.scale_dtype:  # one scale dtype per tensor: both in bfloat16's range
+        bp, bq = quantize_rows(pt, bits, group, SCALE_BF16), quantize_rows(qt, bits, group, SCALE_BF16)
     section = stats + _block_bytes(bp) + _block_bytes(bq)
     return Record(name, dtype, shape, LOWRANK, bits, bp.scale_dtype, group, rank, section)
 
@@ -318,7 +323,7 @@ def _expected_length(name: str, kind: int, bits: int, scale_dtype: int, group: i
             raise PayloadError(f"tensor {name!r}: raw entry must have bits 32, no scales, group 0, rank 0")
         return 4 * numel
     if kind == QUANT:
-        if bits not in _QMAX or scale_dtype not in (SCALE_FP16, SCALE_FP32) or rank != 0:
+        if bits not in _QMAX or scale_dtype not in (SCALE_FP16, SCALE_BF16) or rank != 0:
             raise PayloadError(f"tensor {name!r}: quant entry needs bits 4|8, scale dtype 1|2 and rank 0")
         if not 1 <= group <= MAX_GROUP:
             raise PayloadError(f"tensor {name!r}: group size {group} outside 1..{MAX_GROUP}")
@@ -331,7 +336,7 @@ def _expected_length(name: str, kind: int, bits: int, scale_dtype: int, group: i
             if scale_dtype != SCALE_NONE or group != 0:
                 raise PayloadError(f"tensor {name!r}: float32 factors take no scales and group 0")
             return stats + 4 * rank * (m + n)
-        if bits not in _QMAX or scale_dtype not in (SCALE_FP16, SCALE_FP32):
+        if bits not in _QMAX or scale_dtype not in (SCALE_FP16, SCALE_BF16):
             raise PayloadError(f"tensor {name!r}: low-rank factors need bits 4|8|32 and scale dtype 1|2")
         if not 1 <= group <= MAX_GROUP:
             raise PayloadError(f"tensor {name!r}: group size {group} outside 1..{MAX_GROUP}")
@@ -453,8 +458,11 @@ def _read_block(buf: memoryview, rows: int, length: int, bits: int, group: int, 
         if count % 2 and packed[-1] >> 4:
             raise PayloadError(f"tensor {name!r}: the padding nibble of its int4 codes is not zero")
         codes = _NIBBLES[packed].reshape(-1)[:count]
-    sdt = "<f2" if scale_dtype == SCALE_FP16 else "<f4"
-    scales = np.frombuffer(buf[code_bytes : code_bytes + scale_bytes], dtype=sdt).astype(np.float32)
+    raw_scales = buf[code_bytes : code_bytes + scale_bytes]
+    if scale_dtype == SCALE_FP16:
+        scales = np.frombuffer(raw_scales, dtype="<f2").astype(np.float32)
+    else:  # bfloat16 is the top half of a float32
+        scales = (np.frombuffer(raw_scales, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
     if not np.isfinite(scales).all() or (scales < 0).any():
         raise PayloadError(f"tensor {name!r}: quantization scales must be finite and non-negative")
     return Block(

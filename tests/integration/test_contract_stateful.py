@@ -13,8 +13,6 @@ custom errors (never anything else), and after every step these invariants hold:
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st

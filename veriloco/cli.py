@@ -17,6 +17,7 @@ COMMANDS: list[str] = [
     "veriloco.storecmd",
     "veriloco.nodes",
     "veriloco.netdemo",
+    "veriloco.chaincmds",
 ]
 
 

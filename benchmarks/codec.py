@@ -245,6 +245,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             dist.destroy_process_group()
 
+    # the sketch's accuracy/cost dials, at the largest compared budget's int4 rank
+    sketch: list[dict[str, object]] = []
+    if rows:
+        last = rows[-1]["methods"]
+        assert isinstance(last, dict)
+        r = int(last["veriloco int4"]["rank"])
+        for pi, ov in ((0, 0), (1, 0), (1, 4), (2, 8)):
+            o = run_ours(deltas, r, CompressionConfig(power_iters=pi, oversample=ov), args.seed)
+            sketch.append({"power_iters": pi, "oversample": ov, **_summary(o, r, dense_mb)})
+
     result: dict[str, object] = {
         "benchmark": "codec",
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
@@ -255,6 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "seed": args.seed, "dense_mb": dense_mb, "inner_step_s": step_s},
         "rows": rows,
         "ratios": _ratios(rows),
+        "sketch_settings": sketch,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
@@ -317,6 +328,20 @@ def markdown(result: dict[str, object]) -> str:
                 f"| {row['powersgd_rank']} | {name} | {v['rank']} | {v['bytes']:,} | {v['compression_x']:.0f}x "
                 f"| {v['rel_error_mean']:.3f} | {v['rel_error_first']:.3f} | {v['cumulative_error']:.3f} "
                 f"| {enc} | {dec} | {v['roundtrip_mb_s']:.0f} | {v['rel_error_mean'] / base['rel_error_mean']:.2f} |"
+            )
+    sketch = result.get("sketch_settings") or []
+    if sketch:
+        lines += [
+            "",
+            "Sketch settings (veriloco int4, same rank): power iterations and oversampling",
+            "",
+            "| power iters | oversample | rank | rel. error (mean) | cumulative error | encode MB/s |",
+            "|---|---|---|---|---|---|",
+        ]
+        for v in sketch:  # type: ignore[attr-defined]
+            lines.append(
+                f"| {v['power_iters']} | {v['oversample']} | {v['rank']} | {v['rel_error_mean']:.3f} "
+                f"| {v['cumulative_error']:.3f} | {v['encode_mb_s']:.0f} |"
             )
     return "\n".join(lines)
 

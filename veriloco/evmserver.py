@@ -1114,6 +1114,12 @@ class _HttpServer(ThreadingHTTPServer):
         with self._conn_lock:
             (self._connections.add if alive else self._connections.discard)(conn)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up mid-reply is its own business; anything else is printed."""
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)
+
     def close_connections(self) -> None:
         """Drop keep-alive connections so no client is served after stop()."""
         with self._conn_lock:

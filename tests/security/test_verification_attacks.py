@@ -1,0 +1,177 @@
+"""Attacks on verification, run through the verifier's pure checks (verifier/replay.py) on a tiny epoch.
+
+Each test plays a trainer that cheats in one way and shows which check catches it — or, for attacks
+verification cannot stop outright, measures the bound docs/security.md states (escape probability
+of a sampled audit, drift under tolerant mode).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+from protocol.chain_audit import challenged_steps, final_check
+from protocol.config import RunConfig
+from protocol.data import build_corpus
+from protocol.digest import keccak, state_digest
+from protocol.formats import FormatError, build_manifest, decode_manifest, encode_dataclass, encode_manifest
+from protocol.model import init_params
+from protocol.payload import decode, unwrap, wrap
+from trainer.adversaries import boost_publication, rebind_publication
+from trainer.compress import compress
+from trainer.inner import PARAM, STEP, configure_determinism
+from trainer.round import RoundSpec, compress_seed, final_transition, replay_step, start_state, train_epoch
+from verifier.replay import check_final, check_payload, check_step
+
+pytestmark = pytest.mark.unit
+
+RUN, H, RANK = 7, 8, 4
+HONEST, COPIER = "0x" + "ab" * 20, "0x" + "cd" * 20
+SLOT, COPIER_SLOT = 1, 2
+
+
+@pytest.fixture(scope="module")
+def epoch():
+    """A tiny honest epoch (H=8) of trainer HONEST in slot 1, and its published payload."""
+    configure_determinism(1)
+    cfg = RunConfig().replace(schedule={"h_initial": H, "h_min": 4, "h_max": 16})
+    spec = RoundSpec.from_config(cfg)
+    corpus, _ = build_corpus(max_bytes=200_000)
+    s0 = start_state(spec, init_params(spec.model, 0), None, None)
+    states = [s0]
+    for k in range(H):
+        states.append(replay_step(states[-1], spec, corpus, 0, SLOT, k)[0])
+    pub = final_transition(s0, states[-1], spec, RUN, 0, SLOT, HONEST, RANK).publication
+    shapes = {k[len(PARAM):]: tuple(v.shape) for k, v in s0.items() if k.startswith(PARAM)}
+    return spec, corpus, states, pub, shapes
+
+
+def _escape_rate(f_steps: set[int], leaf_count: int, audit_steps: int, seeds: int = 3000) -> float:
+    """Share of audit seeds whose sampled transitions all miss the forged ones."""
+    rng = random.Random(1)
+    miss = 0
+    for _ in range(seeds):
+        seed = rng.randbytes(32)
+        if not f_steps & set(challenged_steps(seed, HONEST, audit_steps, leaf_count)):
+            miss += 1
+    return miss / seeds
+
+
+@pytest.mark.parametrize("forged", [{3}, {1, 4, 6, 7}])
+def test_lazy_trainer_is_caught_exactly_on_its_forged_steps(epoch, forged: set[int]) -> None:
+    """Faking a fraction f of steps: each forged transition fails replay, each honest one passes, and a
+    uniform sample of s transitions misses every forged one with probability (1 - f)^s."""
+    spec, corpus, _, _, _ = epoch
+    states = [epoch[2][0]]
+    for k in range(H):
+        if k in forged:  # trainer/cheats.py Lazy: advance the step counter, skip the work
+            fake = dict(states[-1])
+            fake[STEP] = states[-1][STEP] + 1
+            states.append(fake)
+        else:
+            states.append(replay_step(states[-1], spec, corpus, 0, SLOT, k)[0])
+    digests = [state_digest(s) for s in states]
+    verdicts = {k: check_step(states[k], k, digests[k + 1], spec, corpus, 0, SLOT).passed for k in range(H)}
+    assert {k for k, ok in verdicts.items() if not ok} == forged
+    f = len(forged) / H
+    for s in (1, 3):
+        assert abs(_escape_rate(forged, H + 1, s) - (1 - f) ** s) < 0.035
+
+
+def test_noise_payload_is_well_formed_but_fails_the_final_check(epoch) -> None:
+    spec, _, states, _, shapes = epoch
+    g = torch.Generator().manual_seed(5)
+    noise = {n: torch.randn(s, generator=g) * 0.05 for n, s in shapes.items()}
+    body = compress(noise, {}, RANK, compress_seed(spec.run_seed, 0, SLOT), spec.compression).payload
+    pub = wrap(RUN, 0, HONEST, body)
+    assert check_payload(pub, RUN, 0, HONEST, shapes).passed  # shape and binding checks cannot tell
+    f = check_final(states[0], states[-1], keccak(pub), spec, RUN, 0, SLOT, HONEST, RANK)
+    assert not f.passed and "does not give the revealed payload" in f.detail
+
+
+def test_forged_final_payload_escapes_only_when_the_final_check_is_not_drawn(epoch) -> None:
+    """Honest steps, boosted payload: every step check passes; only the final replay catches it."""
+    spec, corpus, states, pub, shapes = epoch
+    forged = boost_publication(pub, RUN, 0, HONEST, shapes, 25.0)
+    digests = [state_digest(s) for s in states]
+    assert all(check_step(states[k], k, digests[k + 1], spec, corpus, 0, SLOT).passed for k in range(H))
+    assert check_payload(forged, RUN, 0, HONEST, shapes).passed
+    assert not check_final(states[0], states[-1], keccak(forged), spec, RUN, 0, SLOT, HONEST, RANK).passed
+    assert check_final(states[0], states[-1], keccak(pub), spec, RUN, 0, SLOT, HONEST, RANK).passed
+    # the payload format bounds nothing but finiteness: the forged update is 25x the honest one
+    honest = decode(unwrap(pub).body, shapes)
+    boosted = decode(unwrap(forged).body, shapes)
+    ratio = sum(float(boosted[n].norm()) for n in shapes) / sum(float(honest[n].norm()) for n in shapes)
+    assert ratio == pytest.approx(25.0, rel=1e-4)
+    # escape probability per epoch is 1 - finalCheckBps / 10 000
+    rng = random.Random(2)
+    for bps in (5_000, 9_000, 10_000):
+        drawn = sum(final_check(rng.randbytes(32), HONEST, bps) for _ in range(4000)) / 4000
+        assert abs(drawn - bps / 10_000) < 0.03
+
+
+def test_payload_copied_after_its_reveal(epoch) -> None:
+    """The wrapper binds the copy to its author; re-binding it passes the format check but not the
+    final replay from the copier's own end state."""
+    spec, corpus, states, pub, shapes = epoch
+    assert not check_payload(pub, RUN, 1, COPIER, shapes).passed  # as published: someone else's
+    stolen = rebind_publication(pub, RUN, 1, COPIER)
+    assert check_payload(stolen, RUN, 1, COPIER, shapes).passed
+    own = train_epoch(states[0], spec, corpus, epoch=1, slot=COPIER_SLOT, steps=2)
+    f = check_final(states[0], own.end, keccak(stolen), spec, RUN, 1, COPIER_SLOT, COPIER, RANK)
+    assert not f.passed
+
+
+@pytest.mark.parametrize("share", [0.9, 1.1])
+def test_tolerance_abuse_drift_is_bounded_by_h_times_the_tolerance(epoch, share: float) -> None:
+    """Nudging every step by `share` of the tolerant bound towards a target: just inside, every replay
+    passes and the end state drifts about H times one step's allowance; just outside, the first fails."""
+    spec, corpus, honest, _, _ = epoch
+    tol = 1e-3
+    name = next(k for k in honest[0] if k.startswith(PARAM) and honest[0][k].dim() == 2)
+    g = torch.Generator().manual_seed(9)
+    target = torch.randn(honest[0][name].shape, generator=g)
+    states = [honest[0]]
+    results = []
+    for k in range(H):
+        replayed = replay_step(states[-1], spec, corpus, 0, SLOT, k)[0]
+        nudged = dict(replayed)
+        r = replayed[name]
+        u = (target - r) / (target - r).norm()
+        nudged[name] = r + share * tol * r.norm() * u
+        f = check_step(states[-1], k, state_digest(nudged), spec, corpus, 0, SLOT, mode="tolerant",
+                       tolerance=tol, next_state=nudged)
+        results.append(f.passed)
+        assert not check_step(states[-1], k, state_digest(nudged), spec, corpus, 0, SLOT).passed  # exact mode
+        states.append(nudged)
+    if share > 1:
+        assert not any(results)
+        return
+    assert all(results)
+    drift = float((states[-1][name] - honest[-1][name]).norm() / honest[-1][name].norm())
+    assert 2 * tol < drift <= 1.2 * H * tol  # accumulates past one step's bound, but linearly at most
+    towards = float(((states[-1][name] - honest[-1][name]) * (target - honest[-1][name])).sum())
+    assert towards > 0  # and it goes where the attacker wants
+
+
+def test_manifest_with_states_that_do_not_match_the_trace(epoch) -> None:
+    """An answer whose states are not the committed leaves cannot be encoded or decoded as a manifest."""
+    _, _, states, _, _ = epoch
+    digests = [state_digest(s) for s in states]
+    cids = {i: "QmYwAPJzv5CZsnA625s3Xf2nemtYgPpHdWEz79ojWnPbdG" for i in range(H + 1)}
+    m = build_manifest(run_id=RUN, epoch=0, trainer=HONEST, trace=digests, transitions=[2], final=True,
+                       cid_of_leaf=cids)
+    assert decode_manifest(encode_manifest(m)) == m
+    i = next(j for j, s in enumerate(m.states) if s.leaf_index == 3)
+    forged_state = type(m.states[i])(3, m.states[i].cid, keccak(os.urandom(8)), m.states[i].proof)
+    forged = type(m)(**{**m.__dict__, "states": m.states[:i] + (forged_state,) + m.states[i + 1:]})
+    with pytest.raises(FormatError, match="Merkle proof"):
+        encode_manifest(forged)
+    with pytest.raises(FormatError, match="Merkle proof"):
+        decode_manifest(encode_dataclass(forged, "veriloco.audit.v1"))
+    withheld = type(m)(**{**m.__dict__, "states": m.states[:i] + m.states[i + 1:]})
+    with pytest.raises(FormatError, match="need exactly"):
+        decode_manifest(encode_dataclass(withheld, "veriloco.audit.v1"))

@@ -18,6 +18,7 @@ from coordinator.outer import global_params
 from protocol.chain import Chain, ChainError, Phase
 from protocol.errors import VerilocoError
 from protocol.formats import save_state
+from protocol.outage import through_outages
 from protocol.run import RunContext, eval_model, open_run
 from protocol.store import Store
 
@@ -43,7 +44,7 @@ class CoordinatorNode:
             raise CoordinatorError(f"run {self.run_id}'s coordinator is {coordinator}; start this node with that key")
         self.log("started")
         for e in range(self.ctx.config.schedule.epochs):
-            while not self._try_finalize(e):
+            while not through_outages(lambda: self._try_finalize(e), self.log, f"epoch {e}"):
                 time.sleep(self.poll_s)
         self.log("finished")
 

@@ -24,6 +24,7 @@ from protocol.chain_audit import build_response
 from protocol.digest import keccak, state_digest
 from protocol.errors import VerilocoError
 from protocol.formats import build_manifest, encode_manifest, save_state
+from protocol.outage import TRANSIENT, through_outages
 from protocol.run import RunContext, latest_model, load_model, open_run, params_of
 from protocol.store import Store
 from protocol.types import Cid
@@ -98,9 +99,9 @@ class TrainerNode:
             e += 1  # resumed after a crash: that epoch is already in the chain's hands
         self.log("started", slot=self.slot, epoch=e, behaviour=self.behaviour.name)
         while e < epochs:
-            self._epoch(e)
+            through_outages(lambda: self._epoch(e), self.log, f"epoch {e}")
             e += 1
-        self._wait(lambda: not self._pending(), "the last audits to close")
+        through_outages(lambda: self._wait(lambda: not self._pending(), "the last audits to close"), self.log, "closing")
         self.log("finished", epochs=epochs)
 
     def _join(self) -> Any:
@@ -260,6 +261,8 @@ class TrainerNode:
         for e in self._pending():
             try:
                 self._service_epoch(e)
+            except TRANSIENT:
+                raise  # the caller waits the outage out
             except (VerilocoError, OSError) as exc:
                 self.log("error", epoch=e, error=f"{type(exc).__name__}: {exc}")
 

@@ -21,8 +21,9 @@ from protocol.chain import Chain, ChainError, Phase
 from protocol.digest import state_digest
 from protocol.errors import VerilocoError
 from protocol.formats import AuditManifest, canonical_json, decode_manifest, load_state
+from protocol.outage import TRANSIENT, through_outages
 from protocol.run import RunContext, latest_model, load_model, open_run, params_of
-from protocol.store import Store
+from protocol.store import Store, StoreTimeout
 from protocol.types import Cid
 from trainer.delay import StartRule
 from trainer.inner import State, TrainerError, configure_determinism
@@ -75,16 +76,20 @@ class VerifierNode:
             self.log("joined")
         last = self.ctx.config.schedule.epochs - 1
         self.log("started")
-        while True:
-            nxt = self.chain.run_info(self.run_id).next_epoch
-            for e in range(max(0, nxt - 3), nxt):
-                self._audit_epoch(e)
-                self._check_aggregate(e)
-            if nxt > last and self.chain.epoch_status(self.run_id, last).phase in (Phase.FINALIZED, Phase.ABORTED):
-                self._check_aggregate(last)
-                break
+        while not through_outages(lambda: self._round(last), self.log, "audit round"):
             time.sleep(self.poll_s)
         self.log("finished")
+
+    def _round(self, last: int) -> bool:
+        """Judge whatever is open; True once the run's last epoch is over."""
+        nxt = self.chain.run_info(self.run_id).next_epoch
+        for e in range(max(0, nxt - 3), nxt):
+            self._audit_epoch(e)
+            self._check_aggregate(e)
+        if nxt > last and self.chain.epoch_status(self.run_id, last).phase in (Phase.FINALIZED, Phase.ABORTED):
+            self._check_aggregate(last)
+            return True
+        return False
 
     # ------------------------------------------------------------------ audits
 
@@ -123,9 +128,18 @@ class VerifierNode:
             self.log("verdicts", epoch=e, count=len(verdicts), gas=tx.gas_used)
 
     def verify(self, e: int, trainer: str, manifest_cid: str) -> list[Finding]:
-        """Every check for one trainer's epoch; failures to fetch or parse are failed findings."""
+        """Every check for one trainer's epoch; failures to fetch or parse are failed findings.
+
+        An unreachable chain or store is our problem, not the trainer's: that propagates, and the
+        audit is retried once the endpoint is back. Content that cannot be fetched in time is the
+        trainer's problem (withheld or never published): that fails.
+        """
         try:
             return self._verify(e, trainer, Cid(manifest_cid))
+        except StoreTimeout as exc:
+            return [Finding("fetch", False, f"content not retrievable in time: {exc}")]
+        except TRANSIENT:
+            raise
         except (VerilocoError, OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
             return [Finding("fetch", False, f"{type(exc).__name__}: {exc}")]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from typing import Any, TextIO
 from eth_account import Account
 
 from protocol.chain import Chain, Phase
+from protocol.chain_errors import ChainUnavailable
 from protocol.config import RunConfig
 from protocol.errors import VerilocoError
 from protocol.model import n_params, preset
@@ -73,8 +75,10 @@ class NodeProc:
     account: int
     address: str
     log_path: Path
+    cmd: list[str]
     proc: subprocess.Popen[bytes]
     cheat: str | None = None
+    killed: bool = False  # stopped on purpose (fault injection): its exit status is expected
     offset: int = 0
     last: dict[str, Any] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -115,10 +119,46 @@ def _spawn(role: str, index: int, account: int, devnet_file: Path, run_id: int, 
            "--account", str(account), "--workdir", str(opts.workdir / "nodes")]
     if cheat:
         cmd += ["--cheat", cheat]
+    return NodeProc(role, index, account, address, log_path, cmd, _popen(cmd, log_path), cheat)
+
+
+def _popen(cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    return NodeProc(role, index, account, address, log_path, proc, cheat)
+    with open(log_path, "ab") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+class Control:
+    """What a fault-injection hook may do to the running network (tests use it via run_demo(on_tick=...))."""
+
+    def __init__(self, chain: Chain, run_id: int, nodes: list[NodeProc], devnet: Any = None) -> None:
+        self.chain, self.run_id, self.nodes, self.devnet = chain, run_id, nodes, devnet
+
+    def node(self, name: str) -> NodeProc:
+        return next(n for n in self.nodes if f"{n.role}{n.index}" == name)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL the node: no cleanup, as if its machine died."""
+        n = self.node(name)
+        n.killed = True
+        n.proc.kill()
+        n.proc.wait()
+
+    def restart(self, name: str) -> None:
+        """Start the node again with the same command, key and work directory."""
+        n = self.node(name)
+        n.proc = _popen(n.cmd, n.log_path)
+        n.killed = False
+
+    def restart_chain(self) -> None:
+        """Stop anvil (it dumps its state) and start it again from that state on the same port."""
+        anvil = getattr(self.devnet, "_anvil", None)
+        if anvil is None:
+            raise DemoError("only an anvil devnet can be restarted (py-evm keeps its chain in memory)")
+        port = anvil.port
+        anvil.stop()
+        anvil.requested_port = port
+        anvil.start()
 
 
 def _stop(nodes: list[NodeProc]) -> None:
@@ -158,11 +198,13 @@ def _describe(n: NodeProc) -> str:
 
 
 def run_demo(opts: DemoOptions, out: TextIO = sys.stdout,
-             inspect: Callable[[Chain, Any, int], None] | None = None) -> dict[str, Any]:
+             inspect: Callable[[Chain, Any, int], None] | None = None,
+             on_tick: Callable[[Control], None] | None = None) -> dict[str, Any]:
     """Run the network to completion; returns the summary (also written to --report).
 
     `inspect(chain, store, run_id)` runs after the nodes stop and before the devnet does (tests use
-    it to recompute aggregates against the live chain).
+    it to recompute aggregates against the live chain). `on_tick(control)` runs about twice a second
+    while the network runs, to kill and restart nodes.
     """
     from veriloco.devnet import start_devnet
 
@@ -173,13 +215,16 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stdout,
     n_cheat = sum(c for _, c in opts.cheats)
     if n_cheat >= opts.trainers:
         raise DemoError(f"{n_cheat} cheaters need at least {n_cheat + 1} trainers so someone is honest")
+    # A demo is a fresh network: node records and chain state of an earlier demo would not match it.
+    for old in ("devnet", "nodes", "logs"):
+        shutil.rmtree(opts.workdir / old, ignore_errors=True)
     opts.workdir.mkdir(parents=True, exist_ok=True)
     accounts = 1 + opts.trainers + opts.verifiers
     t_start = time.monotonic()
     say(f"veriloco demo: {opts.trainers} trainers, {opts.verifiers} verifiers, {opts.epochs} epochs, "
         f"preset {opts.preset}, chain {opts.chain}, store {opts.store}")
     with start_devnet(chain=opts.chain, store=opts.store, state_dir=opts.workdir / "devnet",  # type: ignore[arg-type]
-                      accounts=accounts, persist=False) as net:
+                      accounts=accounts, persist=opts.chain == "anvil") as net:
         info = net.info
         devnet_file = opts.workdir / "devnet" / "devnet.json"
         from veriloco.settings import Settings, open_store
@@ -209,7 +254,7 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stdout,
                 cheat = cheat_list[i] if i < len(cheat_list) else None
                 nodes.append(_spawn("trainer", i, 1 + i, devnet_file, run_id, opts, keys[1 + i].address, cheat))
             nodes.append(_spawn("coordinator", 0, 0, devnet_file, run_id, opts, keys[0].address))
-            _monitor(creator, run_id, cfg, nodes, opts, say, t_start)
+            _monitor(creator, run_id, cfg, nodes, opts, say, t_start, on_tick, net)
         finally:
             _stop(nodes)
         summary = _summarize(creator, store, run_id, cfg, nodes, opts, time.monotonic() - t_start)
@@ -223,7 +268,8 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stdout,
 
 
 def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], opts: DemoOptions, say: Any,
-             t_start: float) -> None:
+             t_start: float, on_tick: Callable[[Control], None] | None = None, devnet: Any = None) -> None:
+    control = Control(chain, run_id, nodes, devnet)
     coordinator = nodes[-1]
     last_line, last_table = "", 0.0
     deadline = time.monotonic() + opts.timeout_s
@@ -234,7 +280,10 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
                                        "commit-failed", "reveal-failed", "alarm", "error", "joined"):
                     detail = {k: v for k, v in ev.items() if k not in ("t", "node", "event")}
                     say(f"  [{time.monotonic() - t_start:6.1f}s] {n.name:18s} {ev['event']:10s} {json.dumps(detail, default=str)[:150]}")
-        line = _status_line(chain, run_id, cfg.schedule.epochs)
+        try:
+            line = _status_line(chain, run_id, cfg.schedule.epochs)
+        except ChainUnavailable:
+            line = "chain unreachable (restarting?)"
         if line != last_line or time.monotonic() - last_table > 15:
             say(f"[{time.monotonic() - t_start:6.1f}s] chain: {line}")
             if time.monotonic() - last_table > 15:
@@ -242,9 +291,11 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
                     say(f"           {n.name:18s} {_describe(n)}")
                 last_table = time.monotonic()
             last_line = line
-        if coordinator.proc.poll() is not None:
+        if on_tick is not None:
+            on_tick(control)
+        if coordinator.proc.poll() is not None and not coordinator.killed:
             break
-        dead = [n for n in nodes if n.proc.poll() not in (None, 0)]
+        dead = [n for n in nodes if n.proc.poll() not in (None, 0) and not n.killed]
         if dead:
             raise DemoError(f"{dead[0].name} exited with status {dead[0].proc.returncode}; see {dead[0].log_path}")
         if time.monotonic() > deadline:
@@ -254,7 +305,7 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
         raise DemoError(f"the coordinator failed; see {coordinator.log_path}")
     # trainers and verifiers finish once the last epoch's audits close
     end = time.monotonic() + 60
-    while any(n.proc.poll() is None for n in nodes) and time.monotonic() < end:
+    while any(n.proc.poll() is None for n in nodes if not n.killed) and time.monotonic() < end:
         for n in nodes:
             n.read()
         time.sleep(0.3)

@@ -22,7 +22,7 @@ from veriloco.netdemo import DemoOptions, run_demo
 pytestmark = pytest.mark.e2e
 
 
-def _run(tmp_path: Path, **kw: Any) -> tuple[dict[str, Any], dict[int, list[str]]]:
+def _run(tmp_path: Path, on_tick: Any = None, **kw: Any) -> tuple[dict[str, Any], dict[int, list[str]]]:
     included: dict[int, list[str]] = {}
 
     def inspect(chain: Chain, store: Any, run_id: int) -> None:
@@ -35,12 +35,12 @@ def _run(tmp_path: Path, **kw: Any) -> tuple[dict[str, Any], dict[int, list[str]
             assert inc == passing_trainers(chain, run_id, e)
             included[e] = inc
 
-    kw.setdefault("trainers", 3)
-    opts = DemoOptions(verifiers=2, epochs=2, steps=8, workdir=tmp_path / "demo",
-                       report=tmp_path / "report", timeout_s=420, **kw)
+    for key, value in (("trainers", 3), ("epochs", 2), ("steps", 8)):
+        kw.setdefault(key, value)
+    opts = DemoOptions(verifiers=2, workdir=tmp_path / "demo", report=tmp_path / "report", timeout_s=600, **kw)
     log = io.StringIO()
     try:
-        summary = run_demo(opts, out=log, inspect=inspect)
+        summary = run_demo(opts, out=log, inspect=inspect, on_tick=on_tick)
     except Exception:
         print(log.getvalue())
         raise
@@ -72,3 +72,38 @@ def test_every_cheater_is_slashed_and_never_aggregated(tmp_path: Path) -> None:
 def test_honest_network_on_anvil_and_ipfs(tmp_path: Path) -> None:
     s, included = _run(tmp_path, chain="anvil", store="ipfs")
     assert s["epochs_finalized"] == 2 and s["slashed"] == [] and s["verdicts"]["fail"] == 0
+
+
+def test_killed_nodes_resume_and_the_run_goes_on(tmp_path: Path) -> None:
+    """SIGKILL a trainer mid-epoch (restarted at once: it resumes from its checkpoint), another one
+    for a whole epoch (the epoch finalizes without it after the commit window, it rejoins the next),
+    and the coordinator and a verifier (both resume). Nobody honest is slashed."""
+    done: set[str] = set()
+
+    def events(n: Any, kind: str, epoch: int | None = None) -> list[dict[str, Any]]:
+        return [ev for ev in n.events if ev.get("event") == kind and (epoch is None or ev.get("epoch") == epoch)]
+
+    def on_tick(c: Any) -> None:
+        t0, t1 = c.node("trainer0"), c.node("trainer1")
+        if "t0" not in done and events(t0, "step", 0):
+            c.kill("trainer0")
+            c.restart("trainer0")
+            done.add("t0")
+        if "t1" not in done and events(t1, "step", 1) and events(t1, "responded", 0):
+            c.kill("trainer1")
+            done.add("t1")
+        if "t1" in done and "t1-back" not in done and c.chain.epoch_status(c.run_id, 1).phase >= Phase.AUDITING:
+            c.restart("trainer1")
+            done.add("t1-back")
+        if "coord" not in done and c.chain.epoch_status(c.run_id, 0).phase is Phase.FINALIZED:
+            for name in ("coordinator0", "verifier0"):
+                c.kill(name)
+                c.restart(name)
+            done.add("coord")
+
+    s, included = _run(tmp_path, epochs=3, steps=24, windows_s=45, on_tick=on_tick)
+    assert done == {"t0", "t1", "t1-back", "coord"}
+    assert s["epochs_finalized"] == 3 and s["slashed"] == []
+    assert [len(included[e]) for e in range(3)] == [3, 2, 3]
+    log = (tmp_path / "demo" / "logs" / "trainer0.jsonl").read_text()
+    assert '"event": "resumed"' in log

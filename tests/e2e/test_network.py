@@ -107,3 +107,21 @@ def test_killed_nodes_resume_and_the_run_goes_on(tmp_path: Path) -> None:
     assert [len(included[e]) for e in range(3)] == [3, 2, 3]
     log = (tmp_path / "demo" / "logs" / "trainer0.jsonl").read_text()
     assert '"event": "resumed"' in log
+
+
+@pytest.mark.integration
+def test_nodes_reconnect_to_anvil_restarted_from_saved_state(tmp_path: Path) -> None:
+    """Stop anvil mid-run (it dumps its state), start it again from that state: every node rides
+    out the outage and the run finalizes."""
+    done: set[str] = set()
+
+    def on_tick(c: Any) -> None:
+        if "restart" not in done and c.chain.epoch_status(c.run_id, 0).phase is Phase.FINALIZED:
+            done.add("restart")
+            c.restart_chain()
+
+    s, _ = _run(tmp_path, chain="anvil", on_tick=on_tick)
+    assert done == {"restart"}
+    assert s["epochs_finalized"] == 2 and s["slashed"] == []
+    logs = "".join(p.read_text() for p in (tmp_path / "demo" / "logs").glob("*.jsonl"))
+    assert '"event": "recovered"' in logs or '"event": "outage"' not in logs

@@ -10,7 +10,6 @@ form (canonical JSON has no floats), so the digest never depends on float printi
 from __future__ import annotations
 
 import dataclasses
-import json
 import tomllib
 from dataclasses import dataclass, field, fields
 from decimal import Decimal
@@ -20,6 +19,7 @@ from typing import Any, TypeVar, get_type_hints
 from protocol.chain import RunParams
 from protocol.digest import keccak
 from protocol.errors import VerilocoError
+from protocol.formats import FormatError, canonical_json, decode_canonical_json
 from protocol.types import Address, Cid, Digest, Wei
 
 FORMAT = "veriloco.run.v1"
@@ -138,7 +138,7 @@ class RunConfig:
 
     def to_json(self) -> bytes:
         """Canonical JSON bytes: sorted keys, no whitespace, reals as decimal strings."""
-        return canonical_json(to_dict(self))
+        return canonical_json({"format": FORMAT, **to_dict(self)})
 
     def digest(self) -> Digest:
         return keccak(self.to_json())
@@ -253,16 +253,14 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
     return _build(RunConfig, data, "")
 
 
-def canonical_json(data: dict[str, Any]) -> bytes:
-    return json.dumps({"format": FORMAT, **data}, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
 def from_json(raw: bytes) -> RunConfig:
     """Parse and validate a published run config (untrusted bytes from the store)."""
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"run config is not valid JSON: {exc}") from None
+        data = decode_canonical_json(raw)
+    except FormatError as exc:
+        raise ConfigError(f"run config: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("run config must be a JSON object")
     cfg = from_dict(data)
     if cfg.to_json() != raw:
         raise ConfigError("run config JSON is not in canonical form (sorted keys, no spaces, decimal strings)")

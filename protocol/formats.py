@@ -33,6 +33,7 @@ import torch
 from protocol import merkle
 from protocol.digest import DTYPE_CODES, tensor_bytes
 from protocol.errors import VerilocoError
+from protocol.jsondepth import MAX_JSON_DEPTH, json_depth
 from protocol.types import Address, Cid, Digest
 from protocol.unixfs import CidError, validate_cid
 
@@ -151,6 +152,8 @@ def _read_exact(f: BinaryIO, n: int, what: str) -> bytes:
 
 
 def _parse_header(raw: bytes, body_size: int) -> list[tuple[str, torch.dtype, tuple[int, ...], int, int]]:
+    if json_depth(raw) > MAX_JSON_DEPTH:
+        raise FormatError(f"state file header is nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -367,6 +370,8 @@ def decode_canonical_json(data: bytes, *, max_bytes: int = DEFAULT_MAX_JSON_BYTE
     """Parse canonical JSON, rejecting anything that is not exactly what canonical_json writes."""
     if len(data) > max_bytes:
         raise FormatError(f"JSON document is {len(data)} bytes, over the {max_bytes}-byte limit")
+    if json_depth(bytes(data)) > MAX_JSON_DEPTH:
+        raise FormatError(f"JSON document is nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         value = json.loads(
             bytes(data).decode("utf-8"),

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import socket
 import sys
 import threading
@@ -47,6 +46,7 @@ from eth_tester.exceptions import (
 from eth_utils import decode_hex, encode_hex, keccak, to_canonical_address, to_checksum_address
 
 from protocol.errors import VerilocoError
+from protocol.jsondepth import MAX_JSON_DEPTH, json_depth  # JSON-RPC needs about 6 levels
 
 # The public test mnemonic anvil and hardhat use: the same dev accounts on every devnet.
 # These keys are published everywhere; never send real funds to them.
@@ -55,7 +55,6 @@ DEV_HD_PATH = "m/44'/60'/0'/0"  # account i is DEV_HD_PATH/i, as anvil derives t
 DEFAULT_CHAIN_ID = 1337  # py-evm devnet; anvil keeps its own default, 31337
 DEFAULT_PRIORITY_FEE = 10**9  # 1 gwei, what eth_maxPriorityFeePerGas suggests
 MAX_REQUEST_BYTES = 32 * 1024 * 1024
-MAX_JSON_DEPTH = 64  # JSON-RPC needs about 6 (batch > request > params > filter > topics > OR-list)
 
 _BLOCK_TAGS = frozenset({"latest", "earliest", "pending", "safe", "finalized"})
 _ERROR_STRING_SELECTOR = bytes.fromhex("08c379a0")  # Error(string)
@@ -628,7 +627,7 @@ class EvmRpc:
 
     def handle_bytes(self, body: bytes) -> bytes | None:
         """One HTTP body in, one out (None when the request held only notifications)."""
-        if _nesting_depth(body) > MAX_JSON_DEPTH:
+        if json_depth(body) > MAX_JSON_DEPTH:
             # py-evm raises the recursion limit to 100000, so a deeply nested body would overflow
             # the C stack inside json.loads instead of raising RecursionError
             return _dump(
@@ -1022,24 +1021,6 @@ def _describe(exc: Exception) -> str:
     return text if len(text) < 500 else text[:500] + "..."
 
 
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-
-
-def _nesting_depth(body: bytes) -> int:
-    """Deepest [ / { nesting outside strings (a cheap pre-check before json.loads)."""
-    skeleton = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
-    depth = deepest = 0
-    for char in skeleton:
-        if char in (0x5B, 0x7B):  # [ {
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > MAX_JSON_DEPTH:
-                    break
-        else:
-            depth -= 1
-    return deepest
 
 
 def _error_response(req_id: Any, error: RpcError) -> dict[str, Any]:

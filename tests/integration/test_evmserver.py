@@ -389,12 +389,3 @@ def test_hostile_http_requests_are_refused_cleanly(evm_server: EvmServer) -> Non
         assert sock.recv(100).startswith(b"HTTP/1.1 413")
     assert requests.get(evm_server.url, timeout=30).status_code == 405
     assert _w3(evm_server).eth.chain_id == DEFAULT_CHAIN_ID  # still serving
-
-
-def test_nesting_depth_ignores_brackets_inside_strings() -> None:
-    from veriloco.evmserver import _nesting_depth
-
-    assert _nesting_depth(b'{"a": [1, {"b": "[[[[\\"]]{{"}]}') == 3
-    assert _nesting_depth(b'"[[[["') == 0
-    assert _nesting_depth(b"[" * 500) == 65  # stops counting just past the limit
-    assert _nesting_depth(b"[[]][[[]]]") == 3

@@ -18,6 +18,7 @@ COMMANDS: list[str] = [
     "veriloco.nodes",
     "veriloco.netdemo",
     "veriloco.chaincmds",
+    "veriloco.demo",
 ]
 
 

@@ -1,11 +1,11 @@
-"""`veriloco demo`: K simulated trainers on one machine, no chain yet, and the comparison table.
+"""`veriloco simulate`: K simulated trainers in one process, no chain, and the comparison table.
 
 Until the network demo lands this runs the engine's local simulation (veriloco/simulate.py) on the
 built-in corpus (Python standard-library sources) and prints AllReduce vs DiLoCo vs DiLoCoX: final
 eval loss, bytes sent per worker and simulated time over a 1 Gbps link. ``--report DIR`` also
 writes ``demo.json`` and ``demo.md`` there.
 
-    veriloco demo --trainers 4 --epochs 8 --preset tiny
+    veriloco simulate --trainers 4 --epochs 8 --preset tiny
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ DEFAULT_METHODS = "allreduce,diloco,dilocox,dilocox_blocking"
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
-        "demo", help="simulate K trainers locally and compare AllReduce, DiLoCo and DiLoCoX"
+        "simulate", help="simulate K trainers in one process (no chain) and compare AllReduce, DiLoCo and DiLoCoX"
     )
     p.add_argument("--trainers", type=int, default=4, help="simulated trainers K (default 4)")
     p.add_argument(

@@ -2,7 +2,7 @@
 
 It drives the same pure pieces the nodes use (``trainer.inner.train_step``, ``trainer.delay``,
 ``trainer.compress``, ``protocol.payload.decode``, ``coordinator.aggregate``) so that the benchmark
-and ``veriloco demo`` measure the real engine, and compares training methods at an equal token
+and ``veriloco simulate`` measure the real engine, and compares training methods at an equal token
 budget (every worker runs the same number of inner steps on batches of the same size):
 
 - ``allreduce``: data-parallel AdamW, gradients averaged every step (ring all-reduce, fp32);

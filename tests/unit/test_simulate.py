@@ -106,7 +106,7 @@ def test_unknown_method_and_bad_config_are_errors(corpus: Corpus) -> None:
 def test_demo_command_prints_the_table_and_writes_a_report(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     from veriloco.cli import main
 
-    argv = ["demo", "--epochs", "1", "--h", "2", "--trainers", "2", "--batch-size", "2"]
+    argv = ["simulate", "--epochs", "1", "--h", "2", "--trainers", "2", "--batch-size", "2"]
     assert main([*argv, "--methods", "allreduce,diloco", "--report", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "| allreduce |" in out and "| diloco |" in out

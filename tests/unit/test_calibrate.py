@@ -1,0 +1,109 @@
+"""Calibration rule and audit arithmetic: the bound follows the data, the closed forms match brute force."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from protocol.formats import required_leaves
+from trainer.inner import PARAM
+from verifier import calibrate as cal
+from verifier.replay import max_rel_error
+
+pytestmark = pytest.mark.unit
+
+
+def test_summary_statistics() -> None:
+    s = cal.summarize([0.0, 0.0, 3e-7, 1e-7, 2e-7])
+    assert (s.samples, s.max, s.median, s.bitwise) == (5, 3e-7, 1e-7, 2)
+    assert s.p99 == 3e-7  # nearest rank: an observed value
+    with pytest.raises(cal.CalibrationError):
+        cal.summarize([])
+    with pytest.raises(cal.CalibrationError):
+        cal.summarize([1e-7, math.inf])  # a structural mismatch is not noise
+
+
+@pytest.mark.parametrize("x, up", [(3.2e-6, 4e-6), (1e-5, 1e-5), (9.99e-6, 1e-5), (1.01e-5, 2e-5), (7e-7, 7e-7)])
+def test_round_up_one_significant_digit(x: float, up: float) -> None:
+    assert cal.round_up_1sig(x) == pytest.approx(up) and cal.round_up_1sig(x) >= x * (1 - 1e-12)
+
+
+def test_choose_tolerance_takes_the_worst_condition_times_safety() -> None:
+    data = {"threads": [1e-7, 7.8e-7], "pipeline": [2e-7, 1.3e-6], "same": [0.0] * 4}
+    tol = cal.choose_tolerance(data)
+    assert tol == 2e-5  # 1.3e-6 × 10 = 1.3e-5, rounded up
+    assert all(v <= tol / cal.SAFETY_FACTOR for vs in data.values() for v in vs)
+    assert cal.choose_tolerance({"bitwise": [0.0, 0.0]}) == cal.FLOOR  # never tighter than the floor
+    assert cal.choose_tolerance(data, safety=100) == 2e-4
+    with pytest.raises(cal.CalibrationError):
+        cal.choose_tolerance({})
+
+
+def test_max_nudge_is_the_largest_step_inside_the_bound() -> None:
+    g = torch.Generator().manual_seed(0)
+    rep = {PARAM + "w": torch.randn(8, 8, generator=g), "meta/step": torch.tensor([3])}
+    target = {"w": torch.randn(8, 8, generator=g)}
+    tol = 1e-4
+    a = cal.max_nudge(rep, target, tol)
+    assert 0 < a < 1
+    assert max_rel_error(rep, cal.nudge(rep, target, a)) <= tol
+    assert max_rel_error(rep, cal.nudge(rep, target, a * 1.01)) > tol
+    assert cal.max_nudge(rep, {"w": rep[PARAM + "w"]}, tol) == 1.0  # the target itself is no nudge
+
+
+def test_param_distance_and_norm() -> None:
+    a = {PARAM + "w": torch.tensor([3.0, 4.0]), "meta/step": torch.tensor([1])}
+    b = {PARAM + "w": torch.tensor([0.0, 0.0])}
+    assert cal.param_norm(a) == 5.0 and cal.param_distance(a, b) == 5.0
+    assert cal.param_distance(a, {"w": torch.tensor([3.0, 0.0])}) == 4.0
+
+
+def test_forged_count_rounds_half_up() -> None:
+    assert [cal.forged_count(f, 16) for f in (0.01, 0.1, 0.5)] == [0, 2, 8]
+    assert cal.forged_count(0.5, 3) == 2 and cal.forged_count(0.25, 2) == 1  # round() would give 0
+    with pytest.raises(ValueError):
+        cal.forged_count(1.5, 4)
+
+
+def test_detection_analytic_matches_enumeration() -> None:
+    h, m, s = 5, 2, 3  # all 5^3 equally likely draw sequences with replacement
+    hits = sum(any(k < m for k in seq) for seq in itertools.product(range(h), repeat=s))
+    assert cal.detection_analytic(m, h, s) == pytest.approx(hits / h**s)
+
+
+def test_min_audit_steps() -> None:
+    assert cal.min_audit_steps(0.1, 0.99) == 44  # 1 - 0.9^44 = 0.9903, 0.9^43 leaves 0.989
+    assert 1 - 0.9**43 < 0.99 <= 1 - 0.9**44
+    assert cal.min_audit_steps(0.5, 0.99) == 7
+
+
+def test_expected_unique_matches_enumeration() -> None:
+    h, s = 4, 3
+    mean = sum(len(set(seq)) for seq in itertools.product(range(h), repeat=s)) / h**s
+    assert cal.expected_unique(h, s) == pytest.approx(mean)
+
+
+def test_wilson_interval() -> None:
+    lo, hi = cal.wilson(0, 100)
+    assert lo == 0.0 and 0 < hi < 0.05
+    lo, hi = cal.wilson(99, 100)
+    assert lo < 0.99 < hi <= 1.0
+
+
+def test_costs_and_smallest_h_for_a_budget() -> None:
+    c = cal.Costs(train_step=0.1, digest=0.05, compress=0.03, replay_check=0.15, final_check=0.06)
+    assert c.trainer_epoch(10) == pytest.approx(10 * 0.15 + 0.03)
+    assert c.verifier_audit(2, 0.5) == pytest.approx(2 * 0.2 + 0.5 * (0.1 + 0.06))
+    h = cal.min_steps_for_budget(c, 44, 0.5, 0.10)
+    assert h is not None
+    assert c.verifier_fraction(h, cal.expected_unique(h, 44), 0.5) <= 0.10
+    assert c.verifier_fraction(h - 1, cal.expected_unique(h - 1, 44), 0.5) > 0.10
+    assert cal.min_steps_for_budget(c, 44, 0.5, 1e-9, h_max=1 << 12) is None
+
+
+def test_audit_leaves_and_proof_bytes() -> None:
+    assert cal.audit_leaves([3, 3, 4], False, 17, previous=True) == len(required_leaves([3, 4], False, 17)) == 3
+    assert cal.audit_leaves([3], True, 17, previous=True) == 4 + 2  # 3, 4, 0, 16 and the previous epoch's two
+    assert cal.audit_leaves([3], True, 17, previous=False) == 4
+    assert cal.proof_bytes(17) == 32 * 5 and cal.proof_bytes(16) == 32 * 4 and cal.proof_bytes(1) == 0

@@ -1,0 +1,70 @@
+"""Adversarial node programs for the security e2e test, with the command line of `veriloco trainer|coordinator`.
+
+    python -m tests.security.adversary_node trainer --run ID --devnet FILE --account N --workdir DIR --behaviour forge-final
+    python -m tests.security.adversary_node coordinator --run ID --devnet FILE --account N --workdir DIR
+
+`trainer` runs the ordinary TrainerNode with a Behaviour from trainer/adversaries.py; `coordinator`
+runs a coordinator that finalizes exactly the passing trainers (so the contract accepts it) but a
+model nudged away from the true aggregate — the attack the contract cannot see (docs/security.md C1).
+The demo's CLI only knows the cheats of trainer/cheats.py, so the test swaps these commands in.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from coordinator.build import build_global
+from coordinator.node import TERMINAL, CoordinatorNode
+from coordinator.outer import PARAM
+from protocol.chain import ChainError
+from protocol.digest import state_digest
+from protocol.formats import save_state
+from trainer.adversaries import ADVERSARIES
+from trainer.node import TrainerNode
+from veriloco.nodes import json_logger, open_chain
+from veriloco.settings import add_connection_args, open_store, resolve
+
+SKEW = 1e-3  # added to every global parameter: small enough to keep training, never the true mean
+
+
+class SkewedCoordinator(CoordinatorNode):
+    """Finalizes the right trainers with a wrong model."""
+
+    def _try_finalize(self, e: int) -> bool:
+        if self.chain.epoch_status(self.run_id, e).phase in TERMINAL:
+            return True
+        if not self._ready(e):
+            return False
+        state, included, _ = build_global(self.chain, self.store, self.ctx, e)
+        skewed = {k: v + SKEW if k.startswith(PARAM) else v for k, v in state.items()}
+        cid = self.store.put(save_state(skewed))
+        self.store.pin(cid)
+        try:
+            self.chain.finalize(self.run_id, e, cid, state_digest(skewed), included)
+        except ChainError as exc:
+            self.log("finalize-failed", epoch=e, error=str(exc))
+            return False
+        self.log("finalized", epoch=e, included=len(included), model=cid, skewed=SKEW)
+        return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="adversary_node", description=__doc__)
+    p.add_argument("role", choices=["trainer", "coordinator"])
+    p.add_argument("--run", type=int, required=True)
+    add_connection_args(p, workdir=True)
+    p.add_argument("--behaviour", choices=sorted(ADVERSARIES), default="forge-final")
+    args = p.parse_args(argv)
+    s = resolve(args)
+    chain = open_chain(s)
+    if args.role == "trainer":
+        TrainerNode(chain, open_store(s), args.run, s.workdir / f"trainer-{chain.sender}",
+                    behaviour=ADVERSARIES[args.behaviour](), log=json_logger("trainer")).run()
+    else:
+        SkewedCoordinator(chain, open_store(s), args.run, log=json_logger("coordinator"), evaluate=False).run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

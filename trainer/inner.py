@@ -58,8 +58,9 @@ class InnerConfig:
 def configure_determinism(threads: int = 1, device: str = "cpu") -> None:
     """Fix what makes float results depend on the run: thread count and kernel selection.
 
-    Call once per process before training or replaying; a verifier must use the same thread count
-    as the trainer it checks (reductions split across threads sum in a different order).
+    Call once per process before training or replaying (on CUDA: before the first CUDA call, so
+    the cuBLAS workspace setting takes effect); a verifier must use the same thread count as the
+    trainer it checks (reductions split across threads sum in a different order).
     """
     if threads <= 0:
         raise TrainerError(f"threads must be positive, got {threads}")
@@ -155,6 +156,8 @@ def compute_grads(
     params: Mapping[str, Tensor], batch: tuple[Tensor, Tensor], model_cfg: GPTConfig
 ) -> tuple[Params, float]:
     """Gradients of the mean loss w.r.t. ``params`` (same names) and the loss value."""
+    if not params:
+        raise TrainerError("no parameters to train: the state has no param/* entries")
     leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
     dev = next(iter(leaves.values())).device
     x, y = (t.to(dev) for t in batch)
@@ -230,7 +233,11 @@ def train_step(
     model_cfg: GPTConfig,
     inner_cfg: InnerConfig,
 ) -> tuple[State, float]:
-    """One inner step: gradients on ``batch``, clip, AdamW. Returns (new state, loss before the step)."""
+    """One inner step: gradients on ``batch``, clip, AdamW. Returns (new state, loss before the step).
+
+    The state is validated first (it may come from an untrusted trainer): TrainerError, not a crash.
+    """
+    check_state(state, model_cfg)
     grads, loss = compute_grads(section(state, PARAM), batch, model_cfg)
     if not math.isfinite(loss):
         raise TrainerError(

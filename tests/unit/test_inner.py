@@ -143,6 +143,10 @@ def test_bad_batches_and_nan_loss_are_clear_errors(corpus: Corpus) -> None:
     broken[PARAM + "lm_head.weight"] = torch.full_like(s[PARAM + "lm_head.weight"], float("nan"))
     with pytest.raises(TrainerError, match="loss is nan"):
         train_step(broken, (x, y), TINY, CFG)
+    missing = dict(s)
+    del missing["adam.v/wte.weight"]
+    with pytest.raises(TrainerError, match="adam.v/wte.weight"):
+        train_step(missing, (x, y), TINY, CFG)
 
 
 def test_apply_update_uses_given_grads() -> None:

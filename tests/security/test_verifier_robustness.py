@@ -128,17 +128,7 @@ def test_honest_answer_passes(world: dict[str, Any]) -> None:
     assert findings and all(f.passed for f in findings), [f.to_json() for f in findings if not f.passed]
 
 
-EMPTY_STATE_BUG = (
-    "BUG: a state without param/* entries makes trainer/inner.py compute_grads call next() on an empty "
-    "iterator; the StopIteration is not among the exceptions verifier/replay.py check_step and "
-    "verifier/node.py VerifierNode.verify catch, so one trainer's empty state crashes the verifier"
-)
-
-
-@pytest.mark.parametrize("case", [
-    pytest.param(c, marks=pytest.mark.xfail(strict=True, raises=StopIteration, reason=EMPTY_STATE_BUG))
-    if c == "empty-state" else c for c in sorted(CRAFTED)
-])
+@pytest.mark.parametrize("case", sorted(CRAFTED))
 def test_crafted_states_fail_without_crashing(world: dict[str, Any], case: str) -> None:
     a = world["answers"][case]
     findings = world["node"].verify(0, a.trainer, a.manifest_cid)

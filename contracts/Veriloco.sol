@@ -91,8 +91,11 @@ contract Veriloco {
     // A trainer's epoch record is a 64-bit lane, four per storage word, indexed by trainer slot:
     // bits 0-23 leafCount, 24-31 state (SUB_*), 32-47 pass-vote mask, 48-63 fail-vote mask (bit j =
     // assignment index j). Its commitment, then its trace root, lives in `hashes`. Sharing words
-    // keeps a trainer's epoch within the gas budget (a fresh slot costs 22k gas, a shared one 5k).
+    // keeps a trainer's epoch within the gas budget (a fresh slot costs 22k gas, a shared one 5k),
+    // and so does reusing a trainer's hash slot every third epoch (HASH_SLOTS): at most three
+    // epochs are ever live (e-1 whose trace the audit of e refers to, e auditing, e+1 committing).
     uint256 internal constant LANE_MASK = 0xFFFFFFFFFFFFFFFF;
+    uint256 internal constant HASH_SLOTS = 3;
     uint8 internal constant SUB_NONE = 0;
     uint8 internal constant SUB_COMMITTED = 1;
     uint8 internal constant SUB_REVEALED = 2;
@@ -128,9 +131,10 @@ contract Veriloco {
 
     mapping(uint256 => Run) internal runs;
     mapping(uint256 => mapping(uint256 => Epoch)) internal epochs;
-    /// @dev commitment until the reveal, trace root after it (the commitment stays in the Committed
-    ///      event; the payload digest and CID are in the Revealed event).
-    mapping(uint256 => mapping(uint256 => mapping(address => bytes32))) internal hashes;
+    /// @dev run => trainer => epoch % HASH_SLOTS => the commitment until the reveal, the trace root
+    ///      after it (the commitment stays in the Committed event; the payload digest and CID are in
+    ///      the Revealed event). Valid for an epoch while the trainer has not committed 3 epochs later.
+    mapping(uint256 => mapping(address => mapping(uint256 => bytes32))) internal hashes;
     mapping(uint256 => mapping(uint256 => mapping(uint256 => uint256))) internal lanes;
     mapping(uint256 => mapping(address => uint32)) internal slotPlusOne; // stable per address
     mapping(uint256 => mapping(address => Member)) internal members;
@@ -415,9 +419,8 @@ contract Veriloco {
         Phase ph = _phase(runId, r, epoch);
         if (ph != Phase.Committing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Committing));
         if (epoch < m.joinEpoch || epoch >= m.leaveEpoch) revert NotEligible(runId, epoch, msg.sender, m.joinEpoch, m.leaveEpoch);
-        mapping(address => bytes32) storage hs = hashes[runId][epoch];
-        if (hs[msg.sender] != bytes32(0)) revert AlreadyCommitted(runId, epoch, msg.sender);
-        hs[msg.sender] = commitment;
+        if (_lane(runId, epoch, m.slot) != 0) revert AlreadyCommitted(runId, epoch, msg.sender);
+        hashes[runId][msg.sender][epoch % HASH_SLOTS] = commitment;
         _setLane(runId, epoch, m.slot, uint256(SUB_COMMITTED) << 24);
         uint32 c = ep.committed + 1;
         ep.committed = c;
@@ -446,9 +449,9 @@ contract Veriloco {
         if (st != SUB_COMMITTED) revert AlreadyRevealed(runId, epoch, msg.sender);
         if (leafCount < 2 || leafCount > MAX_LEAVES) revert BadLeafCount(leafCount, 2, MAX_LEAVES);
         bytes32 c = commitmentOf(runId, epoch, msg.sender, payloadDigest, traceRoot, leafCount, salt);
-        bytes32 committed = hashes[runId][epoch][msg.sender];
+        bytes32 committed = hashes[runId][msg.sender][epoch % HASH_SLOTS];
         if (c != committed) revert RevealMismatch(runId, epoch, msg.sender, c, committed);
-        hashes[runId][epoch][msg.sender] = traceRoot;
+        hashes[runId][msg.sender][epoch % HASH_SLOTS] = traceRoot;
         _setLane(runId, epoch, slot, (uint256(SUB_REVEALED) << 24) | leafCount);
         Epoch storage ep = epochs[runId][epoch];
         uint32 n = ep.revealed + 1;
@@ -472,8 +475,9 @@ contract Veriloco {
     // ------------------------------------------------------------------ audit
 
     /// @notice Answer the audit: post the manifest CID and, for each challenged transition k->k+1 in
-    ///         order, the digests of leaves k and k+1 (then leaf L-1 if the final check is drawn), with
-    ///         their Merkle proofs flattened in the same order (each ceil(log2 L) siblings, bottom up).
+    ///         draw order, the digests of leaves k and k+1 (then leaf L-1 if the final check is drawn),
+    ///         with their proofs flattened in the same order: a pair proof per transition, then a
+    ///         plain proof of leaf L-1 (docs/protocol.md §5).
     /// @dev Fixes the audit seed first if nobody has yet.
     function respond(uint256 runId, uint256 epoch, string calldata manifestCid, bytes32[] calldata leaves, bytes32[] calldata proofs) external {
         Run storage r = _run(runId);
@@ -488,7 +492,7 @@ contract Veriloco {
         if (st == SUB_RESPONDED) revert AlreadyResponded(runId, epoch, msg.sender);
         if (st != SUB_REVEALED) revert NotRevealed(runId, epoch, msg.sender);
         if (!ep.seeded) _fixSeed(runId, epoch, ep);
-        _checkResponse(runId, epoch, r.p, ep.seed, hashes[runId][epoch][msg.sender], uint32(lane & 0xFFFFFF), leaves, proofs);
+        _checkResponse(runId, epoch, r.p, ep.seed, hashes[runId][msg.sender][epoch % HASH_SLOTS], uint32(lane & 0xFFFFFF), leaves, proofs);
         _setLane(runId, epoch, slot, (uint256(SUB_RESPONDED) << 24) | uint32(lane & 0xFFFFFF));
         ep.responded += 1;
         emit Responded(runId, epoch, msg.sender, manifestCid);
@@ -668,7 +672,8 @@ contract Veriloco {
     }
 
     /// @notice A trainer's submission in an epoch. state: 0 none, 1 committed, 2 revealed, 3 responded.
-    /// @dev After the reveal, the commitment and payload digest/CID are in the Committed/Revealed events.
+    /// @dev After the reveal, the commitment and payload digest/CID are in the Committed/Revealed events;
+    ///      once the trainer commits three epochs later, this epoch's hashes are in the events only.
     /// @return commitment The commitment while only committed, else zero.
     /// @return traceRoot The revealed trace root, else zero.
     function submission(uint256 runId, uint256 epoch, address trainer)
@@ -682,7 +687,8 @@ contract Veriloco {
         uint256 lane = _lane(runId, epoch, sp - 1);
         passed = _isPassed(r, lane, epochs[runId][epoch]);
         state = uint8(lane >> 24);
-        bytes32 h = hashes[runId][epoch][trainer];
+        bool reused = state != SUB_NONE && _lane(runId, epoch + HASH_SLOTS, sp - 1) != 0;
+        bytes32 h = reused ? bytes32(0) : hashes[runId][trainer][epoch % HASH_SLOTS];
         if (state == SUB_COMMITTED) commitment = h;
         else traceRoot = h;
         leafCount = uint32(lane & 0xFFFFFF);
@@ -923,21 +929,90 @@ contract Veriloco {
     ) internal view {
         uint256 L = leafCount;
         uint256 depth = _ceilLog2(L);
+        uint256 steps = p.auditSteps;
         bool fin = _finalCheck(seed, msg.sender, p.finalCheckBps);
-        uint256 nLeaves = 2 * uint256(p.auditSteps) + (fin ? 1 : 0);
-        if (leaves.length != nLeaves || proofs.length != nLeaves * depth) {
-            revert BadResponseLength(leaves.length, nLeaves, proofs.length, nLeaves * depth);
+        uint256 nLeaves = 2 * steps + (fin ? 1 : 0);
+        uint256[] memory ks = new uint256[](steps);
+        uint256 words = fin ? depth : 0;
+        for (uint256 j = 0; j < steps; j++) {
+            uint256 k = _stepIndex(seed, msg.sender, j, uint32(L));
+            ks[j] = k;
+            words += depth + _trailingOnes(k) - 1;
         }
-        for (uint256 i = 0; i < nLeaves; i++) {
-            uint256 idx;
-            if (i < 2 * uint256(p.auditSteps)) {
-                idx = _stepIndex(seed, msg.sender, i >> 1, uint32(L)) + (i & 1);
-            } else {
-                idx = L - 1;
+        if (leaves.length != nLeaves || proofs.length != words) {
+            revert BadResponseLength(leaves.length, nLeaves, proofs.length, words);
+        }
+        uint256 cur = 0;
+        for (uint256 j = 0; j < steps; j++) {
+            uint256 k = ks[j];
+            uint256 l = _trailingOnes(k);
+            uint256 n = depth + l - 1;
+            if (!_verifyPair(root, leaves[2 * j], leaves[2 * j + 1], k, l, proofs[cur:cur + n])) {
+                revert InvalidProof(runId, epoch, msg.sender, k);
             }
-            if (!_verifyLeaf(root, leaves[i], idx, proofs[i * depth:(i + 1) * depth])) {
-                revert InvalidProof(runId, epoch, msg.sender, idx);
+            cur += n;
+        }
+        if (fin && !_verifyLeaf(root, leaves[2 * steps], L - 1, proofs[cur:cur + depth])) {
+            revert InvalidProof(runId, epoch, msg.sender, L - 1);
+        }
+    }
+
+    function _trailingOnes(uint256 k) internal pure returns (uint256 n) {
+        while (k & 1 == 1) {
+            k >>= 1;
+            n++;
+        }
+    }
+
+    /// @dev Pair proof for adjacent leaves k and k+1 (docs/protocol.md §5): their paths merge at
+    ///      level l = trailing ones of k, so the proof is k's l lower siblings, then k+1's l lower
+    ///      siblings, then the depth-l-1 siblings they share above the merge (bottom up).
+    function _verifyPair(bytes32 root, bytes32 dk, bytes32 dk1, uint256 k, uint256 l, bytes32[] calldata proof)
+        internal
+        pure
+        returns (bool ok)
+    {
+        assembly ("memory-safe") {
+            let buf := mload(0x40)
+            mstore8(buf, 0x00)
+            mstore(add(buf, 1), dk)
+            let h1 := keccak256(buf, 33)
+            mstore(add(buf, 1), dk1)
+            let h2 := keccak256(buf, 33)
+            mstore8(buf, 0x01)
+            let p := proof.offset
+            for { let i := 0 } lt(i, l) { i := add(i, 1) } {
+                // k's low bits are ones: each node on its path is a right child
+                mstore(add(buf, 1), calldataload(add(p, shl(5, i))))
+                mstore(add(buf, 33), h1)
+                h1 := keccak256(buf, 65)
             }
+            for { let i := 0 } lt(i, l) { i := add(i, 1) } {
+                // k+1's low bits are zeros: each node on its path is a left child
+                mstore(add(buf, 1), h2)
+                mstore(add(buf, 33), calldataload(add(p, shl(5, add(l, i)))))
+                h2 := keccak256(buf, 65)
+            }
+            mstore(add(buf, 1), h1)
+            mstore(add(buf, 33), h2)
+            let h := keccak256(buf, 65)
+            let idx := shr(add(l, 1), k)
+            let q := add(p, shl(6, l))
+            let end := add(p, shl(5, proof.length))
+            for {} lt(q, end) { q := add(q, 32) } {
+                switch and(idx, 1)
+                case 1 {
+                    mstore(add(buf, 1), calldataload(q))
+                    mstore(add(buf, 33), h)
+                }
+                default {
+                    mstore(add(buf, 1), h)
+                    mstore(add(buf, 33), calldataload(q))
+                }
+                h := keccak256(buf, 65)
+                idx := shr(1, idx)
+            }
+            ok := eq(h, root)
         }
     }
 

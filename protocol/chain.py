@@ -45,7 +45,10 @@ from protocol.chain_audit import (
     challenged_steps,
     commitment,
     final_check,
+    pair_proof,
     response_indices,
+    verify_pair,
+    verify_response,
 )
 from protocol.chain_errors import (
     REVERT_CLASSES,
@@ -64,7 +67,7 @@ __all__ = [
     "ContractRevert", "EpochStatus", "EpochTimes", "EventStream", "MemberInfo", "Phase", "RunInfo",
     "RunParams", "SubmissionInfo", "TxResult", "artifact", "assigned_verifiers", "audit_seed",
     "build_response", "challenged_steps", "commitment", "connect", "decode_revert", "deploy", "final_check",
-    "response_indices", "revert_data",
+    "pair_proof", "response_indices", "revert_data", "verify_pair", "verify_response",
 ]
 
 ARTIFACT_PATH = Path(__file__).resolve().parents[1] / "contracts" / "build" / "Veriloco.json"

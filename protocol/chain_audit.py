@@ -97,21 +97,85 @@ def response_indices(seed: bytes, trainer: str, audit_steps: int, leaf_count: in
     return out
 
 
+def trailing_ones(k: int) -> int:
+    """The level at which the Merkle paths of leaves k and k+1 merge."""
+    n = 0
+    while k & 1:
+        k >>= 1
+        n += 1
+    return n
+
+
+def pair_proof(digests: Sequence[bytes], k: int) -> list[Digest]:
+    """Proof of adjacent leaves k and k+1 together (§5): k's l lower siblings, k+1's l lower
+    siblings, then the siblings above the level l where the two paths merge (l = trailing ones of k)."""
+    if not 0 <= k < len(digests) - 1:
+        raise merkle.MerkleError(f"transition {k} -> {k + 1} outside a trace of {len(digests)} leaves")
+    lo, hi = merkle.prove(digests, k), merkle.prove(digests, k + 1)
+    ell = trailing_ones(k)
+    return lo[:ell] + hi[:ell] + lo[ell + 1:]
+
+
+def verify_pair(root_: bytes, dk: bytes, dk1: bytes, k: int, leaf_count: int, proof: Sequence[bytes]) -> bool:
+    """True when dk, dk1 are leaves k, k+1 of the `leaf_count`-leaf tree with root `root_`."""
+    depth = merkle.proof_length(leaf_count)
+    ell = trailing_ones(k)
+    if not 0 <= k < leaf_count - 1 or len(proof) != depth + ell - 1 or any(len(x) != 32 for x in proof):
+        return False
+    h1, h2 = merkle.leaf_hash(dk), merkle.leaf_hash(dk1)
+    for i in range(ell):
+        h1 = merkle.node_hash(proof[i], h1)
+        h2 = merkle.node_hash(h2, proof[ell + i])
+    h = merkle.node_hash(h1, h2)
+    idx = k >> (ell + 1)
+    for sib in proof[2 * ell:]:
+        h = merkle.node_hash(sib, h) if idx & 1 else merkle.node_hash(h, sib)
+        idx >>= 1
+    return h == root_
+
+
 @dataclass(frozen=True)
 class AuditResponse:
-    """What `respond` takes besides the manifest CID: leaf digests and their flattened proofs."""
+    """What `respond` takes besides the manifest CID: leaf digests and their flattened proofs.
+
+    leaves: d(k_0), d(k_0+1), d(k_1), d(k_1+1), ..., then d(L-1) when the final check is drawn.
+    proofs: pair_proof(k_0), pair_proof(k_1), ..., then merkle.prove(L-1) when drawn.
+    """
 
     indices: tuple[int, ...]
     leaves: tuple[Digest, ...]
-    proofs: tuple[Digest, ...]  # len(leaves) * ceil(log2 leafCount) siblings, bottom up per leaf
+    proofs: tuple[Digest, ...]
 
 
 def build_response(
     digests: Sequence[bytes], seed: bytes, trainer: str, audit_steps: int, final_check_bps: int
 ) -> AuditResponse:
     """Build the audit response for a trace of state digests d_0..d_H."""
-    idx = response_indices(seed, trainer, audit_steps, len(digests), final_check_bps)
+    n = len(digests)
+    idx = response_indices(seed, trainer, audit_steps, n, final_check_bps)
     proofs: list[Digest] = []
-    for i in idx:
-        proofs += merkle.prove(digests, i)
+    for k in challenged_steps(seed, trainer, audit_steps, n):
+        proofs += pair_proof(digests, k)
+    if final_check(seed, trainer, final_check_bps):
+        proofs += merkle.prove(digests, n - 1)
     return AuditResponse(tuple(idx), tuple(Digest(bytes(digests[i])) for i in idx), tuple(proofs))
+
+
+def verify_response(
+    root_: bytes, leaf_count: int, seed: bytes, trainer: str, audit_steps: int, final_check_bps: int,
+    response: AuditResponse,
+) -> bool:
+    """What the contract's `respond` checks, in Python: layout, then every pair and final proof."""
+    steps = challenged_steps(seed, trainer, audit_steps, leaf_count)
+    fin = final_check(seed, trainer, final_check_bps)
+    depth = merkle.proof_length(leaf_count)
+    lens = [depth + trailing_ones(k) - 1 for k in steps]
+    leaves, proofs = response.leaves, response.proofs
+    if len(leaves) != 2 * len(steps) + fin or len(proofs) != sum(lens) + (depth if fin else 0):
+        return False
+    cur = 0
+    for j, (k, n) in enumerate(zip(steps, lens)):
+        if not verify_pair(root_, leaves[2 * j], leaves[2 * j + 1], k, leaf_count, proofs[cur:cur + n]):
+            return False
+        cur += n
+    return not fin or merkle.verify(root_, leaves[-1], leaf_count - 1, leaf_count, proofs[cur:])

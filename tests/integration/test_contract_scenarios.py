@@ -399,3 +399,28 @@ def test_event_stream_survives_a_lost_connection(fresh: Any) -> None:
     got = stream.poll()
     assert [e.args["trainer"] for e in got] == [r.trainers[1].address, r.trainers[2].address]
     assert stream.poll() == []
+
+
+def test_hash_slots_rotate_over_many_epochs(fresh: Any) -> None:
+    r = make_run(fresh, n_trainers=2, n_verifiers=1, quorum=1)
+    rid, c = r.run_id, r.coord
+    roots = {}
+    for e in range(4):
+        for t in r.trainers:
+            t.commit(e)
+        if e == 3:
+            # epoch 0's hash slot now holds epoch 3's commitment: the view says so by returning zero
+            old = c.submission(rid, 0, r.trainers[0].address)
+            assert old.state == 3 and old.passed and old.trace_root == bytes(32)
+            assert c.submission(rid, 1, r.trainers[0].address).trace_root == roots[1]
+        for t in r.trainers:
+            t.reveal(e)
+        roots[e] = r.trainers[0].material(e).root
+        assert c.submission(rid, e, r.trainers[0].address).trace_root == roots[e]
+        for t in r.trainers:
+            t.respond(e)
+        r.judge_all(e)
+        c.finalize(rid, e, f"bafkreimodel{e + 1}", keccak(b"m%d" % e), [t.address for t in r.trainers])
+        assert phase(r, e) == Phase.FINALIZED
+    # the previous epoch's root stays readable while the next epoch audits (verifiers rely on it)
+    assert c.submission(rid, 2, r.trainers[1].address).trace_root == r.trainers[1].material(2).root

@@ -21,10 +21,13 @@ from protocol.chain import (
     commitment,
     decode_revert,
     final_check,
+    pair_proof,
     response_indices,
     revert_data,
+    verify_pair,
+    verify_response,
 )
-from protocol.chain_audit import COMMIT_TAG
+from protocol.chain_audit import COMMIT_TAG, AuditResponse, trailing_ones
 from protocol.digest import keccak
 from protocol.errors import VerilocoError
 
@@ -134,11 +137,21 @@ def test_response_proofs_verify_against_the_trace_root(seed: bytes, leaves: int,
     idx = response_indices(seed, who, steps, leaves, bps)
     assert list(resp.indices) == idx
     assert len(idx) == 2 * steps + (1 if final_check(seed, who, bps) else 0)
-    depth = merkle.proof_length(leaves)
-    assert len(resp.proofs) == len(idx) * depth
     root = merkle.root(digests)
-    for n, i in enumerate(idx):
-        assert merkle.verify(root, resp.leaves[n], i, leaves, resp.proofs[n * depth:(n + 1) * depth])
+    assert verify_response(root, leaves, seed, who, steps, bps, resp)
+    # each pair proof is the shorter equivalent of two plain proofs
+    for j, k in enumerate(ks):
+        pp = pair_proof(digests, k)
+        assert len(pp) == merkle.proof_length(leaves) + trailing_ones(k) - 1
+        assert verify_pair(root, digests[k], digests[k + 1], k, leaves, pp)
+        assert not verify_pair(root, digests[k + 1], digests[k], k, leaves, pp) or digests[k] == digests[k + 1]
+    # any single tampered word is rejected
+    if resp.proofs:
+        forged = AuditResponse(resp.indices, resp.leaves, (keccak(b"x"),) + resp.proofs[1:])
+        assert not verify_response(root, leaves, seed, who, steps, bps, forged)
+    forged = AuditResponse(resp.indices, (keccak(b"y"),) + resp.leaves[1:], resp.proofs)
+    assert not verify_response(root, leaves, seed, who, steps, bps, forged)
+    assert not verify_response(root, leaves, seed, who, steps, bps, AuditResponse(resp.indices, resp.leaves, resp.proofs + (root,)))
     if bps == 0:
         assert not final_check(seed, who, bps)
     if bps == 10_000:

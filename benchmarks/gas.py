@@ -1,0 +1,301 @@
+"""Gas cost of the Veriloco contract on anvil: every call, and per trainer per epoch at 1-256 trainers.
+
+    .venv/bin/python benchmarks/gas.py --out benchmarks/results/gas.json [--trainers 1,8,64,256]
+
+For each trainer count T the script creates a run on a fresh anvil (npm @foundry-rs/anvil, started
+on a free loopback port and stopped by PID), lets T trainers and V verifiers join, and plays two
+five full epochs through the Python binding:
+- batched: each verifier judges all its trainers in one `submitVerdicts` transaction;
+- unbatched (baseline): one `submitVerdict` transaction per verdict.
+Every transaction's gasUsed comes from its receipt (21k intrinsic gas and calldata included).
+Epochs 0-2 are the first use of each trainer's three rotating hash slots; epoch 3 (batched
+verdicts, the headline) and epoch 4 (one transaction per verdict, the baseline) are the steady
+state. Per-call numbers mix all measured epochs (0, 3, 4).
+
+gas per trainer per epoch = (all commits + reveals + audit responses + verdict transactions +
+finalize) / T. Target: at most 250k. The 30M-gas block check is the largest single transaction of
+the 256-trainer epoch (it must fit in one block) and the epoch's total in blocks.
+
+Settings: quorum 2, 2 challenged transitions, final check always drawn (worst case), traces of
+33 leaves (H = 32 inner steps, 6-sibling proofs), V = 8 verifiers.
+Prints a Markdown table and writes JSON: machine, versions, settings, per_call, per trainer count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from web3 import Web3  # noqa: E402
+
+from protocol import merkle  # noqa: E402
+from protocol.chain import Chain, Phase, RunParams, artifact, build_response, deploy  # noqa: E402
+from protocol.digest import keccak  # noqa: E402
+from protocol.types import Address, Cid, Wei  # noqa: E402
+from veriloco.anvil import Anvil, AnvilConfig, anvil_binary  # noqa: E402
+
+TARGET = 250_000
+BLOCK_GAS = 30_000_000
+LEAVES = 33
+QUORUM = 2
+STEPS = 2
+VERIFIERS = 8
+
+
+class Ledger:
+    """gasUsed per function name, in call order."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, list[int]] = defaultdict(list)
+
+    def add(self, name: str, gas: int) -> int:
+        self.calls[name].append(gas)
+        return gas
+
+
+def run_params(coordinator: str, trainers: int) -> RunParams:
+    return RunParams(
+        config_cid=Cid("bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"),
+        config_digest=keccak(b"bench config"),
+        init_model_cid=Cid("bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"),
+        init_model_digest=keccak(b"bench model"),
+        coordinator=Address(coordinator),
+        min_trainers=1, max_trainers=trainers, max_verifiers=VERIFIERS,
+        commit_window=3600, reveal_window=3600, response_window=3600, verdict_window=3600,
+        finalize_window=3600, unbonding_delay=60,
+        audit_steps=STEPS, final_check_bps=10_000, quorum=QUORUM, slash_bps=5_000,
+        trainer_stake=Wei(10**16), verifier_stake=Wei(10**16),
+    )
+
+
+PAYLOAD_CID = "bafkreibm6jg3ux5qumhcn2b3flc3tyu6dmlb4xa7u5bf44yegnrjhc4yeq"  # a realistic 59-char CIDv1
+MODEL_CID = "bafkreidvbhs33ighmljlvr7zbv2ywwzcmp5adtf4kqvlly67cy56bdtmve"
+
+
+def play_epoch(ledger: Ledger, coord: Chain, trainers: list[Chain], verifiers: dict[str, Chain], run_id: int,
+               epoch: int, batched: bool) -> dict[str, int]:
+    """One full epoch; returns gas totals by stage."""
+    totals: dict[str, int] = defaultdict(int)
+    material = {}
+    for t in trainers:
+        digests = [os.urandom(32) for _ in range(LEAVES)]
+        salt, pd = os.urandom(32), keccak(os.urandom(32))
+        material[t.sender] = (digests, salt, pd)
+        c = t.commitment_for(run_id, epoch, pd, merkle.root(digests), LEAVES, salt)
+        res = t.commit(run_id, epoch, c)
+        totals["commit"] += ledger.add("commit (opens epoch)" if t is trainers[0] else "commit", res.gas_used)
+    for t in trainers:
+        digests, salt, pd = material[t.sender]
+        res = t.reveal(run_id, epoch, PAYLOAD_CID, pd, merkle.root(digests), LEAVES, salt)
+        last = t is trainers[-1]
+        totals["reveal"] += ledger.add("reveal (last: fixes seed)" if last else "reveal", res.gas_used)
+    assert coord.epoch_status(run_id, epoch).phase == Phase.AUDITING
+    seed = coord.epoch_times(run_id, epoch).seed
+    for t in trainers:
+        digests, _, _ = material[t.sender]
+        resp = build_response(digests, seed, t.sender, STEPS, 10_000)  # type: ignore[arg-type]
+        res = t.respond(run_id, epoch, "bafkreimanifestmanifestmanifestmanifestmanifestmanifestmani", resp)
+        totals["respond"] += ledger.add("respond", res.gas_used)
+    jobs: dict[str, list[str]] = defaultdict(list)
+    for t in trainers:
+        for v in coord.assignment(run_id, epoch, t.sender).verifiers:  # type: ignore[arg-type]
+            jobs[v].append(t.sender)  # type: ignore[arg-type]
+    evidence = "bafkreievidenceevidenceevidenceevidenceevidenceevidenceevide"
+    for v, ts in jobs.items():
+        if batched:
+            res = verifiers[v].submit_verdicts(run_id, epoch, [(a, True, evidence) for a in ts])
+            totals["verdicts"] += ledger.add(f"submitVerdicts ({len(ts)} verdicts)" if len(ts) > 1 else "submitVerdicts (1 verdict)", res.gas_used)
+            totals["max_tx"] = max(totals["max_tx"], res.gas_used)
+            ledger.add("submitVerdicts per verdict", res.gas_used // len(ts))
+        else:
+            for a in ts:
+                res = verifiers[v].submit_verdict(run_id, epoch, a, True, evidence)
+                totals["verdicts"] += ledger.add("submitVerdict", res.gas_used)
+    res = coord.finalize(run_id, epoch, MODEL_CID, keccak(b"model %d" % epoch), [t.sender for t in trainers])  # type: ignore[misc]
+    totals["finalize"] += ledger.add(f"finalize ({len(trainers)} trainers)", res.gas_used)
+    totals["max_tx"] = max(totals["max_tx"], res.gas_used)
+    assert coord.epoch_status(run_id, epoch).phase == Phase.FINALIZED
+    return dict(totals)
+
+
+def bench_count(url: str, address: str, ledger: Ledger, n: int) -> dict[str, Any]:
+    w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": 60}))
+    accts = w3.eth.accounts
+    coord = Chain(w3, address, accts[0])
+    res = coord._transact("createRun", run_params(accts[0], n).to_abi())
+    ledger.add("createRun", res.gas_used)
+    run_id = int(next(e for e in res.events if e.name == "RunCreated").args["runId"])
+    trainers = [Chain(w3, address, a) for a in accts[1:1 + n]]
+    verifiers = {a: Chain(w3, address, a) for a in accts[257:257 + VERIFIERS]}
+    for t in trainers:
+        ledger.add("joinTrainer", t.join_trainer(run_id).gas_used)
+    for v in verifiers.values():
+        ledger.add("joinVerifier", v.join_verifier(run_id).gas_used)
+    # epochs 0-2 are the run's first use of each trainer's three rotating hash slots (cold storage);
+    # from epoch 3 on every slot is reused: the steady state of a long run
+    cold = play_epoch(ledger, coord, trainers, verifiers, run_id, 0, batched=True)
+    play_epoch(Ledger(), coord, trainers, verifiers, run_id, 1, batched=True)
+    play_epoch(Ledger(), coord, trainers, verifiers, run_id, 2, batched=True)
+    batched = play_epoch(ledger, coord, trainers, verifiers, run_id, 3, batched=True)
+    single = play_epoch(ledger, coord, trainers, verifiers, run_id, 4, batched=False)
+
+    def per_trainer(t: dict[str, int]) -> dict[str, float]:
+        stages = {k: v / n for k, v in t.items() if k != "max_tx"}
+        stages["total"] = sum(stages.values())
+        return stages
+
+    return {
+        "trainers": n,
+        "verifiers": VERIFIERS,
+        "batched": per_trainer(batched),
+        "unbatched": per_trainer(single),
+        "first_epoch": per_trainer(cold),
+        "epoch_total_gas": sum(v for k, v in batched.items() if k != "max_tx"),
+        "largest_tx_gas": batched["max_tx"],
+    }
+
+
+def extra_calls(url: str, address: str, ledger: Ledger) -> None:
+    """startAudit, settle, leaveRun, withdraw and claim, each measured once on a small run."""
+    w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": 60}))
+    a = w3.eth.accounts
+    coord = Chain(w3, address, a[0])
+    p = run_params(a[0], 2)
+    run_id = coord.create_run(p)
+    t1, t2 = Chain(w3, address, a[1]), Chain(w3, address, a[2])
+    for t in (t1, t2):
+        t.join_trainer(run_id)
+    digests = [os.urandom(32) for _ in range(LEAVES)]
+    salt, pd = os.urandom(32), keccak(b"p")
+    t1.commit(run_id, 0, t1.commitment_for(run_id, 0, pd, merkle.root(digests), LEAVES, salt))
+    t2.commit(run_id, 0, keccak(b"never revealed"))
+    t1.reveal(run_id, 0, PAYLOAD_CID, pd, merkle.root(digests), LEAVES, salt)
+    w3.provider.make_request("evm_increaseTime", [3601])  # type: ignore[arg-type]
+    w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
+    ledger.add("startAudit", coord.start_audit(run_id, 0).gas_used)
+    w3.provider.make_request("evm_increaseTime", [3 * 3600 + 1])  # type: ignore[arg-type]
+    w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
+    ledger.add("settle (2 committed, 2 slashed)", Chain(w3, address, a[3]).settle(run_id, 0).gas_used)
+    t3 = Chain(w3, address, a[4])
+    t3.join_trainer(run_id)
+    ledger.add("leaveRun", t3.leave(run_id).gas_used)
+    w3.provider.make_request("evm_increaseTime", [61])  # type: ignore[arg-type]
+    w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
+    ledger.add("withdraw", t3.withdraw(run_id).gas_used)
+    ledger.add("withdraw", t1.withdraw(run_id).gas_used)  # slashed and removed at settle
+    ledger.add("claim", coord.claim().gas_used)
+
+
+def versions() -> dict[str, str]:
+    import web3 as web3_mod
+
+    art = artifact()
+    try:
+        anvil_v = subprocess.run([str(anvil_binary()), "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    except OSError as exc:
+        anvil_v = f"unknown ({exc})"
+    return {
+        "python": platform.python_version(),
+        "web3": web3_mod.__version__,
+        "anvil": anvil_v.splitlines()[0] if anvil_v else "unknown",
+        "solc": art["compiler"]["version"],
+        "evm_version": art["settings"]["evmVersion"],
+        "optimizer": json.dumps(art["settings"]["optimizer"]),
+        "via_ir": str(art["settings"].get("viaIR", False)),
+        "runtime_bytes": str(len(art["deployedBytecode"]) // 2 - 1),
+    }
+
+
+def machine() -> dict[str, Any]:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count()}
+
+
+def summarize(ledger: Ledger) -> dict[str, dict[str, float]]:
+    out = {}
+    for name, xs in ledger.calls.items():
+        out[name] = {"n": len(xs), "mean": round(sum(xs) / len(xs)), "min": min(xs), "max": max(xs)}
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    rows = ["| trainers | commit | reveal | respond | verdicts | finalize | **total / trainer / epoch** | vs 250k target | unbatched verdicts | batched / unbatched | first epoch (cold storage) |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for n, r in result["per_count"].items():
+        b, u = r["batched"], r["unbatched"]
+        rows.append(
+            f"| {n} | {b['commit']:,.0f} | {b['reveal']:,.0f} | {b['respond']:,.0f} | {b['verdicts']:,.0f} | "
+            f"{b['finalize']:,.0f} | **{b['total']:,.0f}** | {b['total'] / TARGET:.2f}× | {u['total']:,.0f} | "
+            f"{b['total'] / u['total']:.2f}× | {r['first_epoch']['total']:,.0f} |"
+        )
+    calls = ["| call | mean gas | min | max | n |", "|---|---:|---:|---:|---:|"]
+    for name, s in sorted(result["per_call"].items()):
+        calls.append(f"| `{name}` | {s['mean']:,} | {s['min']:,} | {s['max']:,} | {s['n']} |")
+    big = result["per_count"].get("256") or list(result["per_count"].values())[-1]
+    fits = (f"{big['trainers']}-trainer epoch: {big['epoch_total_gas']:,} gas in all "
+            f"({big['epoch_total_gas'] / BLOCK_GAS:.2f} × a 30M block); largest single transaction "
+            f"{big['largest_tx_gas']:,} gas ({big['largest_tx_gas'] / BLOCK_GAS:.1%} of a 30M block).")
+    slope = result.get("finalize_slope_per_trainer")
+    return "\n".join([
+        "Gas per trainer per epoch (steady state: epoch 3 of a run, batched verdicts):", "", *rows, "",
+        fits, f"finalize slope: {slope:,.0f} gas per additional trainer." if slope else "", "",
+        "Gas per call:", "", *calls,
+    ])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="JSON result file")
+    ap.add_argument("--trainers", default="1,8,64,256", help="comma-separated trainer counts (max 256)")
+    args = ap.parse_args()
+    counts = [int(x) for x in args.trainers.split(",")]
+    if max(counts) > 256 or min(counts) < 1:
+        ap.error("trainer counts must be within 1..256")
+    ledger = Ledger()
+    per_count: dict[str, Any] = {}
+    t0 = time.time()
+    with Anvil(AnvilConfig(accounts=1 + 256 + VERIFIERS + 4, gas_limit=BLOCK_GAS)) as node:
+        w3 = Web3(Web3.HTTPProvider(node.url))
+        address = deploy(w3, w3.eth.accounts[0])
+        for n in counts:
+            per_count[str(n)] = bench_count(node.url, address, ledger, n)
+            print(f"  {n} trainers: {per_count[str(n)]['batched']['total']:,.0f} gas/trainer/epoch", file=sys.stderr)
+        extra_calls(node.url, address, ledger)
+    fin = {int(k.split("(")[1].split()[0]): v["mean"] for k, v in summarize(ledger).items() if k.startswith("finalize (")}
+    slope = None
+    if len(fin) >= 2:
+        lo, hi = min(fin), max(fin)
+        slope = (fin[hi] - fin[lo]) / (hi - lo)
+    result = {
+        "benchmark": "gas",
+        "command": "benchmarks/gas.py " + " ".join(sys.argv[1:]),
+        "machine": machine(),
+        "versions": versions(),
+        "settings": {"leaves": LEAVES, "audit_steps": STEPS, "final_check_bps": 10_000, "quorum": QUORUM,
+                     "verifiers": VERIFIERS, "block_gas_limit": BLOCK_GAS, "target_per_trainer_epoch": TARGET},
+        "per_call": summarize(ledger),
+        "gas_per_trainer_per_epoch": {k: round(v["batched"]["total"]) for k, v in per_count.items()},
+        "gas_per_trainer_per_epoch_unbatched_verdicts": {k: round(v["unbatched"]["total"]) for k, v in per_count.items()},
+        "finalize_slope_per_trainer": slope,
+        "per_count": per_count,
+        "wall_s": round(time.time() - t0, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

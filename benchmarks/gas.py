@@ -37,13 +37,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from web3 import Web3  # noqa: E402
+from web3 import Web3
 
-from protocol import merkle  # noqa: E402
-from protocol.chain import Chain, Phase, RunParams, artifact, build_response, deploy  # noqa: E402
-from protocol.digest import keccak  # noqa: E402
-from protocol.types import Address, Cid, Wei  # noqa: E402
-from veriloco.anvil import Anvil, AnvilConfig, anvil_binary  # noqa: E402
+from protocol import merkle
+from protocol.chain import Chain, Phase, RunParams, artifact, build_response, deploy
+from protocol.digest import keccak
+from protocol.types import Address, Cid, Wei
+from veriloco.anvil import Anvil, AnvilConfig, anvil_binary
 
 TARGET = 250_000
 BLOCK_GAS = 30_000_000
@@ -202,7 +202,7 @@ def versions() -> dict[str, str]:
 
     art = artifact()
     try:
-        anvil_v = subprocess.run([str(anvil_binary()), "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+        anvil_v = subprocess.run([str(anvil_binary()), "--version"], capture_output=True, text=True, timeout=30, check=False).stdout.strip()
     except OSError as exc:
         anvil_v = f"unknown ({exc})"
     return {

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,7 @@ PAYLOAD_CID = "bafkreibm6jg3ux5qumhcn2b3flc3tyu6dmlb4xa7u5bf44yegnrjhc4yeq"  # a
 MODEL_CID = "bafkreidvbhs33ighmljlvr7zbv2ywwzcmp5adtf4kqvlly67cy56bdtmve"
 
 
-def play_epoch(ledger: Ledger, coord: Chain, trainers: list[Chain], verifiers: dict[str, Chain], run_id: int,
+def play_epoch(ledger: Ledger, coord: Chain, trainers: list[Chain], verifiers: Mapping[str, Chain], run_id: int,
                epoch: int, batched: bool) -> dict[str, int]:
     """One full epoch; returns gas totals by stage."""
     totals: dict[str, int] = defaultdict(int)
@@ -109,8 +110,8 @@ def play_epoch(ledger: Ledger, coord: Chain, trainers: list[Chain], verifiers: d
         totals["respond"] += ledger.add("respond", res.gas_used)
     jobs: dict[str, list[str]] = defaultdict(list)
     for t in trainers:
-        for v in coord.assignment(run_id, epoch, t.sender).verifiers:  # type: ignore[arg-type]
-            jobs[v].append(t.sender)  # type: ignore[arg-type]
+        for va in coord.assignment(run_id, epoch, t.sender).verifiers:  # type: ignore[arg-type]
+            jobs[str(va)].append(t.sender)  # type: ignore[arg-type]
     evidence = "bafkreievidenceevidenceevidenceevidenceevidenceevidenceevide"
     for v, ts in jobs.items():
         if batched:
@@ -137,7 +138,7 @@ def bench_count(url: str, address: str, ledger: Ledger, n: int) -> dict[str, Any
     ledger.add("createRun", res.gas_used)
     run_id = int(next(e for e in res.events if e.name == "RunCreated").args["runId"])
     trainers = [Chain(w3, address, a) for a in accts[1:1 + n]]
-    verifiers = {a: Chain(w3, address, a) for a in accts[257:257 + VERIFIERS]}
+    verifiers: dict[str, Chain] = {str(a): Chain(w3, address, a) for a in accts[257:257 + VERIFIERS]}
     for t in trainers:
         ledger.add("joinTrainer", t.join_trainer(run_id).gas_used)
     for v in verifiers.values():

@@ -474,3 +474,21 @@ def test_reentrancy_through_withdraw_is_refused(fresh: PyEvmNet, reenter: str) -
     assert isinstance(err, ce.Reentrancy)
     staked, credits = r.coord.totals()
     assert r.coord.balance() == staked + credits == STAKE + VSTAKE  # the honest trainer's and verifier's stakes
+
+
+def test_leaving_does_not_dodge_a_slash(fresh: PyEvmNet) -> None:
+    """A cheater that leaves right after answering cannot withdraw before its epoch is judged."""
+    r = make_run(fresh, n_trainers=2, n_verifiers=2, quorum=2, unbonding_delay=10)
+    rid = r.run_id
+    honest, cheat = r.trainers
+    r.open_epoch(0)
+    cheat.chain.leave(rid)
+    r.net.advance(11)  # unbonded, but epoch 0 is still auditing
+    with pytest.raises(ce.EpochNotSettled) as ns:
+        cheat.chain.withdraw(rid)
+    assert ns.value.epoch == 0
+    r.judge(0, honest, [True, True])
+    r.judge(0, cheat, [False, False])
+    assert r.finalize(0, [honest]) == {cheat.address: FAILED_AUDIT}
+    res = cheat.chain.withdraw(rid)
+    assert [e.args["amount"] for e in res.events if e.name == "Withdrawn"] == [STAKE // 2]

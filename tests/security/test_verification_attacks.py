@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from protocol.chain_audit import challenged_steps, final_check
+from protocol.chain_audit import assigned_verifiers, challenged_steps, final_check
 from protocol.config import RunConfig
 from protocol.data import build_corpus
 from protocol.digest import keccak, state_digest
@@ -175,3 +175,16 @@ def test_manifest_with_states_that_do_not_match_the_trace(epoch) -> None:
     withheld = type(m)(**{**m.__dict__, "states": m.states[:i] + m.states[i + 1:]})
     with pytest.raises(FormatError, match="need exactly"):
         decode_manifest(encode_dataclass(withheld, "veriloco.audit.v1"))
+
+
+def test_verifiers_that_join_back_to_back_are_assigned_together_more_often() -> None:
+    """V2's bound: the q verifiers of a trainer are q *consecutive* list entries from a random offset
+    (docs/protocol.md §5), so two colluders who join one after the other judge the same trainer with
+    probability 1/V, not the 2/(V(V-1)) of an independent draw."""
+    verifiers = ["0x" + f"{i:040x}" for i in range(1, 9)]  # V = 8, join order
+    colluders = {verifiers[3], verifiers[4]}  # joined one after the other (all-digit addresses: checksum-neutral)
+    rng = random.Random(4)
+    n = 4000
+    together = sum(set(assigned_verifiers(rng.randbytes(32), HONEST, verifiers, 2)) == colluders for _ in range(n)) / n
+    assert abs(together - 1 / 8) < 0.02
+    assert together > 3 * (2 / (8 * 7))  # well above what sampling two distinct verifiers at random gives

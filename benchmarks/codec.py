@@ -36,7 +36,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from protocol.data import batch, default_corpus
 from protocol.model import preset
 from protocol.payload import decode
-from trainer.compress import CompressionConfig, compress
+from trainer.compress import CompressionConfig, EpochRecord, adapt, compress
 from trainer.inner import PARAM, InnerConfig, init_state, section, train_step
 
 Deltas = list[dict[str, Tensor]]
@@ -109,6 +109,22 @@ def run_ours(deltas: Deltas, rank: int, cfg: CompressionConfig, seed: int) -> Ou
     return _evaluate(deltas, step)
 
 
+def run_adaptive(deltas: Deltas, cfg: CompressionConfig, seed: int) -> list[dict[str, object]]:
+    """The adaptive rule over the sequence (one trainer, history lag 1): rank, H and error per round."""
+    history: list[EpochRecord] = []
+    ef: dict[str, Tensor] = {}
+    out: list[dict[str, object]] = []
+    for i, d in enumerate(deltas):
+        rank, h = adapt(history, cfg)
+        c = compress(d, ef, rank, seed + i, cfg)
+        ef = c.new_ef
+        need = c.stats.profile.needed_rank(cfg.energy_target)
+        out.append({"round": i + 1, "rank": rank, "h": h, "bytes": c.stats.payload_bytes,
+                    "needed_rank": need, "rel_error": c.stats.rel_error})
+        history.append(EpochRecord(rank, h, (c.stats.profile,)))
+    return out
+
+
 def payload_size(deltas: Deltas, rank: int, cfg: CompressionConfig) -> int:
     return len(compress(deltas[0], {}, rank, 0, cfg).payload)
 
@@ -156,7 +172,9 @@ def run_powersgd(deltas: Deltas, rank: int, seed: int) -> Outcome:
     """torch's powerSGD_hook on DDP, one gloo process; the hook keeps its own error feedback and warm start."""
     shapes = {k: tuple(v.shape) for k, v in deltas[0].items()}
     holder = _Holder(shapes)
-    ddp = nn.parallel.DistributedDataParallel(holder)
+    # One bucket: the hook's callbacks block on nested gloo allreduces, and two buckets in flight
+    # at once can deadlock gloo's worker threads on a loaded machine.
+    ddp = nn.parallel.DistributedDataParallel(holder, bucket_cap_mb=4096)
     state = psgd.PowerSGDState(
         process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2,
         use_error_feedback=True, warm_start=True, random_seed=seed,
@@ -255,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             o = run_ours(deltas, r, CompressionConfig(power_iters=pi, oversample=ov), args.seed)
             sketch.append({"power_iters": pi, "oversample": ov, **_summary(o, r, dense_mb)})
 
+    adaptive = run_adaptive(deltas, CompressionConfig(), args.seed)
+
     result: dict[str, object] = {
         "benchmark": "codec",
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
@@ -266,6 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rows": rows,
         "ratios": _ratios(rows),
         "sketch_settings": sketch,
+        "adaptive": adaptive,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
@@ -343,6 +364,18 @@ def markdown(result: dict[str, object]) -> str:
                 f"| {v['power_iters']} | {v['oversample']} | {v['rank']} | {v['rel_error_mean']:.3f} "
                 f"| {v['cumulative_error']:.3f} | {v['encode_mb_s']:.0f} |"
             )
+    adaptive = result.get("adaptive") or []
+    if adaptive:
+        lines += [
+            "",
+            "Adaptive rule over the same rounds (defaults; one trainer, the previous round's profile)",
+            "",
+            "| round | rank | H | bytes | needed rank (sketch) | rel. error |",
+            "|---|---|---|---|---|---|",
+        ]
+        for v in adaptive:  # type: ignore[attr-defined]
+            need = v["needed_rank"] if v["needed_rank"] is not None else f"> {v['rank']}"
+            lines.append(f"| {v['round']} | {v['rank']} | {v['h']} | {v['bytes']:,} | {need} | {v['rel_error']:.3f} |")
     return "\n".join(lines)
 
 

@@ -23,6 +23,8 @@ from protocol.chain import (
     Chain,
     Phase,
     assigned_verifiers,
+    audit_seed,
+    challenged_steps,
     commitment,
     decode_revert,
     deploy,
@@ -492,3 +494,40 @@ def test_leaving_does_not_dodge_a_slash(fresh: PyEvmNet) -> None:
     assert r.finalize(0, [honest]) == {cheat.address: FAILED_AUDIT}
     res = cheat.chain.withdraw(rid)
     assert [e.args["amount"] for e in res.events if e.name == "Withdrawn"] == [STAKE // 2]
+
+
+SEED_BUG = (
+    "BUG (design, contracts/Veriloco.sol _fixSeed / docs/protocol.md §5): the audit seed hashes "
+    "block.prevrandao and blockhash(block.number - 1) of the block holding the closing reveal; both are "
+    "known before that block (prevrandao of block n is the beacon RANDAO mix after block n-1), so the "
+    "trainer that reveals last predicts its own sample and times its reveal (one try per block of the "
+    "reveal window) until the sample misses its forged steps. Fix: derive the seed from a block after "
+    "reveals close (e.g. startAudit only from closeBlock + K, using blockhash(closeBlock + K))."
+)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=SEED_BUG)
+def test_the_last_revealer_cannot_predict_its_audit_sample(fresh: PyEvmNet) -> None:
+    """A lazy trainer (half its transitions forged) waits to reveal last, and reveals in the first block
+    whose seed — computed in advance from public block data — samples none of its forged steps."""
+    r = make_run(fresh, n_trainers=2, n_verifiers=1, quorum=1, audit_steps=2)
+    rid = r.run_id
+    honest, grinder = r.trainers
+    forged = {0, 1, 2, 3}  # of the 8 transitions of a 9-leaf trace: escape chance 1/4 per honest draw
+    honest.commit(0)
+    grinder.commit(0)
+    honest.reveal(0)
+    tries = 0
+    while True:  # py-evm executes with PREVRANDAO = 0; the parent is the latest block
+        parent = bytes(fresh.w3.eth.get_block("latest")["hash"])
+        predicted = audit_seed(0, parent, rid, 0)
+        if not forged & set(challenged_steps(predicted, grinder.address, 2, grinder.leaves)) or tries == 40:
+            break
+        fresh.advance(1)  # one more block, well inside the reveal window
+        tries += 1
+    grinder.reveal(0)
+    actual = r.coord.epoch_times(rid, 0).seed
+    assert actual != predicted, (
+        f"the closing revealer predicted the audit seed after {tries} blocks of waiting; its sample "
+        f"{challenged_steps(actual, grinder.address, 2, grinder.leaves)} misses all forged steps {sorted(forged)}"
+    )

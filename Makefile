@@ -23,8 +23,9 @@ install: $(BIN)/.installed node_modules/.installed
 
 node: node_modules/.installed
 
-demo: install
-	$(BIN)/veriloco demo $(DEMO_ARGS)
+# The demo's defaults (py-evm devnet + LocalStore) need no npm packages.
+demo: $(BIN)/.installed
+	$(BIN)/veriloco demo --report .veriloco/demo/report $(DEMO_ARGS)
 
 test: install
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \

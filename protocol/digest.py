@@ -46,6 +46,8 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.contiguous()
+    if t.numel() == 0:
+        return memoryview(b"")
     if t.dtype == torch.bfloat16:  # numpy has no bfloat16: view the raw 16-bit words
         t = t.view(torch.int16)
     return memoryview(t.numpy()).cast("B")

@@ -187,9 +187,14 @@ class TrainerNode:
             meta = d.update(status=TRAINING, rank=rank, steps=steps, g_epoch=g_epoch, continued=continued,
                             digests=[x.hex() for x in digests], losses=[])
         t0 = time.monotonic()
+        compute_s = digest_s = 0.0
         for k in range(k0, steps):
+            t = time.perf_counter()
             state, loss = self.behaviour.step(self, state, e, k)
+            t_step = time.perf_counter()
             digests.append(state_digest(state))
+            compute_s += t_step - t
+            digest_s += time.perf_counter() - t_step
             losses.append(loss)
             if (k + 1) % self.every == 0 or k + 1 == steps:
                 d.save_step(k + 1, state)
@@ -202,7 +207,8 @@ class TrainerNode:
         d.write_bytes("payload.bin", self.behaviour.publication(self, final, e))
         d.update(status=TRAINED, digests=[x.hex() for x in digests], losses=losses)
         self.log("trained", epoch=e, steps=steps, rank=rank, loss=round(sum(losses[-4:]) / max(1, len(losses[-4:])), 4),
-                 seconds=round(time.monotonic() - t0, 2), payload_bytes=final.stats.payload_bytes,
+                 seconds=round(time.monotonic() - t0, 2), compute_s=round(compute_s, 3), digest_s=round(digest_s, 3),
+                 payload_bytes=final.stats.payload_bytes,
                  dense_bytes=final.stats.dense_bytes)
 
     def _publish(self, e: int, d: EpochDir) -> None:
@@ -308,9 +314,13 @@ class TrainerNode:
         a = self.chain.assignment(self.run_id, e, self.me)
         cids: dict[int, Cid] = {}
 
+        published = [0]
+
         def cid_of(directory: EpochDir, k: int) -> Cid:
             state = directory.state_at(k, lambda st, j: self.behaviour.step(self, st, directory.epoch, j))
-            return self.store.put(save_state(state))
+            data = save_state(state)
+            published[0] += len(data)
+            return self.store.put(data)
 
         prev = self._dir(e - 1) if e >= 1 else None
         use_prev = a.final_check and d.meta.get("continued") and prev is not None and "digests" in prev.meta
@@ -320,10 +330,12 @@ class TrainerNode:
             previous_trace=[bytes.fromhex(x) for x in prev.meta["digests"]] if use_prev and prev else (),
             previous_cid_of_leaf=(lambda k: cid_of(prev, k)) if use_prev and prev else None,
         )
-        mcid = self.store.put(encode_manifest(manifest))
+        encoded = encode_manifest(manifest)
+        mcid = self.store.put(encoded)
         tx = self.chain.respond(self.run_id, e, mcid, response)
         d.update(status=RESPONDED, manifest_cid=mcid, gas_respond=tx.gas_used)
-        self.log("responded", epoch=e, transitions=list(a.steps), final=a.final_check, manifest=mcid, gas=tx.gas_used)
+        self.log("responded", epoch=e, transitions=list(a.steps), final=a.final_check, manifest=mcid, gas=tx.gas_used,
+                 audit_bytes=published[0] + len(encoded))
 
     def _prune(self, e: int) -> None:
         """Keep the last two epochs (the next start-rule check needs e-1); drop older checkpoints."""

@@ -11,6 +11,7 @@ Run it with `veriloco verifier --run ID`.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -20,14 +21,14 @@ from typing import Any
 from protocol.chain import Chain, ChainError, Phase
 from protocol.digest import state_digest
 from protocol.errors import VerilocoError
-from protocol.formats import AuditManifest, canonical_json, decode_manifest, load_state
+from protocol.formats import AuditManifest, TensorSpec, canonical_json, decode_manifest, load_state, spec_of
 from protocol.outage import TRANSIENT, through_outages
-from protocol.run import RunContext, latest_model, load_model, open_run, params_of
+from protocol.run import RunContext, initial_model, latest_model, load_model, open_run, params_of
 from protocol.store import Store, StoreTimeout
 from protocol.types import Cid
 from trainer.delay import StartRule
 from trainer.inner import State, TrainerError, configure_determinism
-from trainer.round import RoundSpec
+from trainer.round import RoundSpec, start_state
 from trainer.schedule import MAX_PAYLOAD_BYTES, Schedule
 from verifier.replay import Finding, check_final, check_leaf_count, check_payload, check_start, check_step
 
@@ -134,28 +135,36 @@ class VerifierNode:
         audit is retried once the endpoint is back. Content that cannot be fetched in time is the
         trainer's problem (withheld or never published): that fails.
         """
+        findings: list[Finding] = []
         try:
-            return self._verify(e, trainer, Cid(manifest_cid))
+            self._verify(e, trainer, Cid(manifest_cid), findings)
         except StoreTimeout as exc:
-            return [Finding("fetch", False, f"content not retrievable in time: {exc}")]
+            findings.append(Finding("fetch", False, f"content not retrievable in time: {exc}"))
         except TRANSIENT:
             raise
-        except (VerilocoError, OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
-            return [Finding("fetch", False, f"{type(exc).__name__}: {exc}")]
+        except Exception as exc:  # noqa: BLE001 - whatever a trainer's data breaks, it fails
+            findings.append(Finding("fetch", False, f"{type(exc).__name__}: {exc}"))
+        return findings
+
+    @functools.cached_property
+    def state_spec(self) -> dict[str, TensorSpec]:
+        """Names, dtypes and shapes every training state of this run has (a fresh start state's)."""
+        return spec_of(start_state(self.spec, params_of(initial_model(self.ctx.config)), None, None))
 
     def _state(self, cid: str, digest: bytes) -> State:
-        state = load_state(self.store.get(cid, max_size=MAX_STATE_BYTES))
+        """A trainer's state, fetched, shaped like a training state of this run, and bound to its leaf."""
+        state = load_state(self.store.get(cid, max_size=MAX_STATE_BYTES), expect=self.state_spec)
         if state_digest(state) != digest:
             raise TrainerError(f"state {cid} does not hash to its committed leaf digest")
         return state
 
-    def _verify(self, e: int, t: str, manifest_cid: Cid) -> list[Finding]:
+    def _verify(self, e: int, t: str, manifest_cid: Cid, findings: list[Finding]) -> None:
         run, spec = self.run_id, self.spec
         sub = self.chain.submission(run, e, t)
         slot = self.chain.member(run, t).slot
         rank, steps = self.schedule.for_epoch(e)
         reveal = self.chain.revealed(run, e, t)[0].args
-        findings = [check_leaf_count(sub.leaf_count, steps)]
+        findings.append(check_leaf_count(sub.leaf_count, steps))
         publication = self.store.get(reveal["payloadCid"], max_size=MAX_PAYLOAD_BYTES, digest=bytes(reveal["payloadDigest"]))
         findings.append(check_payload(publication, run, e, t, self.ctx.param_shapes))
         m: AuditManifest = decode_manifest(self.store.get(manifest_cid, max_size=MAX_MANIFEST_BYTES))
@@ -165,7 +174,7 @@ class VerifierNode:
         findings.append(Finding("manifest", bound, "matches the on-chain submission and assignment" if bound
                                 else "manifest does not match the on-chain trace root, leaf count or challenges"))
         if not bound:
-            return findings
+            return
         states = {s.leaf_index: self._state(s.cid, s.digest) for s in m.states}
         tolerant = self.ctx.config.audit.mode == "tolerant"
         for k in m.transitions:
@@ -179,7 +188,6 @@ class VerifierNode:
             findings.append(check_final(states[0], end, bytes(reveal["payloadDigest"]), spec, run, e, slot, t, rank))
             if e >= 1:
                 findings.append(self._check_start(e, t, slot, m, states[0]))
-        return findings
 
     def _check_start(self, e: int, t: str, slot: int, m: AuditManifest, start: State) -> Finding:
         run = self.run_id

@@ -1,0 +1,139 @@
+"""What the protocol costs on top of training: a real network run, measured from the nodes' own logs.
+
+    .venv/bin/python benchmarks/protocol.py --out benchmarks/results/protocol.json
+
+Runs `veriloco demo` (a py-evm devnet, a LocalStore, N trainer, M verifier and one coordinator
+processes) and reports, side by side with AllReduce:
+
+- `overhead_fraction`: the share of a trainer's epoch wall time not spent in training compute
+  (inner steps): chain transactions, store traffic, state digests, audits, waiting for peers.
+  Measured per trainer from its first inner step to its last epoch's end; median over trainers.
+- `verifier_compute_fraction`: verifier replay time over trainer training time, all nodes summed.
+- `bytes_per_trainer_per_epoch`: payload plus audit-response bytes a trainer publishes per epoch,
+  against the bytes a ring AllReduce of fp32 gradients would send per worker for the same steps.
+
+All processes share this machine's cores, so absolute times include contention; the fractions are
+what the protocol adds under that contention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from protocol.model import n_params, preset  # noqa: E402
+from veriloco.netdemo import DemoOptions, run_demo  # noqa: E402
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(ev, dict):
+            out.append(ev)
+    return out
+
+
+def measure(opts: DemoOptions) -> dict[str, Any]:
+    t0 = time.time()
+    with open(os.devnull, "w") as quiet:
+        summary = run_demo(opts, out=quiet)
+    logs = {p.stem: _events(p) for p in (opts.workdir / "logs").glob("*.jsonl")}
+    overheads, compute_total, digest_total, per_epoch_bytes = [], 0.0, 0.0, []
+    for name, evs in logs.items():
+        if not name.startswith("trainer"):
+            continue
+        steps = [ev for ev in evs if ev["event"] == "step"]
+        trained = [ev for ev in evs if ev["event"] == "trained"]
+        responded = {ev["epoch"]: ev.get("audit_bytes", 0) for ev in evs if ev["event"] == "responded"}
+        if not steps or not trained:
+            continue
+        compute = sum(ev["compute_s"] for ev in trained)
+        digest = sum(ev["digest_s"] for ev in trained)
+        # wall time covers every epoch's cycle: from the first step to the end of the last audit it answered
+        end = max(ev["t"] for ev in evs if ev["event"] in ("trained", "responded", "finished"))
+        wall = end - steps[0]["t"] + trained[0]["seconds"] / max(1, trained[0]["steps"])
+        overheads.append(1.0 - compute / wall)
+        compute_total += compute
+        digest_total += digest
+        for ev in trained:
+            per_epoch_bytes.append(ev["payload_bytes"] + responded.get(ev["epoch"], 0))
+    verifier_s = sum(ev["seconds"] for name, evs in logs.items() if name.startswith("verifier")
+                     for ev in evs if ev["event"] == "verified")
+    cfg = preset(opts.preset)
+    k, h = opts.trainers, opts.steps
+    allreduce = 2 * (k - 1) / k * 4 * n_params(cfg) * h
+    bytes_per_epoch = statistics.mean(per_epoch_bytes)
+    return {
+        "preset": opts.preset,
+        "trainers": k,
+        "verifiers": opts.verifiers,
+        "epochs": opts.epochs,
+        "h_initial": h,
+        "wall_seconds": round(time.time() - t0, 1),
+        "epochs_finalized": summary["epochs_finalized"],
+        "final_eval_loss": summary["final_eval_loss"],
+        "initial_eval_loss": summary["initial_eval_loss"],
+        "overhead_fraction": round(statistics.median(overheads), 4),
+        "overhead_fraction_by_trainer": [round(x, 4) for x in overheads],
+        "digest_fraction_of_compute": round(digest_total / compute_total, 4),
+        "verifier_compute_fraction": round(verifier_s / compute_total, 4),
+        "trainer_compute_seconds": round(compute_total, 2),
+        "verifier_compute_seconds": round(verifier_s, 2),
+        "bytes_per_trainer_per_epoch": round(bytes_per_epoch),
+        "allreduce_bytes_per_trainer_per_epoch": round(allreduce),
+        "traffic_reduction_vs_allreduce": round(allreduce / bytes_per_epoch, 1),
+        "gas_used": summary["gas_used"],
+    }
+
+
+def markdown(r: dict[str, Any]) -> str:
+    return "\n".join([
+        "| measure | veriloco (DiLoCoX + verification) | AllReduce | ratio |",
+        "|---|---:|---:|---:|",
+        f"| bytes per trainer per epoch | {r['bytes_per_trainer_per_epoch']:,} | "
+        f"{r['allreduce_bytes_per_trainer_per_epoch']:,} | {r['traffic_reduction_vs_allreduce']}x less |",
+        f"| protocol overhead (share of epoch wall time) | {r['overhead_fraction']:.1%} | - | target <= 10% |",
+        f"| verifier compute / trainer compute | {r['verifier_compute_fraction']:.1%} | - | target <= 10% |",
+        f"| state digests / training compute | {r['digest_fraction_of_compute']:.1%} | - | |",
+        f"| eval loss | {r['initial_eval_loss']} -> {r['final_eval_loss']} | | |",
+    ])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--trainers", type=int, default=4)
+    ap.add_argument("--verifiers", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=24)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="veriloco-bench-") as tmp:
+        r = measure(DemoOptions(trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs,
+                                preset=args.preset, steps=args.steps, workdir=Path(tmp)))
+    r["machine"] = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+                    "cpus": os.cpu_count(), "load_average": os.getloadavg()}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(r, indent=1, sort_keys=True) + "\n")
+    print(markdown(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -531,3 +531,40 @@ def test_the_last_revealer_cannot_predict_its_audit_sample(fresh: PyEvmNet) -> N
         f"the closing revealer predicted the audit seed after {tries} blocks of waiting; its sample "
         f"{challenged_steps(actual, grinder.address, 2, grinder.leaves)} misses all forged steps {sorted(forged)}"
     )
+
+
+SLOTS_BUG = (
+    "BUG (contracts/Veriloco.sol _slashAll): finalize and settle scan the lanes of every trainer slot "
+    "the run ever handed out, and slots are never reused, so anyone can make an epoch's finalize cost "
+    "grow without bound by joining, leaving and withdrawing with fresh addresses (stake returned after "
+    "unbonding): about 2 300 gas per 4 idle slots, ~52 000 slots to push finalize past a 30M-gas block "
+    "and stall the run. Fix: iterate only the epoch's committed slots (a per-epoch list) or slash lazily."
+)
+
+
+def _finalize_gas(net: PyEvmNet, idle: int) -> int:
+    """Gas of finalizing a one-trainer epoch in a fresh run that `idle` passers-by joined and left first."""
+    coord = net.chain(COORD)
+    rid = coord.create_run(params(net.accounts[COORD], quorum=1, unbonding_delay=0))
+    for k in range(idle):
+        passer = net.chain(2 + k)
+        passer.join_trainer(rid)
+        passer.leave(rid)
+        passer.withdraw(rid)
+    t = Trainer(net.chain(1), rid)
+    t.chain.join_trainer(rid)
+    v = net.chain(len(net.accounts) - 1)
+    v.join_verifier(rid)
+    t.commit(0)
+    t.reveal(0)
+    t.respond(0)
+    v.submit_verdict(rid, 0, t.address, True, "bafkreie")
+    assert coord.run_info(rid).trainer_slots == idle + 1
+    return coord.finalize(rid, 0, "m", keccak(b"m"), [t.address]).gas_used
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=SLOTS_BUG)
+def test_finalize_cost_does_not_grow_with_departed_trainers(fresh: PyEvmNet) -> None:
+    base = _finalize_gas(fresh, 0)
+    grown = _finalize_gas(fresh, 8)
+    assert grown - base < 1_000, f"8 departed trainers add {grown - base} gas to every finalize of the run"

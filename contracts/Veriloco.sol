@@ -832,6 +832,8 @@ contract Veriloco {
     }
 
     function _failed(uint256 runId, Run storage r, uint256 epoch, Epoch storage ep) internal view returns (uint32) {
+        // an epoch aborted for too few trainers never reveals: nobody failed
+        if (ep.committed < r.p.minTrainers) return 0;
         uint256 rc = _revealsClose(runId, r, epoch);
         if (rc == NEVER || block.timestamp < rc) return 0;
         uint32 f = (ep.committed - ep.revealed) + ep.failedVerdicts;

@@ -266,6 +266,9 @@ def test_too_few_trainers_aborts_and_next_epoch_opens(fresh: Any) -> None:
     r.net.advance(101)
     assert phase(r, 0) == Phase.ABORTED
     assert r.coord.current_epoch(rid) == 1
+    r.net.advance(101)  # past where reveals would have closed: still nobody counted as failed
+    st = r.coord.epoch_status(rid, 0)
+    assert (st.phase, st.committed, st.failed) == (Phase.ABORTED, 1, 0)
     with pytest.raises(ce.WrongPhase):
         r.trainers[1].commit(0)
     for t in r.trainers:

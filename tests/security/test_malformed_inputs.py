@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 
 from protocol import merkle
 from protocol.digest import keccak
-from protocol.formats import FormatError, build_manifest, decode_manifest, encode_manifest, load_state, save_state
+from protocol.formats import (
+    FormatError,
+    build_manifest,
+    decode_manifest,
+    encode_manifest,
+    load_state,
+    save_state,
+)
 from protocol.payload import MAX_TENSORS, PayloadError, decode, unwrap, wrap
 from trainer.compress import CompressionConfig, compress
 

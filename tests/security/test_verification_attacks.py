@@ -17,13 +17,26 @@ from protocol.chain_audit import assigned_verifiers, challenged_steps, final_che
 from protocol.config import RunConfig
 from protocol.data import build_corpus
 from protocol.digest import keccak, state_digest
-from protocol.formats import FormatError, build_manifest, decode_manifest, encode_dataclass, encode_manifest
+from protocol.formats import (
+    FormatError,
+    build_manifest,
+    decode_manifest,
+    encode_dataclass,
+    encode_manifest,
+)
 from protocol.model import init_params
 from protocol.payload import decode, unwrap, wrap
 from trainer.adversaries import boost_publication, rebind_publication
 from trainer.compress import compress
 from trainer.inner import PARAM, STEP, configure_determinism
-from trainer.round import RoundSpec, compress_seed, final_transition, replay_step, start_state, train_epoch
+from trainer.round import (
+    RoundSpec,
+    compress_seed,
+    final_transition,
+    replay_step,
+    start_state,
+    train_epoch,
+)
 from verifier.replay import check_final, check_payload, check_step
 
 pytestmark = pytest.mark.unit

@@ -21,7 +21,14 @@ from protocol import merkle
 from protocol.chain import build_response
 from protocol.config import RunConfig
 from protocol.digest import keccak, state_digest
-from protocol.formats import AUDIT_FORMAT, build_manifest, decode_manifest, encode_dataclass, encode_manifest, save_state
+from protocol.formats import (
+    AUDIT_FORMAT,
+    build_manifest,
+    decode_manifest,
+    encode_dataclass,
+    encode_manifest,
+    save_state,
+)
 from protocol.run import initial_model, open_run, params_of, publish_run
 from protocol.store import LocalStore
 from tests.fixtures.chain import PyEvmNet

@@ -226,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, default=None, help="directory to keep the trained pseudo-gradients in")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    load0 = os.getloadavg()[0]  # the machine may be shared: timings are only as clean as this
 
     key = f"{args.preset}-r{args.rounds}-h{args.h}-b{args.batch_size}-s{args.seed}"
     cache = args.cache / f"codec-deltas-{key}.pt" if args.cache else None
@@ -278,8 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: dict[str, object] = {
         "benchmark": "codec",
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpus": os.cpu_count(), "threads": args.threads},
+        "machine": {"platform": platform.platform(), "cpu": _cpu_model(), "cpus": os.cpu_count(),
+                    "threads": args.threads, "load_average_1m": {"start": load0, "end": os.getloadavg()[0]}},
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
         "settings": {"preset": args.preset, "rounds": args.rounds, "h": args.h, "batch_size": args.batch_size,
                      "seed": args.seed, "dense_mb": dense_mb, "inner_step_s": step_s},
@@ -292,6 +293,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(markdown(result))
     return 0
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _summary(o: Outcome, rank: int, dense_mb: float) -> dict[str, object]:
@@ -333,7 +344,8 @@ def markdown(result: dict[str, object]) -> str:
     assert isinstance(s, dict)
     title = (
         f"Codec on `{s['preset']}` pseudo-gradients ({s['dense_mb']:.1f} MB fp32, {s['rounds']} rounds x "
-        f"H={s['h']}), {result['machine']['threads']} thread(s), torch {result['versions']['torch']}"  # type: ignore[index]
+        f"H={s['h']}), {result['machine']['threads']} thread(s), torch {result['versions']['torch']}, "  # type: ignore[index]
+        f"load average {result['machine']['load_average_1m']['start']:.1f} on {result['machine']['cpus']} CPUs"  # type: ignore[index]
     )
     head = (
         "| PowerSGD rank | method | rank | bytes/round | compression | rel. error (mean) | rel. error (round 1) "

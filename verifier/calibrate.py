@@ -146,10 +146,14 @@ def param_norm(a: Mapping[str, Tensor]) -> float:
 
 
 def forged_count(f: float, steps: int) -> int:
-    """Forged transitions m for a fraction f of H steps: round half up (Python's round is half-even)."""
+    """Forged transitions m of a trainer faking at least a fraction f of H steps: ceil(f·H).
+
+    "At least f" is the adversary the target is stated for; rounding down would let m/H fall below f
+    (H=642, f=0.1 would give 64 = 9.97%). The epsilon absorbs float error in f·H (0.1·100 etc.).
+    """
     if not 0 <= f <= 1 or steps < 1:
         raise ValueError(f"need 0 <= f <= 1 and steps >= 1, got {f}, {steps}")
-    return math.floor(f * steps + 0.5)
+    return math.ceil(f * steps - 1e-9)
 
 
 def detection_analytic(forged: int, steps: int, audit_steps: int) -> float:
@@ -223,9 +227,9 @@ def min_steps_for_budget(costs: Costs, audit_steps: int, final_prob: float, budg
 
 
 def audit_leaves(transitions: Sequence[int], final: bool, leaf_count: int, previous: bool) -> int:
-    """States a trainer reveals for an audit (protocol.formats.required_leaves, plus the previous
-    epoch's start and end state when the final check is drawn after epoch 0)."""
-    return len(required_leaves(transitions, final, leaf_count)) + (2 if final and previous else 0)
+    """State files a trainer publishes for an audit in exact mode: protocol.formats.required_leaves,
+    plus the previous epoch's start and end state when the final check is drawn after epoch 0."""
+    return len(required_leaves(sorted(set(transitions)), final, leaf_count)) + (2 if final and previous else 0)
 
 
 def proof_bytes(leaf_count: int) -> int:

@@ -59,9 +59,11 @@ def test_param_distance_and_norm() -> None:
     assert cal.param_distance(a, {"w": torch.tensor([3.0, 0.0])}) == 4.0
 
 
-def test_forged_count_rounds_half_up() -> None:
-    assert [cal.forged_count(f, 16) for f in (0.01, 0.1, 0.5)] == [0, 2, 8]
-    assert cal.forged_count(0.5, 3) == 2 and cal.forged_count(0.25, 2) == 1  # round() would give 0
+def test_forged_count_is_at_least_f() -> None:
+    assert [cal.forged_count(f, 16) for f in (0.01, 0.1, 0.5)] == [1, 2, 8]
+    assert [cal.forged_count(f, 100) for f in (0.01, 0.1, 0.5)] == [1, 10, 50]  # no float creep past f·H
+    assert cal.forged_count(0.1, 642) == 65 and 65 / 642 >= 0.1 > 64 / 642
+    assert cal.forged_count(0.0, 8) == 0
     with pytest.raises(ValueError):
         cal.forged_count(1.5, 4)
 
@@ -103,7 +105,10 @@ def test_costs_and_smallest_h_for_a_budget() -> None:
 
 
 def test_audit_leaves_and_proof_bytes() -> None:
-    assert cal.audit_leaves([3, 3, 4], False, 17, previous=True) == len(required_leaves([3, 4], False, 17)) == 3
-    assert cal.audit_leaves([3], True, 17, previous=True) == 4 + 2  # 3, 4, 0, 16 and the previous epoch's two
-    assert cal.audit_leaves([3], True, 17, previous=False) == 4
+    # state files follow protocol.formats.required_leaves; a drawn final check adds the previous epoch's two
+    for ts, final in (([3, 3, 4], False), ([3], True), ([0, 15], True)):
+        files = len(required_leaves(sorted(set(ts)), final, 17))
+        assert cal.audit_leaves(ts, final, 17, previous=False) == files
+        assert cal.audit_leaves(ts, final, 17, previous=True) == files + (2 if final else 0)
+    assert cal.audit_leaves([3], True, 17, previous=False) >= len({3, 0, 16})
     assert cal.proof_bytes(17) == 32 * 5 and cal.proof_bytes(16) == 32 * 4 and cal.proof_bytes(1) == 0

@@ -84,6 +84,7 @@ class CompressionSection:
 @dataclass(frozen=True)
 class AuditSection:
     steps: int = 2  # transitions sampled per trainer per epoch
+    segment: int = 1  # inner steps a verifier replays from each sampled state (one state file covers them)
     final_check_bps: int = 5000  # probability (in basis points) of replaying end state → payload
     quorum: int = 1  # passing verdicts a trainer needs
     mode: str = "exact"  # "exact" (bitwise) or "tolerant"
@@ -173,6 +174,8 @@ def _check(cfg: RunConfig) -> list[str]:
         p.append(f"audit.mode must be 'exact' or 'tolerant', got {a.mode!r}")
     if not 0 <= a.final_check_bps <= 10_000 or not 0 <= st.slash_bps <= 10_000:
         p.append("basis-point fields (audit.final_check_bps, stakes.slash_bps) must be within 0..10000")
+    if a.segment < 1:
+        p.append("audit.segment must be at least 1")
     if not 1 <= a.steps <= 64 or not 1 <= a.quorum <= 16:
         p.append("need 1 <= audit.steps <= 64 and 1 <= audit.quorum <= 16 (the contract's limits)")
     if min(cfg.windows.commit_s, cfg.windows.reveal_s, cfg.windows.response_s, cfg.windows.verdict_s, cfg.windows.finalize_s) < 1:

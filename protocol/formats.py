@@ -580,10 +580,14 @@ class ChallengedState:
 class AuditManifest:
     """A trainer's answer to an audit: the challenged transitions and the states they need.
 
-    `transitions` are the k of challenged steps k -> k+1 (sorted, distinct); `final` says the end
-    state -> payload check was drawn. `states` (sorted by leaf index, distinct) must hold leaves
-    k and k+1 of every transition, and leaves 0 and leaf_count-1 when `final` is set (the payload
-    is a function of both). With `final`, `previous` holds the start and end states (leaves 0 and
+    `transitions` are the k of challenged steps (sorted, distinct); each is checked by replaying
+    `segment` steps, k -> end(k) = min(k + segment, leaf_count - 1). `final` says the end state ->
+    payload check was drawn. `states` (files, sorted by leaf index, distinct) hold leaf k of every
+    transition, and leaves 0 and leaf_count-1 when `final` is set (the payload is a function of
+    both). `ends` prove the leaves end(k); their files are published (cid set) only when the run
+    audits in tolerant mode, since an exact replay only compares digests. Publishing one state per
+    challenge instead of two, and covering `segment` steps with it, is what keeps audit traffic far
+    below the payload traffic it protects for large models (docs/protocol.md §5). With `final`, `previous` holds the start and end states (leaves 0 and
     previous_leaf_count-1) of the trainer's previous epoch, proven against that epoch's trace root,
     so a verifier can also check the start-state rule (docs/protocol.md §8); it is empty when the
     trainer started fresh.
@@ -600,6 +604,8 @@ class AuditManifest:
     previous_root: Digest = _ZERO32
     previous_leaf_count: int = 0
     previous: tuple[ChallengedState, ...] = ()
+    segment: int = 1
+    ends: tuple[ChallengedState, ...] = ()
 
     def state(self, leaf_index: int) -> ChallengedState:
         for s in self.states:
@@ -607,13 +613,30 @@ class AuditManifest:
                 return s
         raise FormatError(f"audit manifest has no state for leaf {leaf_index}")
 
+    def end(self, k: int) -> ChallengedState:
+        """The proven leaf a replay from leaf k must reach."""
+        target = segment_end(k, self.segment, self.leaf_count)
+        for s in self.ends:
+            if s.leaf_index == target:
+                return s
+        raise FormatError(f"audit manifest has no proof for leaf {target}")
+
+
+def segment_end(k: int, segment: int, leaf_count: int) -> int:
+    return min(k + segment, leaf_count - 1)
+
 
 def required_leaves(transitions: Sequence[int], final: bool, leaf_count: int) -> list[int]:
-    """The leaf indices a manifest must reveal for these challenges."""
-    need = {k for t in transitions for k in (t, t + 1)}
+    """The leaf indices whose state files a manifest must publish for these challenges."""
+    need = set(transitions)
     if final:
         need |= {0, leaf_count - 1}
     return sorted(need)
+
+
+def required_ends(transitions: Sequence[int], segment: int, leaf_count: int) -> list[int]:
+    """The leaf indices a manifest must prove as segment ends."""
+    return sorted({segment_end(k, segment, leaf_count) for k in transitions})
 
 
 def validate_manifest(m: AuditManifest) -> None:
@@ -649,6 +672,22 @@ def validate_manifest(m: AuditManifest) -> None:
             raise FormatError(
                 f"audit manifest state {s.leaf_index}: Merkle proof does not lead to the trace root"
             )
+    if not 1 <= m.segment <= 1 << 32:
+        raise FormatError(f"audit manifest segment {m.segment} must be at least 1")
+    ends = [s.leaf_index for s in m.ends]
+    if ends != required_ends(m.transitions, m.segment, m.leaf_count):
+        raise FormatError(f"audit manifest proves ends {ends}, the challenges need exactly "
+                          f"{required_ends(m.transitions, m.segment, m.leaf_count)}")
+    for s in m.ends:
+        if s.cid:
+            try:
+                validate_cid(s.cid)
+            except CidError as exc:
+                raise FormatError(f"audit manifest end {s.leaf_index}: {exc}") from None
+        if len(s.digest) != 32 or len(s.proof) != depth or any(len(p) != 32 for p in s.proof) or not merkle.verify(
+            m.trace_root, s.digest, s.leaf_index, m.leaf_count, s.proof
+        ):
+            raise FormatError(f"audit manifest end {s.leaf_index}: Merkle proof does not lead to the trace root")
     if not m.previous:
         if m.previous_leaf_count != 0 or m.previous_root != _ZERO32:
             raise FormatError("audit manifest has previous_root/previous_leaf_count but no previous states")
@@ -679,7 +718,7 @@ def decode_manifest(data: bytes, *, max_bytes: int = DEFAULT_MAX_JSON_BYTES) -> 
     m = decode_dataclass(AuditManifest, data, AUDIT_FORMAT, max_bytes=max_bytes)
     if len(m.previous_root) != 32:
         raise FormatError("audit manifest previous_root must be 32 bytes")
-    for s in (*m.states, *m.previous):
+    for s in (*m.states, *m.previous, *m.ends):
         for d in (s.digest, *s.proof):
             if len(d) != 32:
                 raise FormatError(f"audit manifest state {s.leaf_index}: digests must be 32 bytes")
@@ -700,8 +739,13 @@ def build_manifest(
     cid_of_leaf: Callable[[int], Cid] | Mapping[int, Cid],
     previous_trace: Sequence[bytes] = (),
     previous_cid_of_leaf: Callable[[int], Cid] | Mapping[int, Cid] | None = None,
+    segment: int = 1,
+    publish_ends: bool = False,
 ) -> AuditManifest:
-    """Assemble (and validate) the manifest for a trace and its challenges; proofs are computed here."""
+    """Assemble (and validate) the manifest for a trace and its challenges; proofs are computed here.
+
+    `publish_ends` (tolerant mode) also publishes the segment-end states through `cid_of_leaf`.
+    """
     leaf_count = len(trace)
     ts = sorted(set(transitions))
     lookup = cid_of_leaf.__getitem__ if isinstance(cid_of_leaf, Mapping) else cid_of_leaf
@@ -718,9 +762,13 @@ def build_manifest(
             ChallengedState(i, plook(i), Digest(bytes(previous_trace[i])), tuple(merkle.prove(previous_trace, i)))
             for i in (0, len(previous_trace) - 1)
         )
+    ends = tuple(
+        ChallengedState(i, lookup(i) if publish_ends else Cid(""), Digest(bytes(trace[i])), tuple(merkle.prove(trace, i)))
+        for i in required_ends(ts, segment, leaf_count)
+    )
     m = AuditManifest(
         run_id, epoch, trainer, merkle.root(trace), leaf_count, tuple(ts), final, states,
-        prev_root, len(previous_trace) if previous else 0, previous,
+        prev_root, len(previous_trace) if previous else 0, previous, segment, ends,
     )
     validate_manifest(m)
     return m

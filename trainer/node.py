@@ -329,6 +329,7 @@ class TrainerNode:
             cid_of_leaf=lambda k: cids.setdefault(k, cid_of(d, k)),
             previous_trace=[bytes.fromhex(x) for x in prev.meta["digests"]] if use_prev and prev else (),
             previous_cid_of_leaf=(lambda k: cid_of(prev, k)) if use_prev and prev else None,
+            segment=self.ctx.config.audit.segment, publish_ends=self.ctx.config.audit.mode == "tolerant",
         )
         encoded = encode_manifest(manifest)
         mcid = self.store.put(encoded)

@@ -175,13 +175,17 @@ class VerifierNode:
                                 else "manifest does not match the on-chain trace root, leaf count or challenges"))
         if not bound:
             return
+        audit = self.ctx.config.audit
+        if m.segment != audit.segment:
+            findings.append(Finding("manifest", False, f"segment {m.segment}, the run audits {audit.segment} steps"))
+            return
         states = {s.leaf_index: self._state(s.cid, s.digest) for s in m.states}
-        tolerant = self.ctx.config.audit.mode == "tolerant"
         for k in m.transitions:
+            end = m.end(k)
             findings.append(check_step(
-                states[k], k, m.state(k + 1).digest, spec, self.ctx.corpus, e, slot,
-                mode=self.ctx.config.audit.mode, tolerance=self.ctx.config.audit.tolerance,
-                next_state=states[k + 1] if tolerant else None,
+                states[k], k, end.digest, spec, self.ctx.corpus, e, slot, steps=end.leaf_index - k,
+                mode=audit.mode, tolerance=audit.tolerance,
+                next_state=self._state(end.cid, end.digest) if audit.mode == "tolerant" else None,
             ))
         if m.final:
             end = states[m.leaf_count - 1]

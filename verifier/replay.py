@@ -62,22 +62,24 @@ def max_rel_error(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> float:
 
 
 def check_step(
-    state_k: Mapping[str, Tensor], k: int, next_digest: Digest, spec: RoundSpec, corpus: Corpus,
-    epoch: int, slot: int, *, mode: str = "exact", tolerance: float = 0.0,
+    state_k: Mapping[str, Tensor], k: int, end_digest: Digest, spec: RoundSpec, corpus: Corpus,
+    epoch: int, slot: int, *, steps: int = 1, mode: str = "exact", tolerance: float = 0.0,
     next_state: Mapping[str, Tensor] | None = None,
 ) -> Finding:
-    """Replay inner step k → k+1 on the trainer's own batch and compare with its committed leaf k+1.
+    """Replay inner steps k → k+steps on the trainer's own batches; compare with its committed leaf.
 
-    exact: the replayed digest must equal leaf k+1. tolerant: the published state k+1 (whose digest
-    is leaf k+1) must lie within `tolerance` of the replay, which absorbs float differences between
+    exact: the replayed digest must equal the leaf. tolerant: the published end state `next_state` (whose digest
+    is the leaf) must lie within `tolerance` of the replay, which absorbs float differences between
     machines while a forged state still fails.
     """
-    name = f"step {k}->{k + 1}"
+    name = f"step {k}->{k + steps}"
     try:
-        replayed, _ = replay_step(state_k, spec, corpus, epoch, slot, k)
+        replayed = dict(state_k)
+        for j in range(k, k + steps):
+            replayed, _ = replay_step(replayed, spec, corpus, epoch, slot, j)
     except Exception as exc:  # noqa: BLE001 - any failure on a trainer's data is a failed check
         return _fail(name, exc)
-    if state_digest(replayed) == next_digest:
+    if state_digest(replayed) == end_digest:
         return Finding(name, True, "bitwise match")
     if mode != "tolerant" or next_state is None:
         return Finding(name, False, "replayed state digest differs from the committed leaf")

@@ -306,7 +306,8 @@ def _manifest(n: int = 9, transitions: tuple[int, ...] = (2, 5), final: bool = T
 
 def test_manifest_round_trip_and_contents() -> None:
     m = _manifest()
-    assert [s.leaf_index for s in m.states] == [0, 2, 3, 5, 6, 8]  # final needs the start state too
+    assert [s.leaf_index for s in m.states] == [0, 2, 5, 8]  # final needs the start state too
+    assert [s.leaf_index for s in m.ends] == [3, 6] and all(s.cid == "" for s in m.ends)  # digests only
     data = formats.encode_manifest(m)
     assert data == canonical_json(json.loads(data))
     back = formats.decode_manifest(data)
@@ -378,8 +379,20 @@ def test_cids_of_leaves_can_be_a_mapping() -> None:
     cids = {i: Cid(cid_of(bytes([i]))) for i in range(4)}
     m = formats.build_manifest(run_id=0, epoch=0, trainer=TRAINER, trace=trace, transitions=[0],
                                final=False, cid_of_leaf=cids)
-    assert [s.cid for s in m.states] == [cids[0], cids[1]]
+    assert [s.cid for s in m.states] == [cids[0]]
     assert isinstance(io.BytesIO(formats.encode_manifest(m)).read(), bytes)
+
+
+def test_segment_audits_prove_the_segment_end_and_publish_it_when_tolerant() -> None:
+    trace = _trace(9)
+    m = formats.build_manifest(run_id=0, epoch=0, trainer=TRAINER, trace=trace, transitions=[1, 6], final=False,
+                               cid_of_leaf=lambda i: cid_of(b"s%d" % i), segment=4, publish_ends=True)
+    assert [s.leaf_index for s in m.states] == [1, 6]
+    assert [s.leaf_index for s in m.ends] == [5, 8]  # 6 + 4 is cut at the last leaf
+    assert m.end(6).cid == cid_of(b"s8") and formats.decode_manifest(formats.encode_manifest(m)) == m
+    wrong = dataclasses.replace(m, ends=(m.ends[0], dataclasses.replace(m.ends[1], digest=trace[7])))
+    with pytest.raises(FormatError, match="end 8"):
+        formats.encode_manifest(wrong)
 
 
 def test_manifest_without_previous_states_has_no_previous_root() -> None:

@@ -83,3 +83,9 @@ def test_start_rule_check(setup) -> None:
 
 def test_leaf_count() -> None:
     assert check_leaf_count(9, 8).passed and not check_leaf_count(3, 8).passed
+
+
+def test_segment_replay_covers_every_step_it_spans(setup) -> None:
+    spec, corpus, _, s0, trace = setup
+    assert check_step(s0, 0, trace.digests[3], spec, corpus, 0, 1, steps=3).passed
+    assert not check_step(s0, 0, trace.digests[2], spec, corpus, 0, 1, steps=3).passed  # wrong end leaf

@@ -201,3 +201,24 @@ def test_verifiers_that_join_back_to_back_are_assigned_together_more_often() -> 
     together = sum(set(assigned_verifiers(rng.randbytes(32), HONEST, verifiers, 2)) == colluders for _ in range(n)) / n
     assert abs(together - 1 / 8) < 0.02
     assert together > 3 * (2 / (8 * 7))  # well above what sampling two distinct verifiers at random gives
+
+
+def test_one_forged_transition_steers_the_payload_past_the_final_check(epoch) -> None:
+    """The payload is a function of leaves 0 and L-1 only: a trainer that swaps in an end state of its
+    choosing and encodes *that* honestly passes the final check and every step but the last one, so
+    it escapes with the lazy bound for f = 1/H, whatever q_final is."""
+    spec, corpus, states, pub, shapes = epoch
+    start, end = states[0], states[-1]
+    steered = {k: (start[k] - 25.0 * (start[k] - v) if k.startswith(PARAM) else v) for k, v in end.items()}
+    forged = states[:-1] + [steered]
+    digests = [state_digest(s) for s in forged]
+    fin = final_transition(start, steered, spec, RUN, 0, SLOT, HONEST, RANK).publication
+    assert check_final(start, steered, keccak(fin), spec, RUN, 0, SLOT, HONEST, RANK).passed
+    assert check_payload(fin, RUN, 0, HONEST, shapes).passed
+    failing = {k for k in range(H) if not check_step(forged[k], k, digests[k + 1], spec, corpus, 0, SLOT).passed}
+    assert failing == {H - 1}
+    honest = decode(unwrap(pub).body, shapes)
+    big = decode(unwrap(fin).body, shapes)
+    ratio = sum(float(big[n].norm()) for n in shapes) / sum(float(honest[n].norm()) for n in shapes)
+    assert ratio > 20
+    assert abs(_escape_rate({H - 1}, H + 1, 2) - (1 - 1 / H) ** 2) < 0.035  # 77% for H = 8, s = 2

@@ -132,7 +132,7 @@ def play_epoch(ledger: Ledger, coord: Chain, trainers: list[Chain], verifiers: M
 
 def bench_count(url: str, address: str, ledger: Ledger, n: int) -> dict[str, Any]:
     w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": 60}))
-    accts = w3.eth.accounts
+    accts = list(w3.eth.accounts)
     coord = Chain(w3, address, accts[0])
     res = coord._transact("createRun", run_params(accts[0], n).to_abi())
     ledger.add("createRun", res.gas_used)
@@ -170,7 +170,7 @@ def bench_count(url: str, address: str, ledger: Ledger, n: int) -> dict[str, Any
 def extra_calls(url: str, address: str, ledger: Ledger) -> None:
     """startAudit, settle, leaveRun, withdraw and claim, each measured once on a small run."""
     w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": 60}))
-    a = w3.eth.accounts
+    a = list(w3.eth.accounts)
     coord = Chain(w3, address, a[0])
     p = run_params(a[0], 2)
     run_id = coord.create_run(p)
@@ -223,7 +223,7 @@ def machine() -> dict[str, Any]:
             "cpus": os.cpu_count()}
 
 
-def summarize(ledger: Ledger) -> dict[str, dict[str, float]]:
+def summarize(ledger: Ledger) -> dict[str, dict[str, int]]:
     out = {}
     for name, xs in ledger.calls.items():
         out[name] = {"n": len(xs), "mean": round(sum(xs) / len(xs)), "min": min(xs), "max": max(xs)}

@@ -212,6 +212,14 @@ def test_bad_inputs_raise_compress_error() -> None:
         CompressionConfig(rank_min=9, rank_initial=8)
 
 
+def test_scalars_and_other_dtypes_round_trip() -> None:
+    d = {"scale": torch.tensor(0.25), "half": torch.randn(70, 80, generator=_gen(2)).half()}
+    out = compress(d, {}, 4, 0, CFG)
+    dec = decode(out.payload, {"scale": (), "half": (70, 80)})
+    assert dec["scale"].shape == () and abs(float(dec["scale"]) - 0.25) <= 0.25 / 254
+    assert dec["half"].dtype == torch.float16 and out.new_ef["half"].dtype == torch.float16
+
+
 def test_zero_pseudo_gradient_compresses_to_zero() -> None:
     z = {"w": torch.zeros(64, 64), "b": torch.zeros(7)}
     out = compress(z, {}, 4, 0, CFG)

@@ -49,10 +49,10 @@ def _events(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def measure(opts: DemoOptions) -> dict[str, Any]:
+def measure(opts: DemoOptions, segment: int = 1) -> dict[str, Any]:
     t0 = time.time()
     with open(os.devnull, "w") as quiet:
-        summary = run_demo(opts, out=quiet)
+        summary = run_demo(opts, out=quiet, config=opts.config().replace(audit={"segment": segment}))
     logs = {p.stem: _events(p) for p in (opts.workdir / "logs").glob("*.jsonl")}
     overheads, compute_total, digest_total, per_epoch_bytes = [], 0.0, 0.0, []
     for name, evs in logs.items():
@@ -85,6 +85,8 @@ def measure(opts: DemoOptions) -> dict[str, Any]:
         "verifiers": opts.verifiers,
         "epochs": opts.epochs,
         "h_initial": h,
+        "audit_steps": opts.config().audit.steps,
+        "audit_segment": segment,
         "wall_seconds": round(time.time() - t0, 1),
         "epochs_finalized": summary["epochs_finalized"],
         "final_eval_loss": summary["final_eval_loss"],
@@ -102,17 +104,19 @@ def measure(opts: DemoOptions) -> dict[str, Any]:
     }
 
 
-def markdown(r: dict[str, Any]) -> str:
-    return "\n".join([
-        "| measure | veriloco (DiLoCoX + verification) | AllReduce | ratio |",
-        "|---|---:|---:|---:|",
-        f"| bytes per trainer per epoch | {r['bytes_per_trainer_per_epoch']:,} | "
-        f"{r['allreduce_bytes_per_trainer_per_epoch']:,} | {r['traffic_reduction_vs_allreduce']}x less |",
-        f"| protocol overhead (share of epoch wall time) | {r['overhead_fraction']:.1%} | - | target <= 10% |",
-        f"| verifier compute / trainer compute | {r['verifier_compute_fraction']:.1%} | - | target <= 10% |",
-        f"| state digests / training compute | {r['digest_fraction_of_compute']:.1%} | - | |",
-        f"| eval loss | {r['initial_eval_loss']} -> {r['final_eval_loss']} | | |",
-    ])
+def markdown(runs: list[dict[str, Any]]) -> str:
+    rows = [
+        "| scenario | H | audit s x r | bytes/trainer/epoch | AllReduce bytes | reduction | overhead | verifier/trainer compute | digests/compute | eval loss |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in runs:
+        rows.append(
+            f"| {r['scenario']} | {r['h_initial']} | {r['audit_steps']} x {r['audit_segment']} | "
+            f"{r['bytes_per_trainer_per_epoch']:,} | {r['allreduce_bytes_per_trainer_per_epoch']:,} | "
+            f"{r['traffic_reduction_vs_allreduce']}x | {r['overhead_fraction']:.1%} | {r['verifier_compute_fraction']:.1%} | "
+            f"{r['digest_fraction_of_compute']:.1%} | {r['initial_eval_loss']} -> {r['final_eval_loss']} |"
+        )
+    return "\n".join(rows)
 
 
 def main() -> int:
@@ -124,14 +128,20 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--steps", type=int, default=24)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="veriloco-bench-") as tmp:
-        r = measure(DemoOptions(trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs,
-                                preset=args.preset, steps=args.steps, workdir=Path(tmp)))
-    r["machine"] = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-                    "cpus": os.cpu_count(), "load_average": os.getloadavg()}
+    scenarios = [("demo", args.steps, 1), ("long rounds", args.steps * 4, 4)]
+    runs = []
+    for name, h, segment in scenarios:
+        with tempfile.TemporaryDirectory(prefix="veriloco-bench-") as tmp:
+            r = measure(DemoOptions(trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs,
+                                    preset=args.preset, steps=h, workdir=Path(tmp)), segment=segment)
+        runs.append({"scenario": name, **r})
+        print(f"{name}: done in {r['wall_seconds']} s", file=sys.stderr)
+    out = {**runs[0], "scenarios": runs,
+           "machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+                       "cpus": os.cpu_count(), "load_average": os.getloadavg()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(r, indent=1, sort_keys=True) + "\n")
-    print(markdown(r))
+    args.out.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    print(markdown(runs))
     return 0
 
 

@@ -201,12 +201,12 @@ def _describe(n: NodeProc) -> str:
 
 def run_demo(opts: DemoOptions, out: TextIO = sys.stdout,
              inspect: Callable[[Chain, Any, int], None] | None = None,
-             on_tick: Callable[[Control], None] | None = None) -> dict[str, Any]:
+             on_tick: Callable[[Control], None] | None = None, config: RunConfig | None = None) -> dict[str, Any]:
     """Run the network to completion; returns the summary (also written to --report).
 
     `inspect(chain, store, run_id)` runs after the nodes stop and before the devnet does (tests use
     it to recompute aggregates against the live chain). `on_tick(control)` runs about twice a second
-    while the network runs, to kill and restart nodes.
+    while the network runs, to kill and restart nodes. `config` replaces the run config `opts` derives.
     """
     from veriloco.devnet import start_devnet
 
@@ -237,7 +237,7 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stdout,
         assert info.contract is not None
         creator = Chain(info.rpc_url, info.contract, keys[0])
         say("building the corpus and publishing the run ...")
-        run_id, cfg = publish_run(creator, store, opts.config())
+        run_id, cfg = publish_run(creator, store, config or opts.config())
         say(f"run {run_id} created on {info.rpc_url} (contract {info.contract}); config {creator.run_info(run_id).params.config_cid}")
         # Stake everyone in before any node starts, so epoch 0 opens with the whole network
         # (a node joins by itself when it is not a member yet).

@@ -44,3 +44,10 @@ def test_non_canonical_json_rejected() -> None:
     raw = RunConfig().to_json().replace(b'{"', b'{ "', 1)
     with pytest.raises(ConfigError, match="canonical"):
         from_json(raw)
+
+
+def test_example_run_config_loads() -> None:
+    from pathlib import Path
+
+    cfg = load_toml(Path(__file__).resolve().parents[2] / "examples" / "run.toml")
+    assert cfg.model.preset == "tiny" and cfg.audit.steps == 3

@@ -18,6 +18,7 @@ from protocol.config import RunConfig
 from protocol.data import build_corpus
 from protocol.digest import keccak, state_digest
 from protocol.formats import (
+    AUDIT_FORMAT,
     FormatError,
     build_manifest,
     decode_manifest,
@@ -178,16 +179,18 @@ def test_manifest_with_states_that_do_not_match_the_trace(epoch) -> None:
     m = build_manifest(run_id=RUN, epoch=0, trainer=HONEST, trace=digests, transitions=[2], final=True,
                        cid_of_leaf=cids)
     assert decode_manifest(encode_manifest(m)) == m
-    i = next(j for j, s in enumerate(m.states) if s.leaf_index == 3)
-    forged_state = type(m.states[i])(3, m.states[i].cid, keccak(os.urandom(8)), m.states[i].proof)
-    forged = type(m)(**{**m.__dict__, "states": m.states[:i] + (forged_state,) + m.states[i + 1:]})
-    with pytest.raises(FormatError, match="Merkle proof"):
-        encode_manifest(forged)
-    with pytest.raises(FormatError, match="Merkle proof"):
-        decode_manifest(encode_dataclass(forged, "veriloco.audit.v1"))
-    withheld = type(m)(**{**m.__dict__, "states": m.states[:i] + m.states[i + 1:]})
+    lie = keccak(os.urandom(8))
+    forged_states = tuple(type(x)(x.leaf_index, x.cid, lie if x.leaf_index == 2 else x.digest, x.proof) for x in m.states)
+    forged_ends = tuple(type(x)(x.leaf_index, x.cid, lie, x.proof) for x in m.ends)  # leaf 3, proven by digest
+    for bad, where in (({"states": forged_states}, "state 2"), ({"ends": forged_ends}, "end 3")):
+        forged = type(m)(**{**m.__dict__, **bad})
+        with pytest.raises(FormatError, match=f"{where}: Merkle proof"):
+            encode_manifest(forged)
+        with pytest.raises(FormatError, match=f"{where}: Merkle proof"):
+            decode_manifest(encode_dataclass(forged, AUDIT_FORMAT))
+    withheld = type(m)(**{**m.__dict__, "states": tuple(x for x in m.states if x.leaf_index != 2)})
     with pytest.raises(FormatError, match="need exactly"):
-        decode_manifest(encode_dataclass(withheld, "veriloco.audit.v1"))
+        decode_manifest(encode_dataclass(withheld, AUDIT_FORMAT))
 
 
 def test_verifiers_that_join_back_to_back_are_assigned_together_more_often() -> None:

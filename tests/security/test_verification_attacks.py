@@ -140,9 +140,10 @@ def test_payload_copied_after_its_reveal(epoch) -> None:
 
 
 @pytest.mark.parametrize("share", [0.9, 1.1])
-def test_tolerance_abuse_drift_is_bounded_by_h_times_the_tolerance(epoch, share: float) -> None:
+def test_tolerance_abuse_passes_every_step_and_accumulates(epoch, share: float) -> None:
     """Nudging every step by `share` of the tolerant bound towards a target: just inside, every replay
-    passes and the end state drifts about H times one step's allowance; just outside, the first fails."""
+    passes and, over this short epoch, the end state drifts about H times one step's allowance (long
+    epochs amplify it further, docs/results-verification.md); just outside, the first step fails."""
     spec, corpus, honest, _, _ = epoch
     tol = 1e-3
     name = next(k for k in honest[0] if k.startswith(PARAM) and honest[0][k].dim() == 2)

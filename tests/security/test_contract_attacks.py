@@ -497,7 +497,8 @@ def test_leaving_does_not_dodge_a_slash(fresh: PyEvmNet) -> None:
 
 
 SEED_BUG = (
-    "BUG (design, contracts/Veriloco.sol _fixSeed / docs/protocol.md §5): the audit seed hashes "
+    "KNOWN GAP (contracts/Veriloco.sol _fixSeed, docs/contract.md 'Audit seed: bias and hardening', "
+    "hardening not implemented): the audit seed hashes "
     "block.prevrandao and blockhash(block.number - 1) of the block holding the closing reveal; both are "
     "known before that block (prevrandao of block n is the beacon RANDAO mix after block n-1), so the "
     "trainer that reveals last predicts its own sample and times its reveal (one try per block of the "

@@ -230,6 +230,23 @@ def summarize(ledger: Ledger) -> dict[str, dict[str, int]]:
     return out
 
 
+def collapse_batches(per_call: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """One row for all `submitVerdicts (N verdicts)` batch sizes (the JSON keeps each size)."""
+    out: dict[str, dict[str, int]] = {}
+    batches = [(k, v) for k, v in per_call.items() if k.startswith("submitVerdicts (")]
+    for k, v in per_call.items():
+        if not k.startswith("submitVerdicts ("):
+            out[k] = v
+    if batches:
+        n = sum(v["n"] for _, v in batches)
+        sizes = [int(k.split("(")[1].split()[0]) for k, _ in batches]
+        out[f"submitVerdicts (batch of {min(sizes)}-{max(sizes)})"] = {
+            "n": n, "mean": round(sum(v["mean"] * v["n"] for _, v in batches) / n),
+            "min": min(v["min"] for _, v in batches), "max": max(v["max"] for _, v in batches),
+        }
+    return out
+
+
 def markdown(result: dict[str, Any]) -> str:
     rows = ["| trainers | commit | reveal | respond | verdicts | finalize | **total / trainer / epoch** | vs 250k target | unbatched verdicts | batched / unbatched | first epoch (cold storage) |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -241,7 +258,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"{b['total'] / u['total']:.2f}× | {r['first_epoch']['total']:,.0f} |"
         )
     calls = ["| call | mean gas | min | max | n |", "|---|---:|---:|---:|---:|"]
-    for name, s in sorted(result["per_call"].items()):
+    for name, s in sorted(collapse_batches(result["per_call"]).items()):
         calls.append(f"| `{name}` | {s['mean']:,} | {s['min']:,} | {s['max']:,} | {s['n']} |")
     big = result["per_count"].get("256") or list(result["per_count"].values())[-1]
     fits = (f"{big['trainers']}-trainer epoch: {big['epoch_total_gas']:,} gas in all "
@@ -257,9 +274,15 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, required=True, help="JSON result file")
+    ap.add_argument("--out", type=Path, help="JSON result file (required unless --render)")
+    ap.add_argument("--render", type=Path, help="print the Markdown tables of an existing result JSON and exit")
     ap.add_argument("--trainers", default="1,8,64,256", help="comma-separated trainer counts (max 256)")
     args = ap.parse_args()
+    if args.render:
+        print(markdown(json.loads(args.render.read_text())))
+        return 0
+    if args.out is None:
+        ap.error("--out is required")
     counts = [int(x) for x in args.trainers.split(",")]
     if max(counts) > 256 or min(counts) < 1:
         ap.error("trainer counts must be within 1..256")

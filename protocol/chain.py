@@ -347,6 +347,21 @@ def _translate(exc: Exception) -> ChainError | None:
 # ---------------------------------------------------------------- deploy
 
 
+_KEY_LEN = 66  # "0x" + 64 hex digits
+
+
+def as_account(account: LocalAccount | str | None) -> LocalAccount | str | None:
+    """A hex private key becomes a LocalAccount (signed here); an address stays an address (the node signs)."""
+    if isinstance(account, str) and len(account) == _KEY_LEN:
+        from eth_account import Account
+
+        try:
+            return Account.from_key(account)
+        except (ValueError, TypeError) as exc:
+            raise ChainError(f"the account string looks like a private key but is not one: {exc}") from None
+    return account
+
+
 def _sender(account: LocalAccount | str) -> Address:
     return Address(to_checksum_address(account if isinstance(account, str) else account.address))
 
@@ -362,6 +377,7 @@ def deploy(w3: Web3, account: LocalAccount | str, timeout: float = 120.0) -> Add
     """Deploy the committed Veriloco build from `account`; returns the contract address."""
     art = artifact()
     factory = w3.eth.contract(abi=art["abi"], bytecode=art["bytecode"])
+    account = as_account(account)  # type: ignore[assignment]
     sender = _sender(account)
     where = _where(w3)
 
@@ -400,8 +416,8 @@ def _block_gas_limit(w3: Web3) -> int:
 class Chain:
     """One contract deployment seen by one account (or read-only when `account` is None).
 
-    `account` is an eth_account LocalAccount (signed locally; nonces tracked here) or the address
-    of an account the node signs for (eth-tester, anvil's dev accounts).
+    `account` is an eth_account LocalAccount or a 0x hex private key (signed locally; nonces tracked
+    here), or the address of an account the node signs for (eth-tester, anvil's dev accounts).
     """
 
     def __init__(
@@ -437,8 +453,8 @@ class Chain:
                 f"({len(code)} bytes of code, expected {len(expected)}); deploy the current build or update veriloco"
             )
         self.contract = self.w3.eth.contract(address=to_checksum_address(self.address), abi=artifact()["abi"])
-        self.account = account
-        self.sender: Address | None = _sender(account) if account is not None else None
+        self.account = as_account(account)
+        self.sender: Address | None = _sender(self.account) if self.account is not None else None
         self.receipt_timeout = receipt_timeout
         self._nonce: int | None = None
         self._lock = threading.Lock()

@@ -427,3 +427,55 @@ def test_hash_slots_rotate_over_many_epochs(fresh: Any) -> None:
         assert phase(r, e) == Phase.FINALIZED
     # the previous epoch's root stays readable while the next epoch audits (verifiers rely on it)
     assert c.submission(rid, 2, r.trainers[1].address).trace_root == r.trainers[1].material(2).root
+
+
+def test_audit_deadlines_and_single_use_errors(fresh: Any) -> None:
+    r = make_run(fresh, n_trainers=2, n_verifiers=2)
+    rid, c = r.run_id, r.coord
+    a, b = r.trainers
+    for t in r.trainers:
+        t.commit(0)
+    with pytest.raises(ce.BadLeafCount) as bl:
+        a.chain.reveal(rid, 0, "x", keccak(b"p"), keccak(b"r"), 1, keccak(b"s"))
+    assert (bl.value.actual, bl.value.minimum, bl.value.maximum) == (1, 2, 2**24 - 1)
+    for t in r.trainers:
+        t.reveal(0)
+    with pytest.raises(ce.WrongPhase) as wp:
+        a.reveal(0)  # reveals closed the moment both revealed
+    assert wp.value.actual == Phase.AUDITING
+    v = r.verifier(c.assignment(rid, 0, a.address).verifiers[0])
+    with pytest.raises(ce.NotResponded):
+        v.submit_verdict(rid, 0, a.address, True, "e")
+    a.respond(0)
+    with pytest.raises(ce.AlreadyResponded):
+        a.respond(0)
+    times = c.epoch_times(rid, 0)
+    r.net.advance(times.response_deadline - c.now() + 1)
+    with pytest.raises(ce.DeadlinePassed) as dp:
+        b.respond(0)
+    assert dp.value.deadline == times.response_deadline and dp.value.now_ts >= dp.value.deadline
+    r.judge_all(0)  # verdicts are still open for the trainer that responded
+    assert c.epoch_status(rid, 0).passed == 1
+    r.net.advance(times.verdict_deadline - c.now() + 1)
+    with pytest.raises(ce.DeadlinePassed):
+        v.submit_verdict(rid, 0, b.address, True, "e")
+    with pytest.raises(ce.NothingToWithdraw):
+        fresh.chain(OUTSIDER).claim()
+
+
+def test_signing_with_a_private_key(fresh: Any) -> None:
+    """The binding signs raw transactions (and tracks nonces) when given a key instead of an address."""
+    from eth_account import Account
+
+    acct = Account.create()
+    fresh.w3.eth.send_transaction({"from": fresh.accounts[COORD], "to": acct.address, "value": 10**19})
+    signer = Chain(fresh.w3, fresh.address, "0x" + bytes(acct.key).hex())
+    assert signer.sender == acct.address
+    run_id = signer.create_run(params(acct.address, quorum=1))
+    for _ in range(3):  # consecutive transactions: local nonce tracking
+        run_id = signer.create_run(params(acct.address, quorum=1))
+    assert signer.run_info(run_id).creator == acct.address
+    signer._nonce = 0  # a stale nonce (e.g. the key used elsewhere): the send fails, the next resyncs
+    with pytest.raises(ce.ChainError):
+        signer.create_run(params(acct.address, quorum=1))
+    assert signer.create_run(params(acct.address, quorum=1)) == run_id + 1

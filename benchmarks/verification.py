@@ -75,6 +75,7 @@ RUN_ID = 1
 FS = (0.01, 0.1, 0.5)
 AUDIT_STEPS = (1, 2, 4, 8, 16, 32, 44, 64)  # 44 = min s for 1-0.9^s >= 0.99; 64 = the contract's limit
 FINAL_BPS = (5000, 10000)
+SEGMENTS = ((11, 4), (4, 11), (1, 44), (8, 8))  # (audit steps s, segment r): s·r = 44 replayed steps, and 8 × 8
 TARGET_F, TARGET_DETECT, TARGET_COMPUTE = 0.1, 0.99, 0.10
 CORPUS_BYTES = 200_000
 
@@ -96,13 +97,15 @@ def advance(spec: RoundSpec, corpus: Corpus, slot: int, steps: int) -> State:
     return s
 
 
-def best_of(n: int, fn: Callable[[], object]) -> float:
-    """Fastest of n runs: the machine is shared, the minimum is the least disturbed measurement."""
-    best = math.inf
+def interleaved_best(n: int, fns: Sequence[Callable[[], object]]) -> list[float]:
+    """Fastest of n runs of each function, run round-robin so that every function sees the same
+    share of a shared machine's load (timing them one after another let load shifts reorder them)."""
+    best = [math.inf] * len(fns)
     for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
+        for i, fn in enumerate(fns):
+            t = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t)
     return best
 
 
@@ -205,6 +208,21 @@ def replay_external(
     return res
 
 
+def multi_step_divergence(spec: RoundSpec, corpus: Corpus, slot: int, steps: int) -> dict[int, float]:
+    """Honest divergence after r steps replayed from one shared state (what a segment audit of
+    length r compares in tolerant mode): trainer at 2 threads, verifier at 1, r = 1, 2, 4, ..."""
+    trainer = verifier = fresh_start(spec)
+    out: dict[int, float] = {}
+    for k in range(steps):
+        configure_determinism(2)
+        trainer, _ = replay_step(trainer, spec, corpus, 0, slot, k)
+        configure_determinism(1)
+        verifier, _ = replay_step(verifier, spec, corpus, 0, slot, k)
+        if (k + 1) & k == 0:
+            out[k + 1] = max_rel_error(verifier, trainer)
+    return out
+
+
 def calibrate(corpus: Corpus, quick: bool, tmp: Path, log: Callable[[str], None]) -> dict[str, Any]:
     spec = spec_for("tiny")
     n_cal = 16 if quick else 64  # transitions per in-process calibration condition
@@ -259,7 +277,15 @@ def calibrate(corpus: Corpus, quick: bool, tmp: Path, log: Callable[[str], None]
         name = (f"separate process, {setting} thread(s) → 1" if kind == "process"
                 else f"pipeline S=2, {setting} micro-batch(es) → S=1")
         val[name] = {"replays": len(fails), "false_positives": int(sum(fails))}
+    seg: dict[str, float] = {}
+    for i in range(2 if quick else 3):
+        for r, v in multi_step_divergence(spec, corpus, 700 + i, 16 if quick else 64).items():
+            seg[str(r)] = max(seg.get(str(r), 0.0), v)
+    log(f"segment divergence: {seg}")
     return {
+        "segment_divergence_max": seg,
+        "longest_segment_within_tolerance": max(int(r) for r, v in seg.items() if v * cal.SAFETY_FACTOR <= tol)
+        if any(v * cal.SAFETY_FACTOR <= tol for v in seg.values()) else 0,
         "rule": f"max honest divergence over all conditions × {cal.SAFETY_FACTOR:g}, at least {cal.FLOOR:g}, rounded up to one significant digit",
         "safety_factor": cal.SAFETY_FACTOR,
         "floor": cal.FLOOR,
@@ -282,6 +308,7 @@ def tolerance_abuse(corpus: Corpus, tol: float, steps: int) -> dict[str, Any]:
     honest = abusive = fresh_start(spec)
     slot = 400
     passed, rel_nudges, rel_updates = 0, [], []
+    drift_at: dict[str, float] = {}  # drift after k steps, to see whether it stays linear in k
     for k in range(steps):
         honest_next, _ = replay_step(honest, spec, corpus, 0, slot, k)
         rep, _ = replay_step(abusive, spec, corpus, 0, slot, k)
@@ -294,6 +321,8 @@ def tolerance_abuse(corpus: Corpus, tol: float, steps: int) -> dict[str, Any]:
         rel_nudges.append(cal.param_distance(pub, rep) / cal.param_norm(rep))
         rel_updates.append(cal.param_distance(honest_next, honest) / cal.param_norm(honest))
         honest, abusive = honest_next, pub
+        if (k + 1) & k == 0 and k >= 3:  # after 4, 8, 16, ... steps
+            drift_at[str(k + 1)] = cal.param_distance(abusive, honest) / cal.param_norm(honest)
     # one step more, nudged to twice the bound: must fail
     rep, _ = replay_step(abusive, spec, corpus, 0, slot, steps)
     over = dict(rep)
@@ -319,6 +348,7 @@ def tolerance_abuse(corpus: Corpus, tol: float, steps: int) -> dict[str, Any]:
         "median_rel_honest_update_per_step": rel_updates[len(rel_updates) // 2],
         "drift_after_epoch_rel": cal.param_distance(abusive, honest) / cal.param_norm(honest),
         "linear_bound_after_epoch_rel": steps * tol,
+        "drift_rel_after_steps": drift_at,
         "distance_to_target_closed": (d_h - d_a) / d_h,
         # what aggregation sees: the pseudo-gradient start - end (same start, so end_a - end_h over start - end_h)
         "pseudo_gradient_deviation_rel": cal.param_distance(abusive, honest) / cal.param_distance(fresh_start(spec), honest),
@@ -385,12 +415,14 @@ def measure_costs(preset: str, corpus: Corpus, reps: int) -> tuple[cal.Costs, in
     start1 = start_state(spec, g0, s0, fin.carried)
     d2 = state_digest(s2)
     pub_d = keccak(fin.publication)
-    t_step = best_of(reps, lambda: replay_step(s1, spec, corpus, 0, 1, 1))
-    t_digest = best_of(reps, lambda: state_digest(s2))
-    t_comp = best_of(reps, lambda: final_transition(s0, s2, spec, RUN_ID, 0, 1, TRAINER, rank))
-    t_check = best_of(reps, lambda: check_step(s1, 1, d2, spec, corpus, 0, 1))
-    t_final = best_of(reps, lambda: (check_final(s0, s2, pub_d, spec, RUN_ID, 0, 1, TRAINER, rank),
-                                     check_start(start1, spec, g0, s0, s2, RUN_ID, 1, 1, TRAINER, rank)))
+    t_step, t_digest, t_comp, t_check, t_final = interleaved_best(reps, [
+        lambda: replay_step(s1, spec, corpus, 0, 1, 1),
+        lambda: state_digest(s2),
+        lambda: final_transition(s0, s2, spec, RUN_ID, 0, 1, TRAINER, rank),
+        lambda: check_step(s1, 1, d2, spec, corpus, 0, 1),
+        lambda: (check_final(s0, s2, pub_d, spec, RUN_ID, 0, 1, TRAINER, rank),
+                 check_start(start1, spec, g0, s0, s2, RUN_ID, 1, 1, TRAINER, rank)),
+    ])
     costs = cal.Costs(t_step, t_digest, t_comp, t_check, t_final)
     return costs, len(save_state(s2)), len(fin.publication)
 
@@ -443,6 +475,7 @@ def run(quick: bool, n_seeds: int, log: Callable[[str], None]) -> dict[str, Any]
     replayed_hs = (16, 64) if quick else (16, 64, 100)
     rule_hs = () if quick else (256, 512, 768, 1024)
     traces: dict[tuple[int, float], list[bool]] = {}
+    forged_sets: dict[tuple[int, float], set[int]] = {}
     trace_info: list[dict[str, Any]] = []
     forged_divs: list[float] = []
     payload_caught = None
@@ -453,6 +486,7 @@ def run(quick: bool, n_seeds: int, log: Callable[[str], None]) -> dict[str, Any]
             forged = set(random.Random(h * 1000 + i).sample(range(h), m))
             tr = forged_trace(spec, corpus, h, forged, 500 + 10 * h + i, tol)
             traces[(h, f)] = tr["verdicts"]
+            forged_sets[(h, f)] = forged
             forged_divs += tr["forged_divergence"]
             trace_info.append({"H": h, "f": f, "forged": m, "misjudged": tr["misjudged"],
                                "min_forged_divergence": min(tr["forged_divergence"], default=None)})
@@ -464,9 +498,9 @@ def run(quick: bool, n_seeds: int, log: Callable[[str], None]) -> dict[str, Any]
     calib["min_forged_divergence"] = min(forged_divs)
     calib["separation"] = cal.separation(tol, min(forged_divs))
 
-    costs: dict[str, tuple[cal.Costs, int, int]] = {"tiny": measure_costs("tiny", corpus, 3 if quick else 5)}
+    costs: dict[str, tuple[cal.Costs, int, int]] = {"tiny": measure_costs("tiny", corpus, 3 if quick else 9)}
     if not quick:
-        costs["small"] = measure_costs("small", corpus, 2)
+        costs["small"] = measure_costs("small", corpus, 3)
     log(f"costs: {costs}")
     s_min = cal.min_audit_steps(TARGET_F, TARGET_DETECT)
     h_star = {preset: {str(q): cal.min_steps_for_budget(c, s_min, q / 10_000, TARGET_COMPUTE) for q in FINAL_BPS}
@@ -484,32 +518,41 @@ def run(quick: bool, n_seeds: int, log: Callable[[str], None]) -> dict[str, Any]
 
     policies: list[dict[str, Any]] = []
     for preset, (c, state_bytes, payload_bytes) in costs.items():
-        for h in (*replayed_hs, *rule_hs):
-            for s in AUDIT_STEPS:
+        for h in hs:
+            for s, r in [(s, 1) for s in AUDIT_STEPS] + list(SEGMENTS):
                 picks = [d[:s] for d in draws[h]]
-                unique = sum(len(set(p)) for p in picks) / len(picks)
+                starts = [set(p) for p in picks]  # duplicates are checked once
+                unique = sum(len(x) for x in starts) / len(picks)
+                replayed = sum(sum(len(cal.segment(k, r, h)) for k in x) for x in starts) / len(picks)
                 det: dict[str, float] = {}
+                exact: dict[str, float] = {}
+                worst: dict[str, float] = {}  # the same m forged as the first m steps: the worst placement
                 ci: dict[str, list[float]] = {}
                 for f in FS:
                     m = cal.forged_count(f, h)
                     if h in replayed_hs:
-                        v = traces[(h, f)]
+                        v, forged = traces[(h, f)], forged_sets[(h, f)]
                     else:  # verdicts by the rule the replayed traces establish: forged fails, honest passes
                         forged = set(random.Random(h * 1000 + FS.index(f)).sample(range(h), m))
                         v = [k not in forged for k in range(h)]
-                    caught = sum(any(not v[k] for k in p) for p in picks)
+                    # a segment audit fails when any transition it replays fails (exact mode: the
+                    # replayed end state then misses the proven end leaf)
+                    caught = sum(any(not v[t] for k in x for t in cal.segment(k, r, h)) for x in starts)
                     det[str(f)] = caught / len(picks)
                     ci[str(f)] = list(cal.wilson(caught, len(picks)))
+                    exact[str(f)] = cal.segment_detection_exact(forged, h, r, s)
+                    worst[str(f)] = cal.segment_detection_exact(range(m), h, r, s)
                 for q in FINAL_BPS:
                     fin = finals[q]
                     leaves = sum(cal.audit_leaves(p, fl, h + 1, previous=True) for p, fl in zip(picks, fin)) / len(picks)
                     audit_bytes = leaves * (state_bytes + 32 + cal.proof_bytes(h + 1))
                     caught_payload = sum(fl and payload_caught for fl in fin) / len(fin)
                     policies.append({
-                        "preset": preset, "H": h, "audit_steps": s, "final_check_bps": q,
+                        "preset": preset, "H": h, "audit_steps": s, "segment": r, "final_check_bps": q,
                         "detection_by_f": det,
                         "detection_ci95_by_f": ci,
-                        "detection_analytic_by_f": {str(f): cal.detection_analytic(cal.forged_count(f, h), h, s) for f in FS},
+                        "detection_analytic_by_f": exact,
+                        "detection_exact_worst_placement_by_f": worst,
                         "forged_by_f": {str(f): cal.forged_count(f, h) for f in FS},
                         "detection_verdicts": ("replayed tiny trace" if h in replayed_hs
                                                else "rule from the replayed traces (forged fails, honest passes)"),
@@ -517,16 +560,19 @@ def run(quick: bool, n_seeds: int, log: Callable[[str], None]) -> dict[str, Any]
                         "payload_forgery_analytic": q / 10_000,
                         "distinct_replays": unique,
                         "distinct_replays_analytic": cal.expected_unique(h, s),
-                        "verifier_compute_fraction": c.verifier_fraction(h, unique, q / 10_000),
+                        "replayed_steps": replayed,
+                        "verifier_compute_fraction": c.verifier_fraction(h, unique, q / 10_000, replayed - unique),
                         "audit_bytes": audit_bytes,
                         "payload_bytes": payload_bytes,
                         "audit_bytes_fraction": audit_bytes / payload_bytes,
                     })
 
     def meets_detection(p: dict[str, Any]) -> bool:
-        """The exact probability reaches the target and the measurement does not contradict it."""
+        """The exact probability reaches the target for the trace's forgeries and for the worst
+        placement the cheater could choose, and the measurement does not contradict it."""
         f = str(TARGET_F)
-        return p["detection_analytic_by_f"][f] >= TARGET_DETECT and p["detection_ci95_by_f"][f][1] >= TARGET_DETECT
+        return (min(p["detection_analytic_by_f"][f], p["detection_exact_worst_placement_by_f"][f]) >= TARGET_DETECT
+                and p["detection_ci95_by_f"][f][1] >= TARGET_DETECT)
 
     meets = [p for p in policies if meets_detection(p) and p["verifier_compute_fraction"] <= TARGET_COMPUTE]
     cheapest: dict[str, Any] = {}
@@ -534,13 +580,14 @@ def run(quick: bool, n_seeds: int, log: Callable[[str], None]) -> dict[str, Any]
     for preset in costs:
         mine = [p for p in meets if p["preset"] == preset]
         # the smallest H that meets both (a larger H only gets cheaper), then the least compute
-        best = min(mine, key=lambda p: (p["H"], p["verifier_compute_fraction"])) if mine else None
+        best = min(mine, key=lambda p: (p["H"], p["verifier_compute_fraction"], p["audit_bytes_fraction"])) if mine else None
         cheapest[preset] = None if best is None else {
-            k: best[k] for k in ("preset", "H", "audit_steps", "final_check_bps", "verifier_compute_fraction", "audit_bytes_fraction")
+            k: best[k] for k in ("preset", "H", "audit_steps", "segment", "final_check_bps", "verifier_compute_fraction", "audit_bytes_fraction")
         } | {"detection": best["detection_by_f"][str(TARGET_F)], "detection_analytic": best["detection_analytic_by_f"][str(TARGET_F)]}
         frontier[preset] = []
         for h in hs:
-            ok = [p for p in policies if p["preset"] == preset and p["H"] == h and p["final_check_bps"] == 5000 and meets_detection(p)]
+            ok = [p for p in policies if p["preset"] == preset and p["H"] == h and p["final_check_bps"] == 5000
+                  and p["segment"] == 1 and meets_detection(p)]
             p = min(ok, key=lambda p: p["audit_steps"]) if ok else None
             frontier[preset].append({"H": h, "min_audit_steps": None if p is None else p["audit_steps"],
                                      "verifier_compute_fraction": None if p is None else p["verifier_compute_fraction"]})
@@ -584,7 +631,7 @@ def markdown(r: dict[str, Any]) -> str:
               "| preset | H | s | f=0.01 (analytic) | f=0.1 (analytic) | f=0.5 (analytic) | distinct replays | verifier compute | audit bytes / payload |",
               "|---|---:|---:|---|---|---|---:|---:|---:|"]
     for p in r["policies"]:
-        if p["final_check_bps"] != 5000:
+        if p["final_check_bps"] != 5000 or p["segment"] != 1:
             continue
         cells = " | ".join(f"{p['detection_by_f'][str(f)]:.3f} ({p['detection_analytic_by_f'][str(f)]:.3f})" for f in FS)
         lines.append(f"| {p['preset']} | {p['H']} | {p['audit_steps']} | {cells} | {p['distinct_replays']:.1f} | "

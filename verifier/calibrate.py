@@ -161,6 +161,24 @@ def detection_analytic(forged: int, steps: int, audit_steps: int) -> float:
     return 1.0 - (1.0 - forged / steps) ** audit_steps
 
 
+def segment(k: int, length: int, steps: int) -> range:
+    """Transitions a segment audit from leaf k replays: k .. min(k + length, H) − 1 (docs/protocol.md §5)."""
+    return range(k, min(k + length, steps))
+
+
+def segment_detection_exact(forged: Iterable[int], steps: int, length: int, audit_steps: int) -> float:
+    """Exact detection for a given forged set: each draw is uniform over H starts and independent, so
+    it is 1 − (1 − p)^s with p the share of starts whose segment holds a forged transition.
+
+    Every forged k is itself a start that catches it, so p ≥ m/H, with equality when the m forged
+    steps are the first m (no segment starting later reaches back): against a cheater who picks
+    where to forge, segments add nothing over single steps; they help only against scattered ones.
+    """
+    bad = set(forged)
+    p = sum(1 for k in range(steps) if any(t in bad for t in segment(k, length, steps))) / steps
+    return 1.0 - (1.0 - p) ** audit_steps
+
+
 def min_audit_steps(f: float, target: float) -> int:
     """Smallest s with 1 − (1 − f)^s ≥ target (draws with replacement)."""
     if not 0 < f < 1 or not 0 < target < 1:
@@ -201,15 +219,16 @@ class Costs:
         """H steps, each digested for the trace, then compression."""
         return steps * (self.train_step + self.digest) + self.compress
 
-    def verifier_audit(self, unique_steps: float, final_prob: float) -> float:
-        """Per challenged transition: digest the revealed state k (against leaf k), then check_step.
-
-        A final check digests the start and end states and runs check_final + check_start.
+    def verifier_audit(self, unique_steps: float, final_prob: float, extra_steps: float = 0.0) -> float:
+        """Per challenge: digest the revealed state k (against leaf k), then check_step; a segment
+        audit replays `extra_steps` more steps in all. A final check digests the start and end
+        states and runs check_final + check_start.
         """
-        return unique_steps * (self.digest + self.replay_check) + final_prob * (2 * self.digest + self.final_check)
+        return (unique_steps * (self.digest + self.replay_check) + extra_steps * self.train_step
+                + final_prob * (2 * self.digest + self.final_check))
 
-    def verifier_fraction(self, steps: int, unique_steps: float, final_prob: float) -> float:
-        return self.verifier_audit(unique_steps, final_prob) / self.trainer_epoch(steps)
+    def verifier_fraction(self, steps: int, unique_steps: float, final_prob: float, extra_steps: float = 0.0) -> float:
+        return self.verifier_audit(unique_steps, final_prob, extra_steps) / self.trainer_epoch(steps)
 
 
 def min_steps_for_budget(costs: Costs, audit_steps: int, final_prob: float, budget: float, h_max: int = 1 << 20) -> int | None:

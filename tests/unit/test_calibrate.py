@@ -112,3 +112,21 @@ def test_audit_leaves_and_proof_bytes() -> None:
         assert cal.audit_leaves(ts, final, 17, previous=True) == files + (2 if final else 0)
     assert cal.audit_leaves([3], True, 17, previous=False) >= len({3, 0, 16})
     assert cal.proof_bytes(17) == 32 * 5 and cal.proof_bytes(16) == 32 * 4 and cal.proof_bytes(1) == 0
+
+
+def test_segment_detection_matches_enumeration_and_reduces_to_single_steps() -> None:
+    h, forged, r, s = 6, {2}, 3, 2
+    hits = sum(any(any(t in forged for t in cal.segment(k, r, h)) for k in seq)
+               for seq in itertools.product(range(h), repeat=s))
+    assert cal.segment_detection_exact(forged, h, r, s) == pytest.approx(hits / h**s)
+    assert list(cal.segment(4, 3, 6)) == [4, 5]  # cut at the end of the trace
+    assert cal.segment_detection_exact({1, 4}, 10, 1, 5) == pytest.approx(cal.detection_analytic(2, 10, 5))
+    # scattered forgeries gain from long segments; the first m steps forged gain nothing
+    assert cal.segment_detection_exact({10, 50}, 64, 8, 4) > cal.detection_analytic(2, 64, 4)
+    for r in (1, 4, 16):
+        assert cal.segment_detection_exact(range(3), 64, r, 4) == pytest.approx(cal.detection_analytic(3, 64, 4))
+
+
+def test_segment_replays_are_charged_per_extra_step() -> None:
+    c = cal.Costs(train_step=0.1, digest=0.05, compress=0.03, replay_check=0.15, final_check=0.06)
+    assert c.verifier_audit(2, 0.0, extra_steps=6) == pytest.approx(2 * 0.2 + 6 * 0.1)

@@ -10,21 +10,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from eth_abi import encode as abi_encode
 from torch import Tensor
 
 from protocol import merkle
 from protocol.config import RunConfig
 from protocol.data import Corpus, batch
-from protocol.digest import keccak, state_digest
+from protocol.digest import state_digest
 from protocol.model import GPTConfig, preset
 from protocol.payload import wrap
 from protocol.types import Digest
-from trainer.compress import CompressionConfig, CompressionStats, EpochRecord, adapt, compress
+from trainer.compress import CompressionConfig, CompressionStats, EpochRecord, adapt, compress, compression_seed
 from trainer.delay import StartRule, carry, next_start, pseudo_gradient
 from trainer.inner import EF, InnerConfig, State, TrainerError, section, train_step
-
-COMPRESS_TAG = "veriloco.compress.v1"
 
 Batch = tuple[Tensor, Tensor]
 StepHook = Callable[[int, State, float], None]  # (step just finished, state after it, loss)
@@ -129,10 +126,7 @@ def train_epoch(
     return trace
 
 
-def compress_seed(run_seed: int, epoch: int, slot: int) -> int:
-    """Seed of the compressor's random sketch: public, so the payload can be replayed."""
-    enc = abi_encode(["string", "uint256", "uint256", "uint256"], [COMPRESS_TAG, run_seed, epoch, slot])
-    return int.from_bytes(keccak(enc)[:8], "little")
+compress_seed = compression_seed  # the compressor's public sketch seed (docs/compression.md)
 
 
 @dataclass(frozen=True)

@@ -753,16 +753,14 @@ class EventStream:
         if self.cursor > head:
             return []
         to = min(head, self.cursor + self.max_range - 1)
-        topics: list[Any] = []
-        if self.names:
-            topics.append([t for t, n in ch._events_by_topic.items() if n in self.names])
+        # topic 0 is the event signature (None: any), topic 1 the indexed run id of every run event
+        sigs = ["0x" + t.hex() for t, n in ch._events_by_topic.items() if self.names is None or n in self.names]
+        topics: list[Any] = [sigs if self.names else None]
         if self.run_id is not None:
             topics.append("0x" + self.run_id.to_bytes(32, "big").hex())
         flt: dict[str, Any] = {"address": ch.address, "fromBlock": self.cursor, "toBlock": to}
-        if topics:
-            flt["topics"] = [
-                ["0x" + x.hex() for x in t] if isinstance(t, list) else t for t in topics
-            ]
+        if any(t is not None for t in topics):
+            flt["topics"] = topics
         logs = _rpc(lambda: ch.w3.eth.get_logs(flt), ch.where)  # type: ignore[arg-type]
         out = [e for e in (ch._decode_log(lg) for lg in logs) if e is not None]
         if self.names:

@@ -479,3 +479,14 @@ def test_signing_with_a_private_key(fresh: Any) -> None:
     with pytest.raises(ce.ChainError):
         signer.create_run(params(acct.address, quorum=1))
     assert signer.create_run(params(acct.address, quorum=1)) == run_id + 1
+
+
+def test_event_queries_filter_by_run(fresh: Any) -> None:
+    r1 = make_run(fresh, n_trainers=1, n_verifiers=0)
+    r2 = make_run(fresh, n_trainers=0, n_verifiers=0)
+    r1.trainers[0].commit(0)
+    names = [e.name for e in r1.coord.events(run_id=r1.run_id)]
+    assert names == ["RunCreated", "TrainerJoined", "EpochOpened", "Committed"]
+    assert [e.name for e in r1.coord.events(run_id=r2.run_id)] == ["RunCreated"]
+    assert len(r1.coord.events(["RunCreated"])) == 2
+    assert [e.args["trainer"] for e in r1.coord.events(["Committed"], epoch=0)] == [r1.trainers[0].address]

@@ -1,0 +1,46 @@
+"""The binding over the py-evm JSON-RPC devnet server (`veriloco devnet --chain py-evm`).
+
+Nodes reach the embedded chain over HTTP through veriloco.evmserver, whose revert and log paths
+differ from in-process eth-tester; this checks that custom errors still decode with their
+arguments, that raw-key signing works and that event queries filter by run.
+"""
+
+from __future__ import annotations
+
+import pytest
+from web3 import Web3
+
+from protocol import chain_errors as ce
+from protocol.chain import Chain, Phase, deploy
+from tests.fixtures.chain import Trainer, params
+from veriloco.devnet import dev_accounts
+from veriloco.evmserver import EvmConfig, EvmServer
+
+pytestmark = pytest.mark.integration
+
+
+def test_binding_over_the_pyevm_rpc_server() -> None:
+    with EvmServer(EvmConfig(accounts=4)) as server:
+        keys = dev_accounts(3)
+        address = deploy(Web3(Web3.HTTPProvider(server.url)), keys[0].key)
+        coord = Chain(server.url, address, keys[0].key)
+        run_id = coord.create_run(params(keys[0].address, quorum=1))
+        t = Trainer(Chain(server.url, address, keys[1].key), run_id)
+        v = Chain(server.url, address, keys[2].key)
+        t.chain.join_trainer(run_id)
+        v.join_verifier(run_id)
+        with pytest.raises(ce.WrongPhase) as wp:
+            t.chain.commit(run_id, 5, b"\x01" * 32)
+        assert wp.value.args == (run_id, 5, 0, 1)
+        with pytest.raises(ce.InvalidParams) as ip:
+            coord.create_run(params(keys[0].address, quorum=0))
+        assert ip.value.reason == "quorum (1..16)"
+        t.commit(0)
+        t.reveal(0)
+        t.respond(0)
+        v.submit_verdict(run_id, 0, t.address, True, "bafkreievidence")
+        coord.finalize(run_id, 0, "bafkreimodel1", b"\x02" * 32, [t.address])
+        st = coord.epoch_status(run_id, 0)
+        assert (st.phase, st.passed, st.model_cid) == (Phase.FINALIZED, 1, "bafkreimodel1")
+        names = [e.name for e in coord.events(run_id=run_id)]
+        assert names[:2] == ["RunCreated", "TrainerJoined"] and names[-1] == "EpochFinalized"

@@ -59,7 +59,7 @@ def test_reentrant_withdraw_is_refused_and_pays_once() -> None:
     attacker.functions.leave().transact({"from": me})
     net.advance(11)
     assert coord.balance() == STAKE
-    with pytest.raises(Exception) as raw:  # noqa: B017 - the raw client exception; decoded below
+    with pytest.raises(Exception) as raw:
         attacker.functions.pull().transact({"from": me})
     data = revert_data(raw.value)
     assert data is not None

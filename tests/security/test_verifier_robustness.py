@@ -62,6 +62,10 @@ CRAFTED: dict[str, Callable[[State], State]] = {
 }
 
 
+# trainers that train honestly; the last two then lie about their trace length or their payload's CID
+HONEST_WORK = ("honest", "short-trace", "wrong-payload-cid")
+
+
 @dataclass
 class Answer:
     trainer: str
@@ -72,7 +76,7 @@ class Answer:
 def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     configure_determinism(1)
     root = tmp_path_factory.mktemp("verifier-robustness")
-    net = PyEvmNet(accounts=FIRST_TRAINER + 1 + len(CRAFTED))
+    net = PyEvmNet(accounts=FIRST_TRAINER + len(HONEST_WORK) + len(CRAFTED))
     store = LocalStore(root / "store")
     cfg = RunConfig(name="security").replace(
         data={"corpus_bytes": 200_000, "batch_size": 4, "seq_len": 32},
@@ -86,7 +90,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     spec = RoundSpec.from_config(cfg)
     rank, steps = Schedule(creator, store, ctx, spec).for_epoch(0)
     net.chain(VERIFIER).join_verifier(run_id)
-    names = ["honest", *CRAFTED]
+    names = [*HONEST_WORK, *CRAFTED]
     chains = {n: net.chain(FIRST_TRAINER + i) for i, n in enumerate(names)}
     for c in chains.values():
         c.join_trainer(run_id)
@@ -95,9 +99,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     reveals: dict[str, tuple[Any, ...]] = {}
     for name, c in chains.items():
         slot = c.member(run_id, c.sender).slot
-        if name == "honest":
+        if name in HONEST_WORK:
             states = [s0]
-            for k in range(steps):
+            for k in range(steps - 2 if name == "short-trace" else steps):
                 states.append(replay_step(states[-1], spec, ctx.corpus, 0, slot, k)[0])
             pub = final_transition(s0, states[-1], spec, run_id, 0, slot, c.sender, rank).publication
         else:
@@ -107,7 +111,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         digests = [state_digest(s) for s in states]
         salt = os.urandom(32)
         root_ = merkle.root(digests)
-        cid = store.put(pub)
+        cid = store.put(b"someone else's file" if name == "wrong-payload-cid" else pub)
         c.commit(run_id, 0, c.commitment_for(run_id, 0, keccak(pub), root_, len(digests), salt))
         reveals[name] = (cid, keccak(pub), root_, len(digests), salt)
     for name, c in chains.items():
@@ -168,3 +172,16 @@ def test_state_that_does_not_hash_to_its_leaf_fails(world: dict[str, Any]) -> No
     findings = world["node"].verify(0, honest.trainer, bad)
     assert not all(f.passed for f in findings)
     assert any("does not hash to its committed leaf" in f.detail for f in findings)
+
+
+def test_a_trace_shorter_than_the_schedule_fails(world: dict[str, Any]) -> None:
+    """Doing fewer inner steps than the public schedule's H: honest steps, but the leaf count lies."""
+    a = world["answers"]["short-trace"]
+    failed = [f for f in world["node"].verify(0, a.trainer, a.manifest_cid) if not f.passed]
+    assert [f.check for f in failed] == ["leaf-count"]
+
+
+def test_a_payload_cid_that_does_not_match_the_revealed_digest_fails(world: dict[str, Any]) -> None:
+    a = world["answers"]["wrong-payload-cid"]
+    findings = world["node"].verify(0, a.trainer, a.manifest_cid)
+    assert not all(f.passed for f in findings)

@@ -15,9 +15,9 @@ import argparse
 from collections.abc import Sequence
 
 from coordinator.build import build_global
-from coordinator.node import TERMINAL, CoordinatorNode
+from coordinator.node import CoordinatorNode
 from coordinator.outer import PARAM
-from protocol.chain import ChainError
+from protocol.chain import ChainError, Phase
 from protocol.digest import state_digest
 from protocol.formats import save_state
 from trainer.adversaries import ADVERSARIES
@@ -25,6 +25,7 @@ from trainer.node import TrainerNode
 from veriloco.nodes import json_logger, open_chain
 from veriloco.settings import add_connection_args, open_store, resolve
 
+TERMINAL = (Phase.FINALIZED, Phase.ABORTED)
 SKEW = 1e-3  # added to every global parameter: small enough to keep training, never the true mean
 
 

@@ -98,6 +98,11 @@ class VerifierNode:
         if self.chain.epoch_status(self.run_id, e).phase is not Phase.AUDITING:
             return
         done = self._done()
+        for ev in self.chain.events(["VerdictSubmitted"], run_id=self.run_id, epoch=e):
+            key = f"{e}:{ev.args['trainer']}"
+            if ev.args["verifier"] == self.me and key not in done:  # sent before a crash, not yet recorded
+                self._record(key, {"passed": ev.args["passed"], "evidence": ev.args["evidenceCid"]})
+                done[key] = True
         verdicts: list[tuple[str, bool, str]] = []
         for ev in self.chain.events(["Responded"], run_id=self.run_id, epoch=e):
             t = ev.args["trainer"]
@@ -108,7 +113,7 @@ class VerifierNode:
             if self.me not in a.verifiers:
                 self._record(key, "not-assigned")
                 continue
-            t0 = time.monotonic()
+            t0, cpu0 = time.monotonic(), time.process_time()
             findings = self.verify(e, t, ev.args["manifestCid"])
             passed = all(f.passed for f in findings)
             evidence = canonical_json({
@@ -117,6 +122,7 @@ class VerifierNode:
             })
             verdicts.append((t, passed, self.store.put(evidence)))
             self.log("verified", epoch=e, trainer=t, passed=passed, seconds=round(time.monotonic() - t0, 3),
+                     cpu_s=round(time.process_time() - cpu0, 3),
                      failed=[f"{f.check}: {f.detail}" for f in findings if not f.passed])
         if verdicts:
             try:

@@ -62,10 +62,13 @@ def free_port() -> int:
 class IpfsNode:
     """One js-ipfs daemon process. Use as a context manager or call start()/stop()."""
 
-    def __init__(self, repo: Path | str | None = None, *, node_modules: Path | None = None) -> None:
+    def __init__(self, repo: Path | str | None = None, *, node_modules: Path | None = None,
+                 api_port: int | None = None) -> None:
+        """`api_port` pins the API port (a restarted node keeps its address); None picks free ports."""
         self._own_repo = repo is None
         self.repo = Path(repo) if repo is not None else Path(tempfile.mkdtemp(prefix="veriloco-ipfs-"))
         self.node_modules = node_modules or find_node_modules()
+        self._fixed_api_port = api_port
         self.api_port = 0
         self.gateway_port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -99,7 +102,7 @@ class IpfsNode:
             if r.returncode != 0:
                 raise IpfsNodeError(f"`jsipfs init` failed in {self.repo}: {r.stderr.decode()[-2000:]}")
         cfg = json.loads(cfg_path.read_text())
-        self.api_port, self.gateway_port, rpc_port = free_port(), free_port(), free_port()
+        self.api_port, self.gateway_port, rpc_port = self._fixed_api_port or free_port(), free_port(), free_port()
         cfg["Addresses"].update(
             Swarm=[],
             Announce=[],

@@ -162,6 +162,17 @@ class Control:
         anvil.requested_port = port
         anvil.start()
 
+    def restart_store(self) -> None:
+        """Kill the IPFS node (SIGKILL) and start it again on its repo and API port."""
+        from veriloco.ipfsnode import IpfsNode
+
+        node = getattr(self.devnet, "_ipfs", None)
+        if node is None:
+            raise DemoError("only an IPFS store can be restarted")
+        node.kill()
+        node.stop()
+        self.devnet._ipfs = IpfsNode(node.repo, api_port=node.api_port).start()
+
 
 def _stop(nodes: list[NodeProc]) -> None:
     for n in nodes:

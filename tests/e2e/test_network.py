@@ -9,6 +9,7 @@ the model the coordinator finalized, and no cheater may be among the included tr
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +126,48 @@ def test_nodes_reconnect_to_anvil_restarted_from_saved_state(tmp_path: Path) -> 
     assert s["epochs_finalized"] == 2 and s["slashed"] == []
     logs = "".join(p.read_text() for p in (tmp_path / "demo" / "logs").glob("*.jsonl"))
     assert '"event": "recovered"' in logs or '"event": "outage"' not in logs
+
+
+@pytest.mark.integration
+def test_chaos_kills_and_an_ipfs_restart(tmp_path: Path) -> None:
+    """Seeded random SIGKILLs of trainers, a verifier and the coordinator (each restarted after a
+    random pause), and a crash-restart of the IPFS node, during a 3-epoch run on the real IPFS
+    store: every epoch finalizes, no honest node is slashed, no state is lost."""
+    import random
+
+    rng = random.Random(20261130)
+    pending: list[tuple[float, str]] = []  # (restart at, node)
+    fired: list[str] = []
+
+    def phase(c: Any, e: int) -> Phase:
+        return c.chain.epoch_status(c.run_id, e).phase
+
+    plan = [  # (name, trigger, victims)
+        ("trainer-after-commit", lambda c: phase(c, 0) >= Phase.COMMITTING, ["trainer0", "trainer1", "trainer2"]),
+        ("verifier-in-audit", lambda c: phase(c, 0) >= Phase.AUDITING, ["verifier0", "verifier1"]),
+        ("ipfs", lambda c: phase(c, 1) >= Phase.REVEALING, ["ipfs"]),
+        ("coordinator", lambda c: phase(c, 1) >= Phase.AUDITING, ["coordinator0"]),
+        ("trainer-late", lambda c: phase(c, 2) >= Phase.COMMITTING, ["trainer0", "trainer1", "trainer2"]),
+    ]
+
+    def on_tick(c: Any) -> None:
+        now = time.monotonic()
+        for when, name in list(pending):
+            if now >= when:
+                c.restart(name)
+                pending.remove((when, name))
+        for name, trigger, victims in plan:
+            if name in fired or not trigger(c):
+                continue
+            fired.append(name)
+            victim = rng.choice(victims)
+            if victim == "ipfs":
+                c.restart_store()
+            else:
+                c.kill(victim)
+                pending.append((now + rng.uniform(0.5, 5.0), victim))
+
+    s, included = _run(tmp_path, store="ipfs", epochs=3, steps=16, windows_s=60, on_tick=on_tick)
+    assert [name for name, _, _ in plan] == fired and not pending
+    assert s["epochs_finalized"] == 3 and s["slashed"] == [] and s["verdicts"]["fail"] == 0
+    assert all(included[e] for e in range(3))

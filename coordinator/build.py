@@ -12,7 +12,7 @@ from coordinator.outer import MOM, GlobalState, OuterConfig, global_params, init
 from protocol.chain import Chain
 from protocol.digest import state_digest
 from protocol.payload import PayloadError, decode, unwrap
-from protocol.run import RunContext, latest_model, load_model
+from protocol.run import RunContext, latest_model, load_model, passing_trainers
 from protocol.store import Store
 from protocol.types import Address, Digest
 
@@ -28,17 +28,10 @@ def previous_global(chain: Chain, store: Store, ctx: RunContext, epoch: int) -> 
     return state
 
 
-def passing_trainers(chain: Chain, run_id: int, epoch: int) -> list[Address]:
-    """Trainers with a passing verdict quorum, ascending by address (finalize's order)."""
-    revealed = {ev.args["trainer"] for ev in chain.revealed(run_id, epoch)}
-    passing = [t for t in revealed if chain.submission(run_id, epoch, t).passed]
-    return sorted(passing, key=lambda a: int(a, 16))
-
-
 def build_global(chain: Chain, store: Store, ctx: RunContext, epoch: int) -> tuple[GlobalState, list[Address], Digest]:
     """(new global state, included trainers, its digest) for `epoch`; unchanged if nobody passed."""
     g = previous_global(chain, store, ctx, epoch)
-    included = passing_trainers(chain, ctx.run_id, epoch)
+    included = passing_trainers(chain, ctx.run_id, epoch, ctx.info.params.quorum)
     deltas = []
     for t in included:
         ev = chain.revealed(ctx.run_id, epoch, t)[0].args

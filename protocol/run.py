@@ -22,7 +22,7 @@ from protocol.errors import VerilocoError
 from protocol.formats import load_state, save_state
 from protocol.model import init_params, preset
 from protocol.store import Store
-from protocol.types import Cid, Digest, RunId
+from protocol.types import Address, Cid, Digest, RunId
 
 PARAM = "param/"
 MAX_CONFIG_BYTES = 1 << 20
@@ -112,6 +112,31 @@ def latest_model(chain: Chain, ctx: RunContext, before_epoch: int) -> tuple[Cid,
         if status.phase is Phase.FINALIZED:
             return status.model_cid, chain.epoch_times(ctx.run_id, e).model_digest, e
     return ctx.info.params.init_model_cid, ctx.info.params.init_model_digest, -1
+
+
+def passing_trainers(chain: Chain, run_id: int, epoch: int, quorum: int | None = None) -> list[Address]:
+    """Trainers with a passing verdict quorum in `epoch`, ascending by address (finalize's order).
+
+    Read from events, not from `submission()`: the contract recycles a trainer's submission slot
+    three epochs later, and a node that joins or restarts late must still see old epochs as the
+    others did. The rule is the contract's: no fail vote and min(quorum, verifiers at seed) passes.
+    """
+    started = chain.events(["AuditStarted"], run_id=run_id, epoch=epoch)
+    if not started:
+        return []
+    if quorum is None:
+        quorum = chain.run_info(run_id).params.quorum
+    needed = min(quorum, int(started[0].args["verifierCount"]))
+    passes: dict[str, int] = {}
+    failed: set[str] = set()
+    for ev in chain.events(["VerdictSubmitted"], run_id=run_id, epoch=epoch):
+        t = ev.args["trainer"]
+        if ev.args["passed"]:
+            passes[t] = passes.get(t, 0) + 1
+        else:
+            failed.add(t)
+    ok = [Address(t) for t, n in passes.items() if t not in failed and needed > 0 and n >= needed]
+    return sorted(ok, key=lambda a: int(a, 16))
 
 
 def params_of(state: Mapping[str, Tensor]) -> dict[str, Tensor]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from protocol.chain import Chain, Phase
 from protocol.payload import PayloadError, unwrap
-from protocol.run import RunContext
+from protocol.run import RunContext, passing_trainers
 from protocol.store import Store
 from trainer.compress import EnergyProfile, EpochRecord, payload_profile
 from trainer.delay import public_history_end
@@ -46,9 +46,10 @@ class Schedule:
                 raise RuntimeError(f"epoch {epoch} is not terminal yet ({status.phase.name}); its record is not public")
             return ()
         profiles = []
+        passing = set(passing_trainers(self.chain, run, epoch, self.ctx.info.params.quorum))
         for ev in sorted(self.chain.revealed(run, epoch), key=lambda e: int(e.args["trainer"], 16)):
             trainer = ev.args["trainer"]
-            if not self.chain.submission(run, epoch, trainer).passed:
+            if trainer not in passing:
                 continue
             data = self.store.get(ev.args["payloadCid"], max_size=MAX_PAYLOAD_BYTES, digest=bytes(ev.args["payloadDigest"]))
             try:

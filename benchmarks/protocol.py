@@ -8,12 +8,13 @@ processes) and reports, side by side with AllReduce:
 - `overhead_fraction`: the share of a trainer's epoch wall time not spent in training compute
   (inner steps): chain transactions, store traffic, state digests, audits, waiting for peers.
   Measured per trainer from its first inner step to its last epoch's end; median over trainers.
-- `verifier_compute_fraction`: verifier replay time over trainer training time, all nodes summed.
+- `verifier_compute_fraction`: CPU seconds verifiers spend judging (fetching, parsing, replaying,
+  re-encoding, chain reads) over the CPU seconds trainers spend in inner steps, all nodes summed.
 - `bytes_per_trainer_per_epoch`: payload plus audit-response bytes a trainer publishes per epoch,
   against the bytes a ring AllReduce of fp32 gradients would send per worker for the same steps.
 
-All processes share this machine's cores, so absolute times include contention; the fractions are
-what the protocol adds under that contention.
+All processes share this machine's cores: wall-clock fractions include that contention, which is
+why compute is counted in CPU seconds.
 """
 
 from __future__ import annotations
@@ -73,8 +74,19 @@ def measure(opts: DemoOptions, segment: int = 1) -> dict[str, Any]:
         digest_total += digest
         for ev in trained:
             per_epoch_bytes.append(ev["payload_bytes"] + responded.get(ev["epoch"], 0))
-    verifier_s = sum(ev["seconds"] for name, evs in logs.items() if name.startswith("verifier")
+    verifier_s = sum(ev["cpu_s"] for name, evs in logs.items() if name.startswith("verifier")
                      for ev in evs if ev["event"] == "verified")
+    finalized = {ev["epoch"]: ev["t"] for name, evs in logs.items() if name.startswith("coordinator")
+                 for ev in evs if ev["event"] == "finalized"}
+    last_reveal: dict[int, float] = {}
+    for name, evs in logs.items():
+        for ev in evs:
+            if name.startswith("trainer") and ev["event"] == "revealed":
+                last_reveal[ev["epoch"]] = max(last_reveal.get(ev["epoch"], 0.0), ev["t"])
+    # what the one-step delay has to hide: from an epoch's last reveal to its finalization
+    audit_latency = statistics.median(finalized[e] - last_reveal[e] for e in finalized if e in last_reveal)
+    ends = [finalized[e] for e in sorted(finalized)]
+    cycle = statistics.median(b - a for a, b in zip(ends, ends[1:])) if len(ends) > 1 else float("nan")
     cfg = preset(opts.preset)
     k, h = opts.trainers, opts.steps
     allreduce = 2 * (k - 1) / k * 4 * n_params(cfg) * h
@@ -92,6 +104,9 @@ def measure(opts: DemoOptions, segment: int = 1) -> dict[str, Any]:
         "final_eval_loss": summary["final_eval_loss"],
         "initial_eval_loss": summary["initial_eval_loss"],
         "overhead_fraction": round(statistics.median(overheads), 4),
+        "epoch_cycle_seconds": round(cycle, 2),
+        "audit_latency_seconds": round(audit_latency, 2),
+        "trainer_compute_per_epoch_seconds": round(compute_total / max(1, k) / opts.epochs, 3),
         "overhead_fraction_by_trainer": [round(x, 4) for x in overheads],
         "digest_fraction_of_compute": round(digest_total / compute_total, 4),
         "verifier_compute_fraction": round(verifier_s / compute_total, 4),
@@ -106,14 +121,16 @@ def measure(opts: DemoOptions, segment: int = 1) -> dict[str, Any]:
 
 def markdown(runs: list[dict[str, Any]]) -> str:
     rows = [
-        "| scenario | H | audit s x r | bytes/trainer/epoch | AllReduce bytes | reduction | overhead | verifier/trainer compute | digests/compute | eval loss |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| scenario | H | audit s x r | bytes/trainer/epoch | AllReduce bytes | reduction | compute/epoch | epoch cycle | audit latency | overhead | verifier/trainer compute | digests/compute | eval loss |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in runs:
         rows.append(
             f"| {r['scenario']} | {r['h_initial']} | {r['audit_steps']} x {r['audit_segment']} | "
             f"{r['bytes_per_trainer_per_epoch']:,} | {r['allreduce_bytes_per_trainer_per_epoch']:,} | "
-            f"{r['traffic_reduction_vs_allreduce']}x | {r['overhead_fraction']:.1%} | {r['verifier_compute_fraction']:.1%} | "
+            f"{r['traffic_reduction_vs_allreduce']}x | {r['trainer_compute_per_epoch_seconds']:.2f} s | "
+            f"{r['epoch_cycle_seconds']:.1f} s | {r['audit_latency_seconds']:.1f} s | "
+            f"{r['overhead_fraction']:.1%} | {r['verifier_compute_fraction']:.1%} | "
             f"{r['digest_fraction_of_compute']:.1%} | {r['initial_eval_loss']} -> {r['final_eval_loss']} |"
         )
     return "\n".join(rows)

@@ -498,7 +498,7 @@ def run(quick: bool, n_seeds: int, log: Callable[[str], None]) -> dict[str, Any]
     calib["min_forged_divergence"] = min(forged_divs)
     calib["separation"] = cal.separation(tol, min(forged_divs))
 
-    costs: dict[str, tuple[cal.Costs, int, int]] = {"tiny": measure_costs("tiny", corpus, 3 if quick else 9)}
+    costs: dict[str, tuple[cal.Costs, int, int]] = {"tiny": measure_costs("tiny", corpus, 3 if quick else 30)}
     if not quick:
         costs["small"] = measure_costs("small", corpus, 3)
     log(f"costs: {costs}")

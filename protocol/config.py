@@ -88,7 +88,9 @@ class AuditSection:
     final_check_bps: int = 5000  # probability (in basis points) of replaying end state → payload
     quorum: int = 1  # passing verdicts a trainer needs
     mode: str = "exact"  # "exact" (bitwise) or "tolerant"
-    tolerance: float = 0.0  # max relative parameter error in tolerant mode
+    # max per-tensor relative error in tolerant mode: verifier.calibrate.CALIBRATED_TOLERANCE, measured
+    # across thread counts, processes and pipeline splits (docs/results-verification.md)
+    tolerance: float = 2e-5
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,9 @@ def _check(cfg: RunConfig) -> list[str]:
         p.append("basis-point fields (audit.final_check_bps, stakes.slash_bps) must be within 0..10000")
     if a.segment < 1:
         p.append("audit.segment must be at least 1")
+    if a.mode == "tolerant" and (a.segment > 16 or a.tolerance <= 0):
+        # honest divergence compounds over replayed steps: past 16 it outgrows the calibrated bound
+        p.append("tolerant mode needs audit.tolerance > 0 and audit.segment <= 16 (the calibrated range)")
     if not 1 <= a.steps <= 64 or not 1 <= a.quorum <= 16:
         p.append("need 1 <= audit.steps <= 64 and 1 <= audit.quorum <= 16 (the contract's limits)")
     if min(cfg.windows.commit_s, cfg.windows.reveal_s, cfg.windows.response_s, cfg.windows.verdict_s, cfg.windows.finalize_s) < 1:

@@ -51,3 +51,12 @@ def test_example_run_config_loads() -> None:
 
     cfg = load_toml(Path(__file__).resolve().parents[2] / "examples" / "run.toml")
     assert cfg.model.preset == "tiny" and cfg.audit.steps == 3
+
+
+def test_tolerant_mode_stays_in_the_calibrated_range() -> None:
+    from verifier.calibrate import CALIBRATED_TOLERANCE
+
+    assert RunConfig().audit.tolerance == CALIBRATED_TOLERANCE  # the default is the measured bound
+    RunConfig().replace(audit={"mode": "tolerant", "segment": 16})
+    with pytest.raises(ConfigError, match="calibrated range"):
+        RunConfig().replace(audit={"mode": "tolerant", "segment": 32})

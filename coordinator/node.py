@@ -10,6 +10,7 @@ Run it with `veriloco coordinator --run ID`.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 
@@ -44,7 +45,7 @@ class CoordinatorNode:
             raise CoordinatorError(f"run {self.run_id}'s coordinator is {coordinator}; start this node with that key")
         self.log("started")
         for e in range(self.ctx.config.schedule.epochs):
-            while not through_outages(lambda: self._try_finalize(e), self.log, f"epoch {e}"):
+            while not through_outages(functools.partial(self._try_finalize, e), self.log, f"epoch {e}"):
                 time.sleep(self.poll_s)
         self.log("finished")
 

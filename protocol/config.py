@@ -10,6 +10,7 @@ form (canonical JSON has no floats), so the digest never depends on float printi
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from decimal import Decimal
@@ -212,7 +213,7 @@ def to_dict(obj: Any) -> dict[str, Any]:
 
 
 def _decimal_str(x: float) -> str:
-    if x != x or x in (float("inf"), float("-inf")):
+    if not math.isfinite(x):
         raise ConfigError(f"non-finite number {x} in run config")
     return format(Decimal(repr(x)).normalize(), "f")
 
@@ -228,7 +229,7 @@ def _build(cls: type[T], data: Any, where: str) -> T:
     kwargs: dict[str, Any] = {}
     for name in known & set(data):
         kind, value, key = hints[name], data[name], where + name
-        if dataclasses.is_dataclass(kind):
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
             kwargs[name] = _build(kind, value, key + ".")
         elif kind is float:
             try:

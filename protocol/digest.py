@@ -50,7 +50,7 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
         return memoryview(b"")
     if t.dtype == torch.bfloat16:  # numpy has no bfloat16: view the raw 16-bit words
         t = t.view(torch.int16)
-    return memoryview(t.numpy()).cast("B")
+    return memoryview(t.numpy()).cast("B")  # type: ignore[arg-type]  # ndarray implements the buffer protocol
 
 
 def _sha256(t: torch.Tensor) -> bytes:

@@ -73,3 +73,10 @@ class Copy(Behaviour):
 
 
 CHEATS: dict[str, type[Behaviour]] = {"lazy": Lazy, "noise": Noise, "copy": Copy}
+
+
+def behaviours() -> dict[str, type[Behaviour]]:
+    """Every adversary a trainer node can play (`veriloco trainer --cheat KIND`), by name."""
+    from trainer.adversaries import ADVERSARIES
+
+    return {**CHEATS, **ADVERSARIES}

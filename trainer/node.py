@@ -12,6 +12,7 @@ Run it with `veriloco trainer --run ID`.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -99,7 +100,7 @@ class TrainerNode:
             e += 1  # resumed after a crash: that epoch is already in the chain's hands
         self.log("started", slot=self.slot, epoch=e, behaviour=self.behaviour.name)
         while e < epochs:
-            through_outages(lambda: self._epoch(e), self.log, f"epoch {e}")
+            through_outages(functools.partial(self._epoch, e), self.log, f"epoch {e}")
             e += 1
         through_outages(lambda: self._wait(lambda: not self._pending(), "the last audits to close"), self.log, "closing")
         self.log("finished", epochs=epochs)

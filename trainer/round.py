@@ -19,7 +19,14 @@ from protocol.digest import state_digest
 from protocol.model import GPTConfig, preset
 from protocol.payload import wrap
 from protocol.types import Digest
-from trainer.compress import CompressionConfig, CompressionStats, EpochRecord, adapt, compress, compression_seed
+from trainer.compress import (
+    CompressionConfig,
+    CompressionStats,
+    EpochRecord,
+    adapt,
+    compress,
+    compression_seed,
+)
 from trainer.delay import StartRule, carry, next_start, pseudo_gradient
 from trainer.inner import EF, InnerConfig, State, TrainerError, section, train_step
 

@@ -21,16 +21,30 @@ from typing import Any
 from protocol.chain import Chain, ChainError, Phase
 from protocol.digest import state_digest
 from protocol.errors import VerilocoError
-from protocol.formats import AuditManifest, TensorSpec, canonical_json, decode_manifest, load_state, spec_of
+from protocol.formats import (
+    AuditManifest,
+    TensorSpec,
+    canonical_json,
+    decode_manifest,
+    load_state,
+    spec_of,
+)
 from protocol.outage import TRANSIENT, through_outages
 from protocol.run import RunContext, initial_model, latest_model, load_model, open_run, params_of
 from protocol.store import Store, StoreTimeout
-from protocol.types import Cid
+from protocol.types import Cid, Digest
 from trainer.delay import StartRule
 from trainer.inner import State, TrainerError, configure_determinism
 from trainer.round import RoundSpec, start_state
 from trainer.schedule import MAX_PAYLOAD_BYTES, Schedule
-from verifier.replay import Finding, check_final, check_leaf_count, check_payload, check_start, check_step
+from verifier.replay import (
+    Finding,
+    check_final,
+    check_leaf_count,
+    check_payload,
+    check_start,
+    check_step,
+)
 
 Log = Callable[..., None]
 MAX_MANIFEST_BYTES = 1 << 20
@@ -194,8 +208,8 @@ class VerifierNode:
                 next_state=self._state(end.cid, end.digest) if audit.mode == "tolerant" else None,
             ))
         if m.final:
-            end = states[m.leaf_count - 1]
-            findings.append(check_final(states[0], end, bytes(reveal["payloadDigest"]), spec, run, e, slot, t, rank))
+            last = states[m.leaf_count - 1]
+            findings.append(check_final(states[0], last, Digest(bytes(reveal["payloadDigest"])), spec, run, e, slot, t, rank))
             if e >= 1:
                 findings.append(self._check_start(e, t, slot, m, states[0]))
 
@@ -216,7 +230,9 @@ class VerifierNode:
     # ------------------------------------------------------------------ aggregate re-check
 
     def _check_aggregate(self, e: int) -> None:
-        from coordinator.build import build_global  # the verifier re-runs the coordinator's aggregation
+        from coordinator.build import (
+            build_global,  # the verifier re-runs the coordinator's aggregation
+        )
 
         key = f"aggregate:{e}"
         if key in self._done() or self.chain.epoch_status(self.run_id, e).phase is not Phase.FINALIZED:
@@ -225,7 +241,7 @@ class VerifierNode:
             _, _, digest = build_global(self.chain, self.store, self.ctx, e)
             ok = digest == self.chain.epoch_times(self.run_id, e).model_digest
         except (VerilocoError, OSError, ValueError, RuntimeError) as exc:
-            ok, digest = False, b""
+            ok = False
             self.log("aggregate-error", epoch=e, error=str(exc))
         self._record(key, {"matches": ok})
         self.log("aggregate-checked", epoch=e, matches=ok)

@@ -30,7 +30,16 @@ from protocol.chain_errors import ChainUnavailable
 from protocol.config import RunConfig
 from protocol.errors import VerilocoError
 from protocol.model import n_params, preset
-from protocol.run import eval_model, initial_model, latest_model, load_model, open_run, params_of, publish_run
+from protocol.run import (
+    eval_model,
+    initial_model,
+    latest_model,
+    load_model,
+    open_run,
+    params_of,
+    publish_run,
+)
+from veriloco.nodes import CHEAT_KINDS
 
 PHASES = {p: p.name.lower() for p in Phase}
 
@@ -419,8 +428,8 @@ def _parse_cheats(items: list[str]) -> tuple[tuple[str, int], ...]:
     out = []
     for item in items:
         kind, _, count = item.partition(":")
-        if kind not in ("lazy", "noise", "copy"):
-            raise DemoError(f"--cheat {item}: the kind must be lazy, noise or copy")
+        if kind not in CHEAT_KINDS:
+            raise DemoError(f"--cheat {item}: the kind must be one of {', '.join(CHEAT_KINDS)}")
         try:
             n = int(count or "1")
         except ValueError:
@@ -451,7 +460,7 @@ def register(sub: Any) -> None:
     p.add_argument("--chain", choices=["py-evm", "anvil"], default=d.chain)
     p.add_argument("--store", choices=["local", "ipfs"], default=d.store)
     p.add_argument("--cheat", action="append", default=[], metavar="KIND:COUNT",
-                   help="make COUNT trainers cheat: lazy, noise or copy (repeatable)")
+                   help="make COUNT trainers cheat: lazy, noise, copy, forge-final or stale-copy (repeatable)")
     p.add_argument("--workdir", type=Path, default=d.workdir, help="devnet, store, node state and logs")
     p.add_argument("--report", type=Path, help="write DIR/summary.json and DIR/loss.png")
     p.add_argument("--timeout", type=float, default=d.timeout_s, help="give up after this many seconds")

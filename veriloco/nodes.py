@@ -19,6 +19,9 @@ from eth_account import Account
 from protocol.chain import Chain
 from veriloco.settings import Settings, add_connection_args, open_store, resolve
 
+# adversarial behaviours for demos and security tests (trainer/cheats.py, trainer/adversaries.py)
+CHEAT_KINDS = ["lazy", "noise", "copy", "forge-final", "stale-copy"]
+
 
 def json_logger(node: str, stream: Any = None) -> Callable[..., None]:
     out = stream or sys.stdout
@@ -36,12 +39,12 @@ def open_chain(s: Settings) -> Chain:
 
 
 def _trainer(args: argparse.Namespace) -> int:
-    from trainer.cheats import CHEATS
+    from trainer.cheats import behaviours
     from trainer.node import TrainerNode
 
     s = resolve(args)
     chain = open_chain(s)
-    behaviour = CHEATS[args.cheat]() if args.cheat else None
+    behaviour = behaviours()[args.cheat]() if args.cheat else None
     TrainerNode(
         chain, open_store(s), args.run, s.workdir / f"trainer-{chain.sender}", behaviour=behaviour,
         log=json_logger("trainer"), threads=args.threads, checkpoint_every=args.checkpoint_every,
@@ -82,5 +85,5 @@ def register(sub: Any) -> None:
         if name == "trainer":
             p.add_argument("--checkpoint-every", type=int, default=4, help="keep every N-th state to answer audits")
             p.add_argument("--epochs", type=int, help="stop after this many epochs (default: the run's schedule)")
-            p.add_argument("--cheat", choices=["lazy", "noise", "copy"], help=argparse.SUPPRESS)
+            p.add_argument("--cheat", choices=CHEAT_KINDS, help=argparse.SUPPRESS)
         p.set_defaults(func=func)

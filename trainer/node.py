@@ -280,16 +280,17 @@ class TrainerNode:
         status = d.meta["status"]
         ph = self._phase(e)
         if status == COMMITTED:
-            if ph is Phase.REVEALING:
-                if self.chain.submission(self.run_id, e, self.me).state < 2:
-                    args = self.behaviour.reveal(self, e, d.meta)
-                    try:
-                        tx = self.chain.reveal(self.run_id, e, *args)
-                    except ChainError as exc:
-                        self.log("reveal-failed", epoch=e, error=str(exc))
-                        d.update(status=CLOSED)
-                        return
-                    self.log("revealed", epoch=e, gas=tx.gas_used)
+            if self.chain.submission(self.run_id, e, self.me).state >= 2:
+                d.update(status=REVEALED)  # the reveal landed before a crash: the audit still needs an answer
+            elif ph is Phase.REVEALING:
+                args = self.behaviour.reveal(self, e, d.meta)
+                try:
+                    tx = self.chain.reveal(self.run_id, e, *args)
+                except ChainError as exc:
+                    self.log("reveal-failed", epoch=e, error=str(exc))
+                    d.update(status=CLOSED)
+                    return
+                self.log("revealed", epoch=e, gas=tx.gas_used)
                 d.update(status=REVEALED)
             elif ph not in (Phase.COMMITTING, Phase.NOT_STARTED):
                 d.update(status=CLOSED)

@@ -20,6 +20,7 @@ why compute is counted in CPU seconds.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -32,10 +33,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from protocol.model import n_params, preset  # noqa: E402
-from veriloco.netdemo import DemoOptions, run_demo  # noqa: E402
+from protocol.model import n_params, preset
+from veriloco.netdemo import DemoOptions, run_demo
 
 
 def _events(path: Path) -> list[dict[str, Any]]:
@@ -86,7 +87,7 @@ def measure(opts: DemoOptions, segment: int = 1) -> dict[str, Any]:
     # what the one-step delay has to hide: from an epoch's last reveal to its finalization
     audit_latency = statistics.median(finalized[e] - last_reveal[e] for e in finalized if e in last_reveal)
     ends = [finalized[e] for e in sorted(finalized)]
-    cycle = statistics.median(b - a for a, b in zip(ends, ends[1:])) if len(ends) > 1 else float("nan")
+    cycle = statistics.median(b - a for a, b in itertools.pairwise(ends)) if len(ends) > 1 else float("nan")
     cfg = preset(opts.preset)
     k, h = opts.trainers, opts.steps
     allreduce = 2 * (k - 1) / k * 4 * n_params(cfg) * h

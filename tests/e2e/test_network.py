@@ -75,6 +75,7 @@ def test_every_cheater_is_slashed_and_never_aggregated(tmp_path: Path) -> None:
 def test_honest_network_on_anvil_and_ipfs(tmp_path: Path) -> None:
     s, included = _run(tmp_path, chain="anvil", store="ipfs")
     assert s["epochs_finalized"] == 2 and s["slashed"] == [] and s["verdicts"]["fail"] == 0
+    assert all(len(inc) == 3 for inc in included.values())
 
 
 def test_killed_nodes_resume_and_the_run_goes_on(tmp_path: Path) -> None:

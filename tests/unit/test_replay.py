@@ -46,7 +46,7 @@ def test_wrong_batch_or_forged_state_fails(setup) -> None:
 
 
 def test_tolerant_mode_accepts_tiny_noise_and_rejects_large(setup) -> None:
-    spec, corpus, _, s0, trace = setup
+    spec, corpus, _, s0, _ = setup
     from trainer.round import replay_step
 
     nxt, _ = replay_step(s0, spec, corpus, 0, 1, 0)
@@ -59,7 +59,7 @@ def test_tolerant_mode_accepts_tiny_noise_and_rejects_large(setup) -> None:
 
 
 def test_final_and_payload_checks(setup) -> None:
-    spec, corpus, _, s0, trace = setup
+    spec, _, _, s0, trace = setup
     fin = final_transition(s0, trace.end, spec, 7, 0, 1, TRAINER, rank=4)
     assert check_final(s0, trace.end, keccak(fin.publication), spec, 7, 0, 1, TRAINER, 4).passed
     assert not check_final(s0, trace.end, keccak(fin.publication), spec, 7, 0, 1, TRAINER, 2).passed
@@ -71,7 +71,7 @@ def test_final_and_payload_checks(setup) -> None:
 
 
 def test_start_rule_check(setup) -> None:
-    spec, corpus, g0, s0, trace = setup
+    spec, _, g0, s0, trace = setup
     carried = final_transition(s0, trace.end, spec, 7, 0, 1, TRAINER, rank=4).carried
     s1 = start_state(spec, g0, s0, carried)
     assert check_start(s1, spec, g0, s0, trace.end, 7, 1, 1, TRAINER, 4).passed

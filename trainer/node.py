@@ -32,8 +32,9 @@ from protocol.types import Cid
 from trainer.checkpoints import EpochDir
 from trainer.delay import StartRule
 from trainer.inner import State, TrainerError, configure_determinism
-from trainer.round import Final, RoundSpec, final_transition, replay_step, start_state
+from trainer.round import Final, RoundSpec, epoch_batch, final_transition, replay_step, start_state
 from trainer.schedule import Schedule
+from trainer.stages import PipelineSteps
 
 Log = Callable[..., None]
 TERMINAL = (Phase.FINALIZED, Phase.ABORTED)
@@ -50,7 +51,7 @@ class Behaviour:
     name = "honest"
 
     def step(self, node: TrainerNode, state: State, epoch: int, k: int) -> tuple[State, float]:
-        return replay_step(state, node.spec, node.ctx.corpus, epoch, node.slot, k)
+        return node.inner_step(state, epoch, k)
 
     def publication(self, node: TrainerNode, final: Final, epoch: int) -> bytes:
         return final.publication
@@ -72,6 +73,7 @@ class TrainerNode:
         self, chain: Chain, store: Store, run_id: int, workdir: Path, *,
         behaviour: Behaviour | None = None, log: Log | None = None, poll_s: float = 0.25,
         checkpoint_every: int = 4, threads: int = 1, max_epochs: int | None = None,
+        stages: int = 1, microbatches: int = 2,
     ) -> None:
         if chain.sender is None:
             raise TrainerError("a trainer node needs a signing key")
@@ -82,6 +84,8 @@ class TrainerNode:
         self.log: Log = log or (lambda event, **kv: None)
         self.poll_s, self.every, self.threads, self.max_epochs = poll_s, max(1, checkpoint_every), threads, max_epochs
         self._last_service = 0.0
+        self.stages, self.microbatches = stages, microbatches
+        self.pipeline: PipelineSteps | None = None
 
     # ------------------------------------------------------------------ main loop
 
@@ -89,6 +93,26 @@ class TrainerNode:
         configure_determinism(self.threads)
         self.ctx: RunContext = open_run(self.chain, self.store, self.run_id)
         self.spec = RoundSpec.from_config(self.ctx.config)
+        if self.stages > 1:
+            if self.ctx.config.audit.mode != "tolerant":
+                raise TrainerError(
+                    f"--stages {self.stages}: pipelined steps match a verifier's single-process replay only "
+                    f"within fp32 tolerance, and run {self.run_id} audits in exact mode; use one stage"
+                )
+            self.pipeline = PipelineSteps(self.spec, self.stages, self.microbatches, self.threads)
+        try:
+            self._run()
+        finally:
+            if self.pipeline is not None:
+                self.pipeline.close()
+
+    def inner_step(self, state: State, epoch: int, k: int) -> tuple[State, float]:
+        """Inner step k of `epoch` on this trainer's batch: in this process, or across its pipeline stages."""
+        if self.pipeline is None:
+            return replay_step(state, self.spec, self.ctx.corpus, epoch, self.slot, k)
+        return self.pipeline.step(state, epoch_batch(self.spec, self.ctx.corpus, epoch, self.slot, k))
+
+    def _run(self) -> None:
         self.schedule = Schedule(self.chain, self.store, self.ctx, self.spec)
         member = self._join()
         self.slot = member.slot
@@ -98,7 +122,7 @@ class TrainerNode:
         e = max(member.join_epoch, self.chain.current_epoch(self.run_id))
         while self._dir(e).meta.get("status") in (COMMITTED, REVEALED, RESPONDED, CLOSED):
             e += 1  # resumed after a crash: that epoch is already in the chain's hands
-        self.log("started", slot=self.slot, epoch=e, behaviour=self.behaviour.name)
+        self.log("started", slot=self.slot, epoch=e, behaviour=self.behaviour.name, stages=self.stages)
         while e < epochs:
             through_outages(functools.partial(self._epoch, e), self.log, f"epoch {e}")
             e += 1

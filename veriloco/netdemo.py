@@ -62,6 +62,7 @@ class DemoOptions:
     report: Path | None = None
     timeout_s: float = 900.0
     windows_s: int = 60  # every chain window; the contract advances early when everyone has acted
+    stages: int = 1  # pipeline stages per trainer (> 1 switches the run to tolerant audits)
 
     def config(self) -> RunConfig:
         w = self.windows_s
@@ -73,7 +74,8 @@ class DemoOptions:
             outer={"lr": 0.7, "momentum": 0.5},
             schedule={"epochs": self.epochs, "h_initial": self.steps, "h_min": max(1, self.steps // 2),
                       "h_max": self.steps * 2},
-            audit={"steps": 3, "final_check_bps": 10_000, "quorum": 1},
+            audit={"steps": 3, "final_check_bps": 10_000, "quorum": 1,
+                   "mode": "tolerant" if self.stages > 1 else "exact"},
             windows={"commit_s": w, "reveal_s": w, "response_s": w, "verdict_s": w, "finalize_s": w},
             stakes={"min_trainers": 1},
         )
@@ -130,6 +132,8 @@ def _spawn(role: str, index: int, account: int, devnet_file: Path, run_id: int, 
            "--account", str(account), "--workdir", str(opts.workdir / "nodes")]
     if cheat:
         cmd += ["--cheat", cheat]
+    if role == "trainer" and opts.stages > 1:
+        cmd += ["--stages", str(opts.stages)]
     return NodeProc(role, index, account, address, log_path, cmd, _popen(cmd, log_path), cheat)
 
 
@@ -442,7 +446,7 @@ def _cmd(args: argparse.Namespace) -> int:
     opts = DemoOptions(
         trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=args.preset, steps=args.steps,
         chain=args.chain, store=args.store, cheats=_parse_cheats(args.cheat), workdir=args.workdir,
-        report=args.report, timeout_s=args.timeout,
+        report=args.report, timeout_s=args.timeout, stages=args.stages,
     )
     summary = run_demo(opts)
     return 0 if summary["epochs_finalized"] == summary["epochs"] else 1
@@ -463,5 +467,7 @@ def register(sub: Any) -> None:
                    help="make COUNT trainers cheat: lazy, noise, copy, forge-final or stale-copy (repeatable)")
     p.add_argument("--workdir", type=Path, default=d.workdir, help="devnet, store, node state and logs")
     p.add_argument("--report", type=Path, help="write DIR/summary.json and DIR/loss.png")
+    p.add_argument("--stages", type=int, default=d.stages,
+                   help="run each trainer as S pipeline stages (the run then audits in tolerant mode)")
     p.add_argument("--timeout", type=float, default=d.timeout_s, help="give up after this many seconds")
     p.set_defaults(func=_cmd)

@@ -48,7 +48,7 @@ def _trainer(args: argparse.Namespace) -> int:
     TrainerNode(
         chain, open_store(s), args.run, s.workdir / f"trainer-{chain.sender}", behaviour=behaviour,
         log=json_logger("trainer"), threads=args.threads, checkpoint_every=args.checkpoint_every,
-        max_epochs=args.epochs,
+        max_epochs=args.epochs, stages=args.stages, microbatches=args.microbatches,
     ).run()
     return 0
 
@@ -85,5 +85,8 @@ def register(sub: Any) -> None:
         if name == "trainer":
             p.add_argument("--checkpoint-every", type=int, default=4, help="keep every N-th state to answer audits")
             p.add_argument("--epochs", type=int, help="stop after this many epochs (default: the run's schedule)")
+            p.add_argument("--stages", type=int, default=1,
+                           help="run inner steps as S pipeline stages, one process each (needs a tolerant-mode run)")
+            p.add_argument("--microbatches", type=int, default=2, help="micro-batches per step with --stages")
             p.add_argument("--cheat", choices=CHEAT_KINDS, help=argparse.SUPPRESS)
         p.set_defaults(func=func)

@@ -215,13 +215,12 @@ def test_anvil_refuses_a_busy_port_with_its_log(tmp_path: Path) -> None:
 
 
 def test_ipfs_store_devnet_starts_a_node(tmp_path: Path) -> None:
-    pytest.importorskip("veriloco.ipfsnode")
     from veriloco.ipfsnode import IpfsNodeError, find_node_modules
 
     try:
         find_node_modules()
-    except IpfsNodeError:
-        pytest.skip("npm ipfs not installed")
+    except IpfsNodeError as exc:
+        pytest.fail(f"{exc}; run `make test`, which installs the npm tooling from the lockfile")
     with start_devnet(store="ipfs", state_dir=tmp_path, accounts=1, deploy=False) as net:
         api = net.info.store.api
         assert api is not None and api.startswith("/ip4/127.0.0.1/tcp/")

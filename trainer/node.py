@@ -133,7 +133,12 @@ class TrainerNode:
         m = self.chain.member(self.run_id, self.me)
         if m.role == 2:
             raise TrainerError(f"{self.me} is a verifier in run {self.run_id}; use another key for the trainer")
-        if m.role == 0 or m.leave_epoch is not None:
+        if m.role == 1 and m.leave_epoch is not None:
+            raise TrainerError(
+                f"{self.me} left run {self.run_id} (or was removed after a slash) from epoch {m.leave_epoch}; "
+                "withdraw its stake after the unbonding delay, then join again"
+            )
+        if m.role == 0:
             self.chain.join_trainer(self.run_id)
             m = self.chain.member(self.run_id, self.me)
             self.log("joined", slot=m.slot, join_epoch=m.join_epoch)

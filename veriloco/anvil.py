@@ -29,6 +29,7 @@ from typing import IO, Self
 
 from protocol.errors import VerilocoError
 from veriloco.evmserver import DEV_MNEMONIC
+from veriloco.procs import stop_process
 
 ANVIL_CHAIN_ID = 31337  # anvil's own default, kept so tools that assume it keep working
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -217,14 +218,7 @@ class Anvil:
         """SIGTERM (anvil dumps its state file then), SIGKILL if it hangs; returns the exit code."""
         code = None
         if self.process is not None:
-            if self.process.poll() is None:
-                self.process.send_signal(signal.SIGTERM)
-                try:
-                    self.process.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    self.process.kill()
-                    self.process.wait(timeout=timeout)
-            code = self.process.returncode
+            code = stop_process(self.process, signal.SIGTERM, timeout)
             self.process = None
         if self._log is not None:
             self._log.close()

@@ -35,6 +35,7 @@ from typing import Any, Literal, Self
 from protocol.errors import VerilocoError
 from veriloco.anvil import ANVIL_CHAIN_ID, Anvil, AnvilConfig, AnvilError, wait_for_rpc
 from veriloco.evmserver import DEFAULT_CHAIN_ID, DEV_HD_PATH, DEV_MNEMONIC, EvmConfig, EvmServer
+from veriloco.procs import stop_process
 
 DEVNET_FILE = "devnet.json"
 DEFAULT_DIR = Path(".veriloco")  # veriloco.settings looks for .veriloco/devnet.json
@@ -453,14 +454,7 @@ class DevnetProcess:
         self._info = None
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=timeout)
-        code = self.process.returncode
+        code = stop_process(self.process, signal.SIGINT, timeout)
         self.process = None
         return code
 

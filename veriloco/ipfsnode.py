@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import Self
 
 from protocol.errors import VerilocoError
+from veriloco.procs import stop_process
 
 POLYFILL = Path(__file__).with_name("ipfs_polyfill.js")
 _CLI = Path("ipfs") / "src" / "cli.js"
@@ -191,13 +192,8 @@ class IpfsNode:
 
     def stop(self, timeout: float = 20.0) -> None:
         """Stop the daemon by PID: SIGTERM, then SIGKILL after `timeout` s."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
+        if self.proc is not None:
+            stop_process(self.proc, signal.SIGTERM, timeout)
         if getattr(self, "_log", None) is not None:
             self._log.close()
 

@@ -12,11 +12,9 @@ from coordinator.outer import MOM, GlobalState, OuterConfig, global_params, init
 from protocol.chain import Chain
 from protocol.digest import state_digest
 from protocol.payload import PayloadError, decode, unwrap
-from protocol.run import RunContext, latest_model, load_model, passing_trainers
+from protocol.run import RunContext, latest_model, load_model, passing_trainers, revealed_payload
 from protocol.store import Store
 from protocol.types import Address, Digest
-
-MAX_PAYLOAD_BYTES = 256 << 20
 
 
 def previous_global(chain: Chain, store: Store, ctx: RunContext, epoch: int) -> GlobalState:
@@ -35,7 +33,7 @@ def build_global(chain: Chain, store: Store, ctx: RunContext, epoch: int) -> tup
     deltas = []
     for t in included:
         ev = chain.revealed(ctx.run_id, epoch, t)[0].args
-        data = store.get(ev["payloadCid"], max_size=MAX_PAYLOAD_BYTES, digest=bytes(ev["payloadDigest"]))
+        data = revealed_payload(store, ev)
         try:
             deltas.append(decode(unwrap(data, run_id=ctx.run_id, epoch=epoch, trainer=t).body, ctx.param_shapes))
         except PayloadError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -26,6 +27,7 @@ from protocol.types import Address, Cid, Digest, RunId
 
 PARAM = "param/"
 MAX_CONFIG_BYTES = 1 << 20
+MAX_PAYLOAD_BYTES = 256 << 20  # a published payload is a compressed sketch: far below this
 
 
 class RunError(VerilocoError):
@@ -112,6 +114,11 @@ def latest_model(chain: Chain, ctx: RunContext, before_epoch: int) -> tuple[Cid,
         if status.phase is Phase.FINALIZED:
             return status.model_cid, chain.epoch_times(ctx.run_id, e).model_digest, e
     return ctx.info.params.init_model_cid, ctx.info.params.init_model_digest, -1
+
+
+def revealed_payload(store: Store, reveal: Mapping[str, Any]) -> bytes:
+    """The publication a `Revealed` event names, checked against its CID and the revealed digest."""
+    return store.get(reveal["payloadCid"], max_size=MAX_PAYLOAD_BYTES, digest=bytes(reveal["payloadDigest"]))
 
 
 def passing_trainers(chain: Chain, run_id: int, epoch: int, quorum: int | None = None) -> list[Address]:

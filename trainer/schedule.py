@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from protocol.chain import Chain, Phase
 from protocol.payload import PayloadError, unwrap
-from protocol.run import RunContext, passing_trainers
+from protocol.run import RunContext, passing_trainers, revealed_payload
 from protocol.store import Store
 from trainer.compress import EnergyProfile, EpochRecord, payload_profile
 from trainer.delay import public_history_end
 from trainer.round import RoundSpec, plan
-
-MAX_PAYLOAD_BYTES = 256 << 20
 
 
 class Schedule:
@@ -51,7 +49,7 @@ class Schedule:
             trainer = ev.args["trainer"]
             if trainer not in passing:
                 continue
-            data = self.store.get(ev.args["payloadCid"], max_size=MAX_PAYLOAD_BYTES, digest=bytes(ev.args["payloadDigest"]))
+            data = revealed_payload(self.store, ev.args)
             try:
                 profiles.append(payload_profile(unwrap(data, run_id=run, epoch=epoch, trainer=trainer).body))
             except PayloadError:

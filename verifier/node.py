@@ -30,13 +30,21 @@ from protocol.formats import (
     spec_of,
 )
 from protocol.outage import TRANSIENT, through_outages
-from protocol.run import RunContext, initial_model, latest_model, load_model, open_run, params_of
+from protocol.run import (
+    RunContext,
+    initial_model,
+    latest_model,
+    load_model,
+    open_run,
+    params_of,
+    revealed_payload,
+)
 from protocol.store import Store, StoreTimeout
 from protocol.types import Cid, Digest
 from trainer.delay import StartRule
 from trainer.inner import State, TrainerError, configure_determinism
 from trainer.round import RoundSpec, start_state
-from trainer.schedule import MAX_PAYLOAD_BYTES, Schedule
+from trainer.schedule import Schedule
 from verifier.replay import (
     Finding,
     check_final,
@@ -185,7 +193,7 @@ class VerifierNode:
         rank, steps = self.schedule.for_epoch(e)
         reveal = self.chain.revealed(run, e, t)[0].args
         findings.append(check_leaf_count(sub.leaf_count, steps))
-        publication = self.store.get(reveal["payloadCid"], max_size=MAX_PAYLOAD_BYTES, digest=bytes(reveal["payloadDigest"]))
+        publication = revealed_payload(self.store, reveal)
         findings.append(check_payload(publication, run, e, t, self.ctx.param_shapes))
         m: AuditManifest = decode_manifest(self.store.get(manifest_cid, max_size=MAX_MANIFEST_BYTES))
         a = self.chain.assignment(run, e, t)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from coordinator.build import build_global
 from coordinator.outer import global_params
-from protocol.chain import Chain, ChainError, Phase
+from protocol.chain import Chain, ChainError, ChainUnavailable, Phase
 from protocol.errors import VerilocoError
 from protocol.formats import save_state
 from protocol.outage import through_outages
@@ -70,6 +70,8 @@ class CoordinatorNode:
         self.store.pin(cid)
         try:
             tx = self.chain.finalize(self.run_id, e, cid, digest, included)
+        except ChainUnavailable:
+            raise  # not a refusal: the caller waits the outage out and tries again
         except ChainError as exc:
             self.log("finalize-failed", epoch=e, error=str(exc))
             return False

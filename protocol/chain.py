@@ -517,7 +517,14 @@ class Chain:
                 lambda: self.w3.eth.wait_for_transaction_receipt(h, timeout=self.receipt_timeout, poll_latency=0.05),  # type: ignore[arg-type]
                 self.where,
             )
-        except TimeExhausted as exc:
+        except (ChainUnavailable, TimeExhausted) as exc:
+            # The node may have lost the transaction (a devnet restarted from an older dump, a
+            # dropped mempool): re-read the nonce next time instead of leaving a gap that stalls
+            # every later transaction of this key.
+            with self._lock:
+                self._nonce = None
+            if isinstance(exc, ChainUnavailable):
+                raise
             raise ChainError(
                 f"{fn_name} transaction 0x{h.hex()} was not mined within {self.receipt_timeout:.0f} s; is the node mining?"
             ) from exc

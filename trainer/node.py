@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol import merkle
-from protocol.chain import Chain, ChainError, Phase
+from protocol.chain import Chain, ChainError, ChainUnavailable, Phase
 from protocol.chain_audit import build_response
 from protocol.digest import keccak, state_digest
 from protocol.errors import VerilocoError
@@ -272,6 +272,8 @@ class TrainerNode:
         m = d.meta
         try:
             tx = self.chain.commit(self.run_id, e, self.behaviour.commitment(self, e, m))
+        except ChainUnavailable:
+            raise  # not a refusal: the caller waits the outage out and tries again
         except ChainError as exc:
             self.log("commit-failed", epoch=e, error=str(exc))
             d.update(status=CLOSED)
@@ -315,6 +317,8 @@ class TrainerNode:
                 args = self.behaviour.reveal(self, e, d.meta)
                 try:
                     tx = self.chain.reveal(self.run_id, e, *args)
+                except ChainUnavailable:
+                    raise  # not a refusal: the caller waits the outage out and tries again
                 except ChainError as exc:
                     self.log("reveal-failed", epoch=e, error=str(exc))
                     d.update(status=CLOSED)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from protocol.chain import Chain, ChainError, Phase
+from protocol.chain import Chain, ChainError, ChainUnavailable, Phase
 from protocol.digest import state_digest
 from protocol.errors import VerilocoError
 from protocol.formats import (
@@ -149,6 +149,8 @@ class VerifierNode:
         if verdicts:
             try:
                 tx = self.chain.submit_verdicts(self.run_id, e, verdicts)
+            except ChainUnavailable:
+                raise  # not a refusal: the caller waits the outage out and tries again
             except ChainError as exc:
                 self.log("verdict-failed", epoch=e, error=str(exc))
                 return

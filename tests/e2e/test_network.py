@@ -115,12 +115,13 @@ def test_killed_nodes_resume_and_the_run_goes_on(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_nodes_reconnect_to_anvil_restarted_from_saved_state(tmp_path: Path) -> None:
-    """Stop anvil mid-run (it dumps its state), start it again from that state: every node rides
-    out the outage and the run finalizes."""
+    """Stop anvil as epoch 1 leaves its commit phase, while reveals and audit responses are in
+    flight (it dumps its state), start it again from that state: every node rides out the outage, a
+    transaction cut off by it is sent again, and the run finalizes with nobody slashed."""
     done: set[str] = set()
 
     def on_tick(c: Any) -> None:
-        if "restart" not in done and c.chain.epoch_status(c.run_id, 0).phase is Phase.FINALIZED:
+        if "restart" not in done and c.chain.epoch_status(c.run_id, 1).phase >= Phase.REVEALING:
             done.add("restart")
             c.restart_chain()
 

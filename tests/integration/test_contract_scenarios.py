@@ -404,6 +404,38 @@ def test_event_stream_survives_a_lost_connection(fresh: Any) -> None:
     assert stream.poll() == []
 
 
+def test_a_transaction_lost_in_an_outage_does_not_stall_the_key(fresh: Any) -> None:
+    """The node accepts a transaction, goes away and comes back without it (a devnet restarted from
+    an older dump): the sender sees ChainUnavailable, and its next transaction is not stuck behind
+    a nonce gap."""
+    from eth_account import Account
+    from web3 import EthereumTesterProvider, HTTPProvider, Web3
+
+    provider = EthereumTesterProvider(fresh.tester) if fresh.name == "py-evm" else HTTPProvider(fresh.node.url)
+    forward, armed = provider.make_request, [False]
+
+    def losing(method: Any, params: Any) -> Any:
+        if armed[0] and method == "eth_sendRawTransaction":
+            raw = bytes.fromhex(params[0][2:]) if isinstance(params[0], str) else bytes(params[0])
+            return {"jsonrpc": "2.0", "id": 1, "result": "0x" + keccak(raw).hex()}  # accepted, then lost
+        if armed[0] and method == "eth_getTransactionReceipt":
+            raise ConnectionError("connection refused (the node is restarting)")
+        return forward(method, params)
+
+    provider.make_request = losing  # type: ignore[method-assign]
+    r = make_run(fresh, n_trainers=0, n_verifiers=0)
+    key = Account.create()
+    fresh.w3.eth.send_transaction({"from": fresh.accounts[OUTSIDER], "to": key.address, "value": 10 * STAKE})
+    c = Chain(Web3(provider), fresh.address, key, receipt_timeout=5)
+    armed[0] = True
+    with pytest.raises(ce.ChainUnavailable):
+        c.join_trainer(r.run_id)
+    armed[0] = False
+    assert c.member(r.run_id, key.address).role == 0  # it really was lost
+    c.join_trainer(r.run_id)  # same key, next transaction: goes through
+    assert c.member(r.run_id, key.address).role == 1
+
+
 def test_hash_slots_rotate_over_many_epochs(fresh: Any) -> None:
     r = make_run(fresh, n_trainers=2, n_verifiers=1, quorum=1)
     rid, c = r.run_id, r.coord

@@ -51,7 +51,7 @@ contract Veriloco {
         address creator; // zero for an unknown run id
         uint32 nextEpoch; // epochs [0, nextEpoch) are opened
         uint32 activeTrainers;
-        uint32 trainerSlots; // slots handed out so far (never reused)
+        uint32 trainerSlots; // high-water mark of slots; a withdrawn trainer's slot is handed out again
     }
 
     struct Epoch {
@@ -72,7 +72,7 @@ contract Veriloco {
         bool settled;
         bool seeded;
         // further slots
-        bytes32 seed;
+        bytes32 seed; // before `seeded`: the number of the block whose hash will seed the audit (0 = not scheduled)
         bytes32 modelDigest;
         string modelCid;
     }
@@ -136,9 +136,12 @@ contract Veriloco {
     ///      the Revealed event). Valid for an epoch while the trainer has not committed 3 epochs later.
     mapping(uint256 => mapping(address => mapping(uint256 => bytes32))) internal hashes;
     mapping(uint256 => mapping(uint256 => mapping(uint256 => uint256))) internal lanes;
-    mapping(uint256 => mapping(address => uint32)) internal slotPlusOne; // stable per address
+    mapping(uint256 => mapping(address => uint32)) internal slotPlusOne; // until the trainer withdraws
     mapping(uint256 => mapping(address => Member)) internal members;
-    mapping(uint256 => mapping(uint256 => address)) internal slotTrainer;
+    mapping(uint256 => mapping(uint256 => address)) internal slotTrainer; // current or last holder
+    /// @dev Slots of withdrawn trainers, handed out again first: finalize scans every slot, so join /
+    ///      leave / withdraw churn must not grow the slot count (it is bounded by peak membership).
+    mapping(uint256 => uint32[]) internal freeSlots;
     mapping(uint256 => address[]) internal verifierList;
     mapping(uint256 => address[]) internal pendingVerifierRemovals;
 
@@ -189,6 +192,9 @@ contract Veriloco {
     error BadResponseLength(uint256 leaves, uint256 expectedLeaves, uint256 proofWords, uint256 expectedProofWords);
     /// @notice The Merkle proof for leaf `leafIndex` does not lead to the revealed trace root.
     error InvalidProof(uint256 runId, uint256 epoch, address trainer, uint256 leafIndex);
+    /// @notice The audit seed is not fixed yet: it is the hash of block `seedBlock` (0 = not scheduled),
+    ///         fixed by a startAudit call in any later block. Call startAudit, then retry.
+    error AuditSeedPending(uint256 runId, uint256 epoch, uint256 seedBlock);
     /// @notice The trainer has not answered its audit, so it cannot be judged yet.
     error NotResponded(uint256 runId, uint256 epoch, address trainer);
     /// @notice The verifier is not assigned to this trainer in this epoch.
@@ -240,6 +246,9 @@ contract Veriloco {
     event Committed(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, bytes32 commitment);
     /// @notice A trainer revealed its payload and trace root.
     event Revealed(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, string payloadCid, bytes32 payloadDigest, bytes32 traceRoot, uint32 leafCount);
+    /// @notice Reveals closed: the audit seed will be the hash of block `seedBlock`, and assignment
+    ///         draws from the first `verifierCount` verifiers of the list (frozen until the audit ends).
+    event AuditScheduled(uint256 indexed runId, uint256 indexed epoch, uint256 seedBlock, uint256 verifierCount);
     /// @notice The audit seed of an epoch was fixed.
     event AuditStarted(uint256 indexed runId, uint256 indexed epoch, bytes32 seed, uint256 verifierCount);
     /// @notice A trainer answered its audit; the proven leaf digests are in the manifest (and the calldata).
@@ -250,6 +259,9 @@ contract Veriloco {
     event EpochFinalized(uint256 indexed runId, uint256 indexed epoch, string modelCid, bytes32 modelDigest, uint256 included);
     /// @notice An epoch whose coordinator missed the finalize deadline was settled (slashes applied, no model).
     event EpochSettled(uint256 indexed runId, uint256 indexed epoch);
+    /// @notice An assigned verifier voted against the majority verdict on `trainer` and lost `amount`
+    ///         of its stake; it is also removed from the verifier list when the next audit is scheduled.
+    event VerifierSlashed(uint256 indexed runId, uint256 indexed epoch, address indexed verifier, address trainer, uint256 amount);
     /// @notice A trainer lost `amount` of its stake for `reason` (SLASH_*); it is also removed from the run.
     event Slashed(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, uint256 amount, uint8 reason);
     /// @notice A member withdrew its remaining stake.
@@ -294,7 +306,7 @@ contract Veriloco {
 
     // ------------------------------------------------------------------ membership
 
-    /// @notice Join a run as a trainer by sending exactly trainerStake; the trainer gets the next slot.
+    /// @notice Join a run as a trainer by sending exactly trainerStake; the trainer gets a free slot.
     /// @dev It takes part from the first epoch that has not opened yet.
     function joinTrainer(uint256 runId) external payable {
         Run storage r = _run(runId);
@@ -302,15 +314,18 @@ contract Veriloco {
         if (m.role != ROLE_NONE) revert AlreadyJoined(runId, msg.sender);
         if (msg.value != r.p.trainerStake) revert WrongStake(msg.value, r.p.trainerStake);
         if (r.activeTrainers >= r.p.maxTrainers) revert RunFull(runId, r.p.maxTrainers);
-        uint32 slot = slotPlusOne[runId][msg.sender];
-        if (slot == 0) {
-            // first time in this run: a new slot, kept for good so old epochs stay readable
-            slot = r.trainerSlots++;
-            slotPlusOne[runId][msg.sender] = slot + 1;
-            slotTrainer[runId][slot] = msg.sender;
+        // a withdrawn trainer's slot first: its epochs are all settled, and lanes are per epoch, so
+        // the new holder's epochs (from nextEpoch on) never share a lane with the old holder's
+        uint32[] storage free = freeSlots[runId];
+        uint32 slot;
+        if (free.length > 0) {
+            slot = free[free.length - 1];
+            free.pop();
         } else {
-            slot -= 1;
+            slot = r.trainerSlots++;
         }
+        slotPlusOne[runId][msg.sender] = slot + 1;
+        slotTrainer[runId][slot] = msg.sender;
         r.activeTrainers += 1;
         m.stake = uint96(msg.value);
         m.slot = slot;
@@ -384,6 +399,11 @@ contract Veriloco {
         }
         uint256 amount = m.stake;
         if (amount == 0) revert NothingToWithdraw(msg.sender);
+        if (m.role == ROLE_TRAINER) {
+            // every epoch it took part in is settled: its slot can serve the next trainer
+            freeSlots[runId].push(m.slot);
+            delete slotPlusOne[runId][msg.sender];
+        }
         // effects: forget the membership entirely so the account may join again later
         delete members[runId][msg.sender];
         totalStaked -= amount;
@@ -428,7 +448,8 @@ contract Veriloco {
         emit Committed(runId, epoch, msg.sender, commitment);
     }
 
-    /// @notice Reveal what was committed. The last reveal of an epoch closes reveals and fixes the audit seed.
+    /// @notice Reveal what was committed. The last reveal of an epoch closes reveals and schedules the
+    ///         audit seed: the hash of this very block, which nobody can know when signing the reveal.
     /// @param payloadCid CID of the published payload (kept in the Revealed event, not in storage).
     function reveal(
         uint256 runId,
@@ -459,17 +480,33 @@ contract Veriloco {
         emit Revealed(runId, epoch, msg.sender, payloadCid, payloadDigest, traceRoot, leafCount);
         if (n == ep.committed) {
             ep.allRevealedAt = uint64(block.timestamp);
-            _fixSeed(runId, epoch, ep);
+            _scheduleSeed(runId, r, epoch, ep);
         }
     }
 
-    /// @notice Fix the audit seed of an epoch whose reveal window has closed (anyone may call).
+    /// @notice Move the audit seed of an epoch whose reveals have closed one step on (anyone may call):
+    ///         schedule it (the seed block is this block) if nobody has yet, else fix it from the seed
+    ///         block's hash once that block is in the past. Call again in a later block until
+    ///         epochAudit reports it seeded; a seed block more than 256 blocks old is rescheduled.
     function startAudit(uint256 runId, uint256 epoch) external {
         Run storage r = _run(runId);
         Phase ph = _phase(runId, r, epoch);
         if (ph != Phase.Auditing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Auditing));
         Epoch storage ep = epochs[runId][epoch];
-        if (!ep.seeded) _fixSeed(runId, epoch, ep);
+        if (ep.seeded) return;
+        uint256 seedBlock = uint256(ep.seed);
+        if (seedBlock == 0) {
+            _scheduleSeed(runId, r, epoch, ep);
+        } else if (block.number > seedBlock) {
+            bytes32 h = blockhash(seedBlock);
+            if (h == bytes32(0)) {
+                // out of blockhash's reach: draw from this block instead (list and count stay frozen)
+                ep.seed = bytes32(block.number);
+                emit AuditScheduled(runId, epoch, block.number, ep.verifierCount);
+            } else {
+                _fixSeed(runId, epoch, ep, h);
+            }
+        }
     }
 
     // ------------------------------------------------------------------ audit
@@ -478,7 +515,7 @@ contract Veriloco {
     ///         draw order, the digests of leaves k and k+1 (then leaf L-1 if the final check is drawn),
     ///         with their proofs flattened in the same order: a pair proof per transition, then a
     ///         plain proof of leaf L-1 (docs/protocol.md §5).
-    /// @dev Fixes the audit seed first if nobody has yet.
+    /// @dev The seed must be fixed first (startAudit): the trainer needs it to know what to prove.
     function respond(uint256 runId, uint256 epoch, string calldata manifestCid, bytes32[] calldata leaves, bytes32[] calldata proofs) external {
         Run storage r = _run(runId);
         Phase ph = _phase(runId, r, epoch);
@@ -491,7 +528,7 @@ contract Veriloco {
         uint8 st = uint8(lane >> 24);
         if (st == SUB_RESPONDED) revert AlreadyResponded(runId, epoch, msg.sender);
         if (st != SUB_REVEALED) revert NotRevealed(runId, epoch, msg.sender);
-        if (!ep.seeded) _fixSeed(runId, epoch, ep);
+        if (!ep.seeded) revert AuditSeedPending(runId, epoch, uint256(ep.seed));
         _checkResponse(runId, epoch, r.p, ep.seed, hashes[runId][msg.sender][epoch % HASH_SLOTS], uint32(lane & 0xFFFFFF), leaves, proofs);
         _setLane(runId, epoch, slot, (uint256(SUB_RESPONDED) << 24) | uint32(lane & 0xFFFFFF));
         ep.responded += 1;
@@ -625,7 +662,7 @@ contract Veriloco {
     {
         _run(runId);
         Epoch storage ep = epochs[runId][epoch];
-        return (ep.expected, ep.responded, ep.verifierCount, ep.seeded, ep.seed, ep.modelDigest);
+        return (ep.expected, ep.responded, ep.verifierCount, ep.seeded, ep.seeded ? ep.seed : bytes32(0), ep.modelDigest);
     }
 
     /// @notice The enforced config of a run.
@@ -666,7 +703,7 @@ contract Veriloco {
         verifiers = verifierList[runId];
     }
 
-    /// @notice The trainer in a slot (slots are never reused).
+    /// @notice The trainer that holds a slot, or held it last (a withdrawn trainer's slot is reused).
     function trainerAt(uint256 runId, uint256 slot) external view returns (address) {
         return slotTrainer[runId][slot];
     }
@@ -821,12 +858,14 @@ contract Veriloco {
         return cc != NEVER && block.timestamp >= cc && ep.committed < r.p.minTrainers;
     }
 
-    /// @dev True while an epoch with a fixed seed is still auditing (the verifier list must not change).
+    /// @dev True while an epoch with a scheduled or fixed seed is not finalized or settled: the
+    ///      verifier list must not change, since assignments (and the slashing of verifiers who voted
+    ///      against the majority, applied at finalize or settle) index into it.
     function _auditRunning(uint256 runId, Run storage r) internal view returns (bool) {
         uint256 n = r.nextEpoch;
         for (uint256 k = 1; k <= 2 && k <= n; k++) {
-            uint256 e = n - k;
-            if (epochs[runId][e].seeded && _phase(runId, r, e) == Phase.Auditing) return true;
+            Epoch storage ep = epochs[runId][n - k];
+            if (ep.seed != bytes32(0) && !ep.finalized && !ep.settled) return true;
         }
         return false;
     }
@@ -843,20 +882,35 @@ contract Veriloco {
 
     // ------------------------------------------------------------------ internals: audit
 
-    function _fixSeed(uint256 runId, uint256 epoch, Epoch storage ep) internal {
-        // verifiers that left during the previous audit leave the list now, before it is sampled
+    /// @dev Reveals closed: the seed will be this block's hash. The verifier list is frozen from here
+    ///      (joins append past verifierCount; leaves wait), so nobody who learns the hash can steer
+    ///      the assignment by reordering the list before the seed is fixed.
+    function _scheduleSeed(uint256 runId, Run storage r, uint256 epoch, Epoch storage ep) internal {
+        if (epoch > 0) {
+            // the previous epoch is over (commits of this one closed after it was done); if it expired
+            // unsettled, apply its slashes now, while the list its verdicts index into is unchanged
+            Epoch storage prev = epochs[runId][epoch - 1];
+            if (prev.seed != bytes32(0) && !prev.finalized && !prev.settled) _settle(runId, r, epoch - 1, prev);
+        }
+        // verifiers that left (or were slashed) during the previous audit leave the list now
         address[] storage pending = pendingVerifierRemovals[runId];
         while (pending.length > 0) {
             address v = pending[pending.length - 1];
             pending.pop();
             if (members[runId][v].pendingRemoval) _removeVerifier(runId, v);
         }
-        bytes32 seed = keccak256(abi.encode(AUDIT_TAG, block.prevrandao, blockhash(block.number - 1), runId, epoch));
-        ep.seed = seed;
-        ep.seeded = true;
         uint32 vc = uint32(verifierList[runId].length);
         ep.verifierCount = vc;
-        emit AuditStarted(runId, epoch, seed, vc);
+        ep.seed = bytes32(block.number);
+        emit AuditScheduled(runId, epoch, block.number, vc);
+    }
+
+    /// @dev seed = keccak(abi.encode(AUDIT_TAG, chainid, this, runId, epoch, blockhash(seedBlock))).
+    function _fixSeed(uint256 runId, uint256 epoch, Epoch storage ep, bytes32 blockHash) internal {
+        bytes32 seed = keccak256(abi.encode(AUDIT_TAG, block.chainid, address(this), runId, epoch, blockHash));
+        ep.seed = seed;
+        ep.seeded = true;
+        emit AuditStarted(runId, epoch, seed, ep.verifierCount);
     }
 
     function _removeVerifier(uint256 runId, address v) internal {
@@ -889,11 +943,12 @@ contract Veriloco {
         return r.p.quorum < ep.verifierCount ? r.p.quorum : ep.verifierCount;
     }
 
-    /// @dev Passed: responded, no fail vote, and a pass vote from every assigned verifier
-    ///      (quorum capped by the verifier count at seed time; with no verifiers nobody passes).
+    /// @dev Passed: responded and pass votes from a majority of the q assigned verifiers (q = quorum
+    ///      capped by the verifier count at scheduling; with no verifiers nobody passes). One lying
+    ///      verifier can neither fail an honest trainer nor pass a cheater on its own once q >= 3.
     function _isPassed(Run storage r, uint256 lane, Epoch storage ep) internal view returns (bool) {
         uint256 q = _needed(r, ep);
-        return uint8(lane >> 24) == SUB_RESPONDED && uint16(lane >> 48) == 0 && q > 0 && _popcount16(uint16(lane >> 32)) >= q;
+        return uint8(lane >> 24) == SUB_RESPONDED && q > 0 && _popcount16(uint16(lane >> 32)) > q / 2;
     }
 
     function _popcount16(uint16 x) internal pure returns (uint16 n) {
@@ -1054,13 +1109,12 @@ contract Veriloco {
         }
     }
 
-    function _verdictEpoch(uint256 runId, Run storage r, uint256 epoch) internal returns (Epoch storage ep) {
+    function _verdictEpoch(uint256 runId, Run storage r, uint256 epoch) internal view returns (Epoch storage ep) {
         Phase ph = _phase(runId, r, epoch);
         if (ph != Phase.Auditing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Auditing));
         uint256 deadline = _revealsClose(runId, r, epoch) + r.p.responseWindow + r.p.verdictWindow;
         if (block.timestamp >= deadline) revert DeadlinePassed(runId, epoch, deadline, block.timestamp);
         ep = epochs[runId][epoch];
-        if (!ep.seeded) _fixSeed(runId, epoch, ep);
     }
 
     function _verdict(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, address trainer, bool passed, string calldata evidenceCid) internal {
@@ -1078,12 +1132,13 @@ contract Veriloco {
         uint256 passBit = uint256(1) << (32 + j);
         uint256 failBit = uint256(1) << (48 + j);
         if (lane & (passBit | failBit) != 0) revert AlreadyVoted(runId, epoch, trainer, msg.sender);
+        // decided the moment one side reaches a majority of the q assigned verifiers
         if (passed) {
             lane |= passBit;
-            if (uint16(lane >> 48) == 0 && _popcount16(uint16(lane >> 32)) == q) ep.passed += 1;
+            if (_popcount16(uint16(lane >> 32)) == q / 2 + 1) ep.passed += 1;
         } else {
-            if (uint16(lane >> 48) == 0) ep.failedVerdicts += 1;
             lane |= failBit;
+            if (_popcount16(uint16(lane >> 48)) == q / 2 + 1) ep.failedVerdicts += 1;
         }
         _setLane(runId, epoch, sp - 1, lane);
         emit VerdictSubmitted(runId, epoch, trainer, msg.sender, passed, evidenceCid);
@@ -1113,8 +1168,11 @@ contract Veriloco {
         if (!tooFew) _slashAll(runId, epoch, r, ep);
     }
 
-    function _slashAll(uint256 runId, uint256 epoch, Run storage r, Epoch storage) internal {
+    /// @dev Slash every committed trainer that did not reveal, did not respond or failed its audit by
+    ///      majority, and every assigned verifier whose vote went against a majority verdict.
+    function _slashAll(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep) internal {
         uint256 words = (uint256(r.trainerSlots) + 3) >> 2;
+        uint256 need = _needed(r, ep) / 2 + 1;
         uint256 toCreator = 0;
         mapping(uint256 => uint256) storage ws = lanes[runId][epoch];
         for (uint256 w = 0; w < words; w++) {
@@ -1122,20 +1180,57 @@ contract Veriloco {
             for (uint256 k = 0; word != 0; k++) {
                 uint256 lane = word & LANE_MASK;
                 word >>= 64;
-                uint8 reason;
                 uint8 st = uint8(lane >> 24);
                 if (st == SUB_NONE) continue;
-                if (st == SUB_COMMITTED) reason = SLASH_NO_REVEAL;
-                else if (st == SUB_REVEALED) reason = SLASH_NO_RESPONSE;
-                else if (uint16(lane >> 48) != 0) reason = SLASH_FAILED_AUDIT;
-                else continue;
-                toCreator += _slashOne(runId, epoch, r, slotTrainer[runId][(w << 2) | k], reason);
+                address t = slotTrainer[runId][(w << 2) | k];
+                uint8 reason = SLASH_FAILED_AUDIT;
+                if (st == SUB_COMMITTED) {
+                    reason = SLASH_NO_REVEAL;
+                } else if (st == SUB_REVEALED) {
+                    reason = SLASH_NO_RESPONSE;
+                } else {
+                    uint16 passes = uint16(lane >> 32);
+                    uint16 fails = uint16(lane >> 48);
+                    bool failed = _popcount16(fails) >= need;
+                    uint16 against = failed ? passes : (_popcount16(passes) >= need ? fails : 0);
+                    if (against != 0) toCreator += _slashVerifiers(runId, epoch, r, ep, t, against);
+                    if (!failed) continue;
+                }
+                toCreator += _slashOne(runId, epoch, r, t, reason);
             }
         }
         if (toCreator > 0) {
             totalStaked -= toCreator;
             totalCredits += toCreator;
             credits[r.creator] += toCreator;
+        }
+    }
+
+    /// @dev Slash the assigned verifiers of `trainer` whose assignment index is set in `mask`.
+    function _slashVerifiers(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, address trainer, uint16 mask)
+        internal
+        returns (uint256 total)
+    {
+        uint256 base = _verifierBase(ep.seed, trainer);
+        address[] storage list = verifierList[runId];
+        for (uint256 j = 0; mask != 0; j++) {
+            if (mask & 1 == 1) {
+                address v = list[(base + j) % ep.verifierCount];
+                Member storage m = members[runId][v];
+                uint256 amount = (uint256(m.stake) * r.p.slashBps) / BPS;
+                m.stake -= uint96(amount);
+                total += amount;
+                if (m.leaveEpoch == NEVER_EPOCH) {
+                    // out of the list at the next scheduling (the running audit still indexes into it)
+                    m.leaveEpoch = r.nextEpoch;
+                    m.leftAt = uint48(block.timestamp);
+                    m.pendingRemoval = true;
+                    pendingVerifierRemovals[runId].push(v);
+                    emit VerifierLeft(runId, v, false);
+                }
+                emit VerifierSlashed(runId, epoch, v, trainer, amount);
+            }
+            mask >>= 1;
         }
     }
 

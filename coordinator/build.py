@@ -40,5 +40,5 @@ def build_global(chain: Chain, store: Store, ctx: RunContext, epoch: int) -> tup
             continue  # verifiers decode every payload before passing it; skip rather than poison the model
     if deltas:
         o = ctx.config.outer
-        g = aggregate(g, deltas, OuterConfig(lr=o.lr, momentum=o.momentum))
+        g = aggregate(g, deltas, OuterConfig(lr=o.lr, momentum=o.momentum, clip=o.clip))
     return g, included, state_digest(g)

@@ -28,10 +28,11 @@ class OuterConfig:
     lr: float = 0.7
     momentum: float = 0.9
     nesterov: bool = True
+    clip: float = 0.0  # cap each pseudo-gradient's norm at clip × the lower median norm (0: off)
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or not 0 <= self.momentum < 1:
-            raise OuterError(f"invalid outer settings {self}: need lr>0 and 0<=momentum<1")
+        if self.lr <= 0 or not 0 <= self.momentum < 1 or not (self.clip == 0 or self.clip >= 1):
+            raise OuterError(f"invalid outer settings {self}: need lr>0, 0<=momentum<1 and clip 0 (off) or >=1")
 
 
 def init_global(params: Mapping[str, Tensor]) -> GlobalState:

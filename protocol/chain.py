@@ -607,7 +607,20 @@ class Chain:
         return self._transact("reveal", run_id, epoch, payload_cid, bytes(payload_digest), bytes(trace_root), leaf_count, bytes(salt))
 
     def start_audit(self, run_id: int, epoch: int) -> TxResult:
+        """One step of the two-step seed: schedule it, or fix it once the seed block is past."""
         return self._transact("startAudit", run_id, epoch)
+
+    def fix_audit_seed(self, run_id: int, epoch: int, tries: int = 3) -> Digest | None:
+        """The epoch's audit seed, calling startAudit (each call mined after the last) until it is
+        fixed; None while it is still pending after `tries` calls (retry later)."""
+        for _ in range(tries + 1):
+            times = self.epoch_times(run_id, epoch)
+            if times.seeded:
+                return times.seed
+            if _ == tries:
+                break
+            self.start_audit(run_id, epoch)
+        return None
 
     def respond(self, run_id: int, epoch: int, manifest_cid: str, response: AuditResponse) -> TxResult:
         """Post the audit response (build it with build_response from the epoch's trace)."""

@@ -52,12 +52,16 @@ def commitment(
     )
 
 
-def audit_seed(prevrandao: bytes | int, parent_hash: bytes, run_id: int, epoch: int) -> Digest:
-    """keccak(abi.encode(AUDIT_TAG, block.prevrandao, blockhash(block.number - 1), runId, epoch))."""
-    rand = prevrandao if isinstance(prevrandao, int) else int.from_bytes(prevrandao, "big")
+def audit_seed(block_hash: bytes, chain_id: int, contract: str, run_id: int, epoch: int) -> Digest:
+    """keccak(abi.encode(AUDIT_TAG, chainId, contract, runId, epoch, blockhash(seedBlock))).
+
+    The seed block is the block of the reveal that closed reveals (or of the startAudit call that
+    scheduled the audit after the reveal window ran out): its hash does not exist yet when that
+    transaction is signed, so a revealer cannot pick a favourable sample by timing its reveal.
+    """
     return keccak(
-        encode(["bytes32", "uint256", "bytes32", "uint256", "uint256"],
-               [AUDIT_TAG, rand, _b32("parent_hash", parent_hash), run_id, epoch])
+        encode(["bytes32", "uint256", "address", "uint256", "uint256", "bytes32"],
+               [AUDIT_TAG, chain_id, to_checksum_address(contract), run_id, epoch, _b32("block_hash", block_hash)])
     )
 
 

@@ -190,6 +190,12 @@ class InvalidProof(ContractRevert):
     fields = ("run_id", "epoch", "trainer", "leaf_index")
 
 
+class AuditSeedPending(ContractRevert):
+    """The audit seed is not fixed yet; call Chain.fix_audit_seed() (startAudit in a later block), then retry."""
+
+    fields = ("run_id", "epoch", "seed_block")
+
+
 class NotResponded(ContractRevert):
     """The trainer has not answered its audit yet, so it cannot be judged."""
 

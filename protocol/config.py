@@ -62,6 +62,7 @@ class InnerSection:
 class OuterSection:
     lr: float = 0.7
     momentum: float = 0.9
+    clip: float = 2.0  # norm cap per pseudo-gradient, × the lower median norm (0: off; docs/protocol.md §7)
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class AuditSection:
     steps: int = 2  # transitions sampled per trainer per epoch
     segment: int = 1  # inner steps a verifier replays from each sampled state (one state file covers them)
     final_check_bps: int = 5000  # probability (in basis points) of replaying end state → payload
-    quorum: int = 1  # passing verdicts a trainer needs
+    quorum: int = 1  # verifiers assigned per trainer; a majority of them decides (3+: no lone liar decides)
     mode: str = "exact"  # "exact" (bitwise) or "tolerant"
     # max per-tensor relative error in tolerant mode: verifier.calibrate.CALIBRATED_TOLERANCE, measured
     # across thread counts, processes and pipeline splits (docs/results-verification.md)
@@ -188,6 +189,8 @@ def _check(cfg: RunConfig) -> list[str]:
         p.append("every window (windows.*_s) must be at least 1 second")
     if not 1 <= st.min_trainers <= st.max_trainers:
         p.append("need 1 <= stakes.min_trainers <= stakes.max_trainers")
+    if not (cfg.outer.clip == 0 or cfg.outer.clip >= 1):
+        p.append(f"outer.clip must be 0 (off) or at least 1 (1 caps every norm at the median), got {cfg.outer.clip}")
     if cfg.data.batch_size < 1 or cfg.data.seq_len < 1:
         p.append("data.batch_size and data.seq_len must be positive")
     return p

@@ -122,27 +122,24 @@ def revealed_payload(store: Store, reveal: Mapping[str, Any]) -> bytes:
 
 
 def passing_trainers(chain: Chain, run_id: int, epoch: int, quorum: int | None = None) -> list[Address]:
-    """Trainers with a passing verdict quorum in `epoch`, ascending by address (finalize's order).
+    """Trainers with a passing verdict majority in `epoch`, ascending by address (finalize's order).
 
     Read from events, not from `submission()`: the contract recycles a trainer's submission slot
     three epochs later, and a node that joins or restarts late must still see old epochs as the
-    others did. The rule is the contract's: no fail vote and min(quorum, verifiers at seed) passes.
+    others did. The rule is the contract's: pass votes from more than half of the
+    q = min(quorum, verifiers at scheduling) assigned verifiers.
     """
     started = chain.events(["AuditStarted"], run_id=run_id, epoch=epoch)
     if not started:
         return []
     if quorum is None:
         quorum = chain.run_info(run_id).params.quorum
-    needed = min(quorum, int(started[0].args["verifierCount"]))
+    q = min(quorum, int(started[0].args["verifierCount"]))
     passes: dict[str, int] = {}
-    failed: set[str] = set()
     for ev in chain.events(["VerdictSubmitted"], run_id=run_id, epoch=epoch):
-        t = ev.args["trainer"]
         if ev.args["passed"]:
-            passes[t] = passes.get(t, 0) + 1
-        else:
-            failed.add(t)
-    ok = [Address(t) for t, n in passes.items() if t not in failed and needed > 0 and n >= needed]
+            passes[ev.args["trainer"]] = passes.get(ev.args["trainer"], 0) + 1
+    ok = [Address(t) for t, n in passes.items() if q > 0 and n > q // 2]
     return sorted(ok, key=lambda a: int(a, 16))
 
 

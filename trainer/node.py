@@ -341,13 +341,12 @@ class TrainerNode:
         if sub.state >= 3:
             d.update(status=RESPONDED)
             return
-        times = self.chain.epoch_times(self.run_id, e)
-        if not times.seeded:
-            self.chain.start_audit(self.run_id, e)
-            times = self.chain.epoch_times(self.run_id, e)
+        seed = self.chain.fix_audit_seed(self.run_id, e)
+        if seed is None:
+            return  # the seed block is not past yet: the next service round answers
         params = self.ctx.info.params
         digests = [bytes.fromhex(x) for x in d.meta["digests"]]
-        response = build_response(digests, times.seed, self.me, params.audit_steps, params.final_check_bps)
+        response = build_response(digests, seed, self.me, params.audit_steps, params.final_check_bps)
         a = self.chain.assignment(self.run_id, e, self.me)
         cids: dict[int, Cid] = {}
 

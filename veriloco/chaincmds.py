@@ -171,7 +171,7 @@ def _trainer_row(chain: Chain, run_id: int, epoch: int, slot: int, addr: str, su
     assigned = chain.assignment(run_id, epoch, addr)
     if sub.passed:
         outcome = "passed"
-    elif sub.fail_votes:
+    elif assigned.verifiers and sub.fail_votes > len(assigned.verifiers) // 2:
         outcome = "failed"
     elif slashed is not None:
         outcome = "slashed: " + SLASH_REASONS.get(int(slashed.args["reason"]), "?")

@@ -353,7 +353,8 @@ def _summarize(chain: Chain, store: Any, run_id: int, cfg: RunConfig, nodes: lis
             eval_curve += [{"epoch": ev["epoch"], "eval_loss": ev["eval_loss"]} for ev in n.events
                            if ev.get("event") == "finalized" and "eval_loss" in ev]
     verdicts = Counter("pass" if ev.args["passed"] else "fail" for ev in chain.events(["VerdictSubmitted"], run_id=run_id))
-    slashed = sorted({ev.args["trainer"] for ev in chain.events(["Slashed"], run_id=run_id)})
+    slashed = sorted({ev.args["trainer"] for ev in chain.events(["Slashed"], run_id=run_id)}
+                     | {ev.args["verifier"] for ev in chain.events(["VerifierSlashed"], run_id=run_id)})
     trainers = [n for n in nodes if n.role == "trainer"]
     payload_bytes: dict[str, list[int]] = {}
     steps_total = 0

@@ -20,6 +20,7 @@ from protocol.chain import (
     Phase,
     assigned_verifiers,
     audit_seed,
+    build_response,
     challenged_steps,
     commitment,
     decode_revert,
@@ -105,7 +106,7 @@ def test_happy_path_and_one_step_delay(fresh: Any) -> None:
         res = t.reveal(0)
         assert res.events[0].name == "Revealed"
     assert phase(r, 0) == Phase.AUDITING
-    assert any(e.name == "AuditStarted" for e in res.events)
+    assert any(e.name == "AuditScheduled" for e in res.events)
     st = r.coord.epoch_status(rid, 0)
     assert (st.committed, st.revealed, st.passed, st.failed) == (3, 3, 0, 0)
     assert r.coord.current_epoch(rid) == 1
@@ -154,12 +155,18 @@ def test_python_helpers_match_contract(fresh: Any) -> None:
         t.commit(0)
     for t in r.trainers:
         res = t.reveal(0)
-    started = next(e for e in res.events if e.name == "AuditStarted")
-    block = fresh.w3.eth.get_block(started.block_number)
-    # eth-tester executes with PREVRANDAO = 0 although it reports a random mixHash; anvil uses mixHash
-    prevrandao = bytes(block["mixHash"]) if fresh.name == "anvil" else bytes(32)
-    seed = audit_seed(prevrandao, bytes(block["parentHash"]), rid, 0)
-    assert started.args["seed"] == seed == c.epoch_times(rid, 0).seed
+    # the closing reveal only schedules the seed: its own block's hash, unknown when it was signed
+    scheduled = next(e for e in res.events if e.name == "AuditScheduled")
+    assert scheduled.args["seedBlock"] == res.block_number and scheduled.args["verifierCount"] == 4
+    assert not c.epoch_times(rid, 0).seeded and c.assignment(rid, 0, t0.address).steps == ()
+    with pytest.raises(ce.AuditSeedPending) as pending:
+        t0.chain.respond(rid, 0, "bafkreimanifest", build_response(m.digests, bytes(32), t0.address, 4, 5_000))
+    assert pending.value.seed_block == res.block_number
+    fixed = c.start_audit(rid, 0)  # any later block fixes it
+    started = next(e for e in fixed.events if e.name == "AuditStarted")
+    block_hash = bytes(fresh.w3.eth.get_block(res.block_number)["hash"])
+    seed = audit_seed(block_hash, c.chain_id, c.address, rid, 0)
+    assert started.args["seed"] == seed == c.epoch_times(rid, 0).seed == c.fix_audit_seed(rid, 0)
     _, vlist = c.participants(rid)
     for t in r.trainers:
         a = c.assignment(rid, 0, t.address)
@@ -475,6 +482,7 @@ def test_audit_deadlines_and_single_use_errors(fresh: Any) -> None:
     with pytest.raises(ce.WrongPhase) as wp:
         a.reveal(0)  # reveals closed the moment both revealed
     assert wp.value.actual == Phase.AUDITING
+    c.fix_audit_seed(rid, 0)
     v = r.verifier(c.assignment(rid, 0, a.address).verifiers[0])
     with pytest.raises(ce.NotResponded):
         v.submit_verdict(rid, 0, a.address, True, "e")

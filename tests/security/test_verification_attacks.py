@@ -13,6 +13,7 @@ import random
 import pytest
 import torch
 
+from coordinator.aggregate import clip_scales, delta_norm
 from protocol.chain_audit import assigned_verifiers, challenged_steps, final_check
 from protocol.config import RunConfig
 from protocol.data import build_corpus
@@ -226,3 +227,10 @@ def test_one_forged_transition_steers_the_payload_past_the_final_check(epoch) ->
     ratio = sum(float(big[n].norm()) for n in shapes) / sum(float(honest[n].norm()) for n in shapes)
     assert ratio > 20
     assert abs(_escape_rate({H - 1}, H + 1, 2) - (1 - 1 / H) ** 2) < 0.035  # 77% for H = 8, s = 2
+    # what an escape buys: with the run default outer.clip = 2, the steered payload enters the mean
+    # at no more than twice an honest norm (three honest trainers beside it)
+    others = [{n: t * f for n, t in honest.items()} for f in (0.9, 1.0, 1.1)]
+    clip = RunConfig().outer.clip
+    scales = clip_scales([big, *others], clip)
+    assert scales[1:] == [1.0, 1.0, 1.0] and scales[0] < 1
+    assert delta_norm({n: t * scales[0] for n, t in big.items()}) <= clip * delta_norm(others[1])

@@ -116,7 +116,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         reveals[name] = (cid, keccak(pub), root_, len(digests), salt)
     for name, c in chains.items():
         c.reveal(run_id, 0, *reveals[name])
-    seed = creator.epoch_times(run_id, 0).seed
+    seed = creator.fix_audit_seed(run_id, 0)
+    assert seed is not None
     answers: dict[str, Answer] = {}
     for name, c in chains.items():
         digests = [state_digest(s) for s in traces[name]]

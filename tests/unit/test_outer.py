@@ -1,9 +1,18 @@
 """Outer Nesterov step and deterministic aggregation: equal to torch's SGD, order-pinned, strict on input."""
 
+import math
+
 import pytest
 import torch
 
-from coordinator.aggregate import AggregateError, aggregate, aggregate_payloads, mean_delta
+from coordinator.aggregate import (
+    AggregateError,
+    aggregate,
+    aggregate_payloads,
+    clip_scales,
+    delta_norm,
+    mean_delta,
+)
 from coordinator.outer import (
     MOM,
     PARAM,
@@ -90,3 +99,41 @@ def test_aggregate_payloads_decodes_then_aggregates() -> None:
     assert state_digest(got) == state_digest(want)
     with pytest.raises(PayloadError):
         aggregate_payloads(g, [payloads[0][:-3]], OuterConfig())
+
+
+def _shapes() -> dict[str, tuple[int, ...]]:
+    return {n: tuple(t.shape) for n, t in _params(0).items()}
+
+
+def test_clip_caps_an_outlier_at_the_lower_median_norm() -> None:
+    honest = [_params(s) for s in (1, 2, 3)]
+    huge = {n: t * 1000 for n, t in _params(4).items()}
+    deltas = [honest[0], huge, honest[1], honest[2]]
+    scales = clip_scales(deltas, 2.0)
+    norms = [delta_norm(d) for d in deltas]
+    limit = 2.0 * sorted(norms)[1]  # lower median of four
+    assert [s for i, s in enumerate(scales) if i != 1] == [1.0, 1.0, 1.0]
+    assert 0 < scales[1] < 1 and limit - 1e-4 * limit <= norms[1] * scales[1] <= limit
+    mantissa, _ = math.frexp(scales[1])
+    assert math.ldexp(mantissa, 16).is_integer()  # 16 significant bits, as published
+    m = mean_delta(deltas, _shapes(), clip=2.0)
+    want = (honest[0]["w"] + huge["w"] * scales[1] + honest[1]["w"] + honest[2]["w"]) / 4
+    assert torch.equal(m["w"], want)
+    # the outlier's pull on the mean is bounded by clip × an honest norm / K
+    unclipped = mean_delta(deltas, _shapes())
+    assert delta_norm(unclipped) > 100 * delta_norm(m)
+    assert delta_norm(m) <= (limit + sum(norms[i] for i in (0, 2, 3))) / 4
+
+
+def test_clip_leaves_honest_sets_bit_identical_and_can_be_off() -> None:
+    deltas = [_params(s) for s in (1, 2, 3)]
+    shapes = _shapes()
+    plain = mean_delta(deltas, shapes)
+    assert clip_scales(deltas, 2.0) == [1.0, 1.0, 1.0]
+    assert all(torch.equal(plain[n], mean_delta(deltas, shapes, clip=2.0)[n]) for n in shapes)
+    huge = [deltas[0], {n: t * 1000 for n, t in deltas[1].items()}]
+    assert clip_scales(huge, 0.0) == [1.0, 1.0]  # off
+    assert clip_scales(huge[1:], 2.0) == [1.0]  # one trainer: nothing to compare with
+    assert clip_scales([deltas[0], {n: torch.zeros_like(t) for n, t in deltas[0].items()}], 2.0) == [1.0, 1.0]
+    with pytest.raises(OuterError, match="clip"):
+        OuterConfig(clip=0.5)

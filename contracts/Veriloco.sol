@@ -752,11 +752,9 @@ contract Veriloco {
         finalCheck = _finalCheck(ep.seed, trainer, r.p.finalCheckBps);
         uint256 q = _needed(r, ep);
         verifiers = new address[](q);
-        if (q > 0) {
-            uint256 base = _verifierBase(ep.seed, trainer);
-            address[] storage list = verifierList[runId];
-            for (uint256 j = 0; j < q; j++) verifiers[j] = list[(base + j) % ep.verifierCount];
-        }
+        uint256[] memory idx = _assigned(ep.seed, trainer, q, ep.verifierCount);
+        address[] storage list = verifierList[runId];
+        for (uint256 j = 0; j < q; j++) verifiers[j] = list[idx[j]];
     }
 
     /// @notice The commitment a trainer must post (docs/protocol.md §4).
@@ -935,8 +933,34 @@ contract Veriloco {
         return uint256(keccak256(abi.encode(seed, trainer, "final"))) % BPS < bps;
     }
 
-    function _verifierBase(bytes32 seed, address trainer) internal pure returns (uint256) {
-        return uint256(keccak256(abi.encode(seed, trainer, "verifiers")));
+    /// @dev List indices of a trainer's q assigned verifiers, in assignment order: a partial
+    ///      Fisher-Yates shuffle of 0..vc-1, draw j keyed by keccak(abi.encode(key, j)) with
+    ///      key = keccak(abi.encode(seed, trainer, "verifiers")). The q are distinct and drawn
+    ///      independently of list order, so verifiers who joined back to back are no likelier to
+    ///      judge the same trainer than any other pair. O(q^2), q <= 16.
+    function _assigned(bytes32 seed, address trainer, uint256 q, uint256 vc) internal pure returns (uint256[] memory idx) {
+        idx = new uint256[](q);
+        bytes32 key = keccak256(abi.encode(seed, trainer, "verifiers"));
+        assembly ("memory-safe") {
+            // pos[k] at tmp + 32k, val[k] at tmp + 512 + 32k: temporary memory past the free pointer
+            // (q <= 16), written before it is read, so it needs no allocation or zeroing
+            let tmp := mload(0x40)
+            for { let j := 0 } lt(j, q) { j := add(j, 1) } {
+                mstore(0x00, key)
+                mstore(0x20, j)
+                let r := add(j, mod(keccak256(0x00, 0x40), sub(vc, j)))
+                let atR := r
+                let atJ := j
+                for { let k := 0 } lt(k, j) { k := add(k, 1) } {
+                    let p := mload(add(tmp, shl(5, k)))
+                    if eq(p, r) { atR := mload(add(tmp, add(512, shl(5, k)))) }
+                    if eq(p, j) { atJ := mload(add(tmp, add(512, shl(5, k)))) }
+                }
+                mstore(add(idx, shl(5, add(j, 1))), atR)
+                mstore(add(tmp, shl(5, j)), r)
+                mstore(add(tmp, add(512, shl(5, j))), atJ)
+            }
+        }
     }
 
     function _needed(Run storage r, Epoch storage ep) internal view returns (uint256) {
@@ -1122,11 +1146,11 @@ contract Veriloco {
         uint256 lane = sp == 0 ? 0 : _lane(runId, epoch, sp - 1);
         if (uint8(lane >> 24) != SUB_RESPONDED) revert NotResponded(runId, epoch, trainer);
         uint256 q = _needed(r, ep);
-        uint256 base = _verifierBase(ep.seed, trainer);
+        uint256[] memory idx = _assigned(ep.seed, trainer, q, ep.verifierCount);
         address[] storage list = verifierList[runId];
         uint256 j = 0;
         for (; j < q; j++) {
-            if (list[(base + j) % ep.verifierCount] == msg.sender) break;
+            if (list[idx[j]] == msg.sender) break;
         }
         if (j == q) revert NotAssigned(runId, epoch, trainer, msg.sender);
         uint256 passBit = uint256(1) << (32 + j);
@@ -1182,7 +1206,6 @@ contract Veriloco {
                 word >>= 64;
                 uint8 st = uint8(lane >> 24);
                 if (st == SUB_NONE) continue;
-                address t = slotTrainer[runId][(w << 2) | k];
                 uint8 reason = SLASH_FAILED_AUDIT;
                 if (st == SUB_COMMITTED) {
                     reason = SLASH_NO_REVEAL;
@@ -1193,10 +1216,12 @@ contract Veriloco {
                     uint16 fails = uint16(lane >> 48);
                     bool failed = _popcount16(fails) >= need;
                     uint16 against = failed ? passes : (_popcount16(passes) >= need ? fails : 0);
-                    if (against != 0) toCreator += _slashVerifiers(runId, epoch, r, ep, t, against);
+                    if (against != 0) {
+                        toCreator += _slashVerifiers(runId, epoch, r, ep, slotTrainer[runId][(w << 2) | k], against);
+                    }
                     if (!failed) continue;
                 }
-                toCreator += _slashOne(runId, epoch, r, t, reason);
+                toCreator += _slashOne(runId, epoch, r, slotTrainer[runId][(w << 2) | k], reason);
             }
         }
         if (toCreator > 0) {
@@ -1211,11 +1236,11 @@ contract Veriloco {
         internal
         returns (uint256 total)
     {
-        uint256 base = _verifierBase(ep.seed, trainer);
+        uint256[] memory idx = _assigned(ep.seed, trainer, _needed(r, ep), ep.verifierCount);
         address[] storage list = verifierList[runId];
         for (uint256 j = 0; mask != 0; j++) {
             if (mask & 1 == 1) {
-                address v = list[(base + j) % ep.verifierCount];
+                address v = list[idx[j]];
                 Member storage m = members[runId][v];
                 uint256 amount = (uint256(m.stake) * r.p.slashBps) / BPS;
                 m.stake -= uint96(amount);

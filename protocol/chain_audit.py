@@ -83,12 +83,19 @@ def final_check(seed: bytes, trainer: str, final_check_bps: int) -> bool:
 
 
 def assigned_verifiers(seed: bytes, trainer: str, verifiers: Sequence[str], quorum: int) -> list[Address]:
-    """The verifiers judging this trainer: `verifiers` is the list at seed time, in the contract's order."""
+    """The verifiers judging this trainer, in assignment order: the first min(quorum, V) draws of a
+    partial Fisher-Yates shuffle of `verifiers` (the frozen list, in the contract's order) keyed by
+    keccak(abi.encode(key, j)), key = keccak(abi.encode(seed, trainer, "verifiers")) — distinct, and
+    independent of list order."""
     v = len(verifiers)
-    if v == 0:
-        return []
-    base = _draw(seed, trainer, "verifiers")
-    return [Address(to_checksum_address(verifiers[(base + j) % v])) for j in range(min(quorum, v))]
+    key = _draw(seed, trainer, "verifiers").to_bytes(32, "big")
+    moved: dict[int, int] = {}  # position -> list index now there, where it differs
+    out: list[Address] = []
+    for j in range(min(quorum, v)):
+        r = j + int.from_bytes(keccak(encode(["bytes32", "uint256"], [key, j])), "big") % (v - j)
+        out.append(Address(to_checksum_address(verifiers[moved.get(r, r)])))
+        moved[r] = moved.get(j, j)
+    return out
 
 
 def response_indices(seed: bytes, trainer: str, audit_steps: int, leaf_count: int, final_check_bps: int) -> list[int]:

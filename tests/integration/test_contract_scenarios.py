@@ -8,7 +8,6 @@ the exception named after the custom error, with its arguments.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -28,7 +27,8 @@ from protocol.chain import (
     revert_data,
 )
 from protocol.digest import keccak
-from tests.fixtures.chain import STAKE, VSTAKE, AnvilNet, PyEvmNet, Trainer, params
+from tests.fixtures.chain import STAKE, VSTAKE, AnvilNet, PyEvmNet, Run, params
+from tests.fixtures.chain import make_run as fixture_run
 
 pytestmark = pytest.mark.integration
 
@@ -56,36 +56,8 @@ def fresh(net: Any) -> Iterator[Any]:
         net.revert(snap)
 
 
-@dataclass
-class Run:
-    net: Any
-    run_id: int
-    coord: Chain
-    trainers: list[Trainer]
-    verifiers: list[Chain]
-
-    def verifier(self, address: str) -> Chain:
-        return next(v for v in self.verifiers if v.sender == address)
-
-    def judge_all(self, epoch: int, fail: set[str] = frozenset()) -> None:  # type: ignore[assignment]
-        """Every assigned verifier judges every responded trainer (fail for those in `fail`)."""
-        for t in self.trainers:
-            if self.coord.submission(self.run_id, epoch, t.address).state != 3:
-                continue
-            for v in self.coord.assignment(self.run_id, epoch, t.address).verifiers:
-                self.verifier(v).submit_verdict(self.run_id, epoch, t.address, t.address not in fail, "bafkreievidence")
-
-
 def make_run(net: Any, n_trainers: int = 3, n_verifiers: int = 3, **over: Any) -> Run:
-    coord = net.chain(COORD)
-    run_id = coord.create_run(params(net.accounts[COORD], **over))
-    trainers = [Trainer(net.chain(i), run_id) for i in TRAINERS[:n_trainers]]
-    verifiers = [net.chain(i) for i in VERIFIERS[:n_verifiers]]
-    for t in trainers:
-        t.chain.join_trainer(run_id)
-    for v in verifiers:
-        v.join_verifier(run_id)
-    return Run(net, run_id, coord, trainers, verifiers)
+    return fixture_run(net, TRAINERS[:n_trainers], VERIFIERS[:n_verifiers], COORD, **over)
 
 
 def phase(r: Run, epoch: int) -> Phase:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ from hexbytes import HexBytes
 from protocol import chain_errors as ce
 from protocol.chain import (
     AuditResponse,
-    Chain,
     Phase,
     assigned_verifiers,
     audit_seed,
@@ -31,7 +29,8 @@ from protocol.chain import (
     revert_data,
 )
 from protocol.digest import keccak
-from tests.fixtures.chain import STAKE, VSTAKE, PyEvmNet, Trainer, params
+from tests.fixtures.chain import STAKE, VSTAKE, PyEvmNet, Run, Trainer, params
+from tests.fixtures.chain import make_run as fixture_run
 
 pytestmark = pytest.mark.integration
 
@@ -55,50 +54,8 @@ def fresh(net: PyEvmNet) -> Iterator[PyEvmNet]:
         net.revert(snap)
 
 
-@dataclass
-class Run:
-    net: PyEvmNet
-    run_id: int
-    coord: Chain
-    trainers: list[Trainer]
-    verifiers: list[Chain]
-
-    def verifier(self, address: str) -> Chain:
-        return next(v for v in self.verifiers if v.sender == to_checksum_address(address))
-
-    def assigned(self, epoch: int, trainer: Trainer) -> list[Chain]:
-        return [self.verifier(a) for a in self.coord.assignment(self.run_id, epoch, trainer.address).verifiers]
-
-    def open_epoch(self, epoch: int, trainers: list[Trainer] | None = None) -> None:
-        """Everyone commits and reveals; the listed trainers (default: all) respond."""
-        for t in self.trainers:
-            t.commit(epoch)
-        for t in self.trainers:
-            t.reveal(epoch)
-        for t in self.trainers if trainers is None else trainers:
-            t.respond(epoch)
-
-    def judge(self, epoch: int, trainer: Trainer, votes: list[bool]) -> None:
-        """The trainer's assigned verifiers vote `votes` in assignment order (fewer votes: the rest stay silent)."""
-        for v, ok in zip(self.assigned(epoch, trainer), votes):
-            v.submit_verdict(self.run_id, epoch, trainer.address, ok, f"bafkreievidence{int(ok)}")
-
-    def finalize(self, epoch: int, included: list[Trainer]) -> dict[str, int]:
-        """Finalize with `included`; returns {slashed trainer: reason}."""
-        res = self.coord.finalize(self.run_id, epoch, "bafkreimodel", keccak(b"model"), [t.address for t in included])
-        return {e.args["trainer"]: e.args["reason"] for e in res.events if e.name == "Slashed"}
-
-
-def make_run(net: PyEvmNet, n_trainers: int = 3, n_verifiers: int = 2, **over: Any) -> Run:
-    coord = net.chain(COORD)
-    run_id = coord.create_run(params(net.accounts[COORD], **over))
-    trainers = [Trainer(net.chain(i), run_id) for i in TRAINERS[:n_trainers]]
-    verifiers = [net.chain(i) for i in VERIFIERS[:n_verifiers]]
-    for t in trainers:
-        t.chain.join_trainer(run_id)
-    for v in verifiers:
-        v.join_verifier(run_id)
-    return Run(net, run_id, coord, trainers, verifiers)
+def make_run(net: Any, n_trainers: int = 3, n_verifiers: int = 2, **over: Any) -> Run:
+    return fixture_run(net, TRAINERS[:n_trainers], VERIFIERS[:n_verifiers], COORD, **over)
 
 
 def raw_revert(call: Any) -> ce.ChainError:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -52,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from web3 import Web3
 
+from benchmarks import gas
 from protocol import merkle
 from protocol.chain import (
     Chain,
@@ -65,7 +65,7 @@ from protocol.chain import (
 )
 from protocol.digest import keccak
 from protocol.types import Address, Cid, Digest, Wei
-from veriloco.anvil import Anvil, AnvilConfig, anvil_binary
+from veriloco.anvil import Anvil, AnvilConfig
 
 BLOCK_GAS = 30_000_000
 LEAVES = 33
@@ -335,7 +335,7 @@ def run_scale(
     lat = [r["latency_s"] for r in per_epoch]
     return {
         "benchmark": "scale",
-        "machine": machine() | {"loadavg_start": [round(x, 2) for x in load_start],
+        "machine": gas.machine() | {"loadavg_start": [round(x, 2) for x in load_start],
                                 "loadavg_end": [round(x, 2) for x in os.getloadavg()]},
         "versions": versions(),
         "settings": {
@@ -371,20 +371,9 @@ def run_scale(
 
 
 def versions() -> dict[str, str]:
-    import web3 as web3_mod
-
+    """gas.py's toolchain versions, plus which contract code was measured."""
     art = artifact()
-    try:
-        anvil_v = subprocess.run([str(anvil_binary()), "--version"], capture_output=True, text=True, timeout=30, check=False).stdout.strip()
-    except OSError as exc:
-        anvil_v = f"unknown ({exc})"
-    return {
-        "python": platform.python_version(),
-        "web3": web3_mod.__version__,
-        "anvil": anvil_v.splitlines()[0] if anvil_v else "unknown",
-        "solc": art["compiler"]["version"],
-        "evm_version": art["settings"]["evmVersion"],
-        "runtime_bytes": str(len(art["deployedBytecode"]) // 2 - 1),
+    return gas.versions() | {
         "runtime_keccak": "0x" + keccak(bytes.fromhex(art["deployedBytecode"][2:])).hex(),
         "git_head": _git("rev-parse", "HEAD"),
         # the contract and binding measured are the working tree's: say whether they differ from HEAD
@@ -397,11 +386,6 @@ def _git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30, check=False).stdout.strip()
     except OSError:
         return ""
-
-
-def machine() -> dict[str, Any]:
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count()}
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -613,13 +613,12 @@ class Chain:
     def fix_audit_seed(self, run_id: int, epoch: int, tries: int = 3) -> Digest | None:
         """The epoch's audit seed, calling startAudit (each call mined after the last) until it is
         fixed; None while it is still pending after `tries` calls (retry later)."""
-        for _ in range(tries + 1):
+        for attempt in range(tries + 1):
             times = self.epoch_times(run_id, epoch)
             if times.seeded:
                 return times.seed
-            if _ == tries:
-                break
-            self.start_audit(run_id, epoch)
+            if attempt < tries:
+                self.start_audit(run_id, epoch)
         return None
 
     def respond(self, run_id: int, epoch: int, manifest_cid: str, response: AuditResponse) -> TxResult:

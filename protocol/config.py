@@ -62,7 +62,7 @@ class InnerSection:
 class OuterSection:
     lr: float = 0.7
     momentum: float = 0.9
-    clip: float = 2.0  # norm cap per pseudo-gradient, × the lower median norm (0: off; docs/protocol.md §7)
+    clip: float = 2.0  # norm cap per pseudo-gradient, × the lower median norm (0: off; docs/protocol.md §9)
 
 
 @dataclass(frozen=True)

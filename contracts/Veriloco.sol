@@ -736,7 +736,7 @@ contract Veriloco {
     /// @notice A trainer's audit assignment (docs/protocol.md §5); empty until the seed is fixed.
     /// @return steps Challenged transitions k (k -> k+1), in draw order, duplicates kept.
     /// @return finalCheck Whether the end-state -> payload transition is checked.
-    /// @return verifiers Assigned verifiers, assignment index order.
+    /// @return verifiers Assigned verifiers, assignment index order; empty once the epoch is finalized or settled.
     function assignment(uint256 runId, uint256 epoch, address trainer)
         external
         view
@@ -750,6 +750,9 @@ contract Veriloco {
         steps = new uint256[](r.p.auditSteps);
         for (uint256 j = 0; j < steps.length; j++) steps[j] = _stepIndex(ep.seed, trainer, j, leafCount);
         finalCheck = _finalCheck(ep.seed, trainer, r.p.finalCheckBps);
+        // the list is frozen only until the epoch is finalized or settled; after that a removal may
+        // have moved entries, and VerdictSubmitted events say who judged
+        if (ep.finalized || ep.settled) return (steps, finalCheck, verifiers);
         uint256 q = _needed(r, ep);
         verifiers = new address[](q);
         uint256[] memory idx = _assigned(ep.seed, trainer, q, ep.verifierCount);

@@ -237,8 +237,9 @@ def test_a_lying_verifier_cannot_fail_an_honest_trainer_and_is_slashed(fresh: Py
     r.judge(0, victim, [True, True, False])  # the third assigned verifier lies
     sub = r.coord.submission(r.run_id, 0, victim.address)
     assert (sub.pass_votes, sub.fail_votes, sub.passed) == (2, 1, True)
-    assert r.finalize(0, [honest, victim]) == {}
     liar = r.assigned(0, victim)[2].sender
+    assert r.finalize(0, [honest, victim]) == {}
+    assert r.coord.assignment(r.run_id, 0, victim.address).verifiers == ()  # the events say who judged
     assert _verifier_slashes(r, 0) == {liar: victim.address}
     assert r.coord.member(r.run_id, liar).stake == VSTAKE // 2 and r.coord.member(r.run_id, liar).leave_epoch == 1
     assert r.coord.totals()[1] == VSTAKE // 2  # to the creator's credits
@@ -302,9 +303,9 @@ def test_passing_a_cheater_needs_a_majority_of_its_verifiers(fresh: PyEvmNet) ->
     seed = r.coord.epoch_times(r.run_id, 0).seed
     _, vlist = r.coord.participants(r.run_id)
     assert list(r.coord.assignment(r.run_id, 0, lucky.address).verifiers) == assigned_verifiers(seed, lucky.address, vlist, 3)
+    outvoted = {r.assigned(0, caught)[0].sender: caught.address, r.assigned(0, lucky)[2].sender: lucky.address}
     assert r.finalize(0, [lucky]) == {caught.address: FAILED_AUDIT}
-    assert _verifier_slashes(r, 0) == {
-        r.assigned(0, caught)[0].sender: caught.address, r.assigned(0, lucky)[2].sender: lucky.address}
+    assert _verifier_slashes(r, 0) == outvoted
 
 
 def test_a_copied_verdict_counts_like_a_replayed_one(fresh: PyEvmNet) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol import merkle
-from protocol.chain import Chain, ChainError, ChainUnavailable, Phase
+from protocol.chain import Chain, ChainError, ChainUnavailable, Phase, TxResult
 from protocol.chain_audit import build_response
 from protocol.digest import keccak, state_digest
 from protocol.errors import VerilocoError
@@ -270,16 +270,23 @@ class TrainerNode:
             d.update(status=CLOSED)
             return
         m = d.meta
-        try:
-            tx = self.chain.commit(self.run_id, e, self.behaviour.commitment(self, e, m))
-        except ChainUnavailable:
-            raise  # not a refusal: the caller waits the outage out and tries again
-        except ChainError as exc:
-            self.log("commit-failed", epoch=e, error=str(exc))
-            d.update(status=CLOSED)
+        tx = self._send("commit", d, lambda: self.chain.commit(self.run_id, e, self.behaviour.commitment(self, e, m)))
+        if tx is None:
             return
         d.update(status=COMMITTED, gas_commit=tx.gas_used)
         self.log("committed", epoch=e, payload_cid=m["payload_cid"], gas=tx.gas_used)
+
+    def _send(self, what: str, d: EpochDir, send: Callable[[], TxResult]) -> TxResult | None:
+        """Send a commit or reveal; a refusal closes the epoch (None), an outage propagates so the
+        caller waits it out and tries again (the chain is re-checked first, so nothing is sent twice)."""
+        try:
+            return send()
+        except ChainUnavailable:
+            raise
+        except ChainError as exc:
+            self.log(f"{what}-failed", epoch=d.epoch, error=str(exc))
+            d.update(status=CLOSED)
+            return None
 
     # ------------------------------------------------------------------ duties while training
 
@@ -315,13 +322,8 @@ class TrainerNode:
                 d.update(status=REVEALED)  # the reveal landed before a crash: the audit still needs an answer
             elif ph is Phase.REVEALING:
                 args = self.behaviour.reveal(self, e, d.meta)
-                try:
-                    tx = self.chain.reveal(self.run_id, e, *args)
-                except ChainUnavailable:
-                    raise  # not a refusal: the caller waits the outage out and tries again
-                except ChainError as exc:
-                    self.log("reveal-failed", epoch=e, error=str(exc))
-                    d.update(status=CLOSED)
+                tx = self._send("reveal", d, lambda: self.chain.reveal(self.run_id, e, *args))
+                if tx is None:
                     return
                 self.log("revealed", epoch=e, gas=tx.gas_used)
                 d.update(status=REVEALED)

@@ -1,39 +1,48 @@
-"""Build an epoch's new global model from the chain and the store, as the coordinator and verifiers do.
+"""Recompute the global model from the chain and the store: the coordinator proposes it, trainers
+build on it and verifiers check it, each from its own recomputation, never from a downloaded model.
 
-Deterministic: the passing trainers are read from the contract, their payloads are decoded in
-ascending address order (the order `finalize` lists them), and `coordinator.aggregate` sums in that
-order. The previous global state is the newest finalized one (G_0 with zero momentum at first).
+Deterministic: the passing trainers are read from the contract's events, their payloads are
+decoded in ascending address order (the order `finalize` lists them), and `coordinator.aggregate`
+sums in that order. The state an epoch aggregates onto is recomputed recursively from G_0
+(`VerifiedGlobals`), so a coordinator that finalized a wrong model changes nobody's base: every
+honest node keeps building on the true aggregate, and a mismatch is one log line, not a crash.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 from coordinator.aggregate import aggregate
 from coordinator.outer import MOM, GlobalState, OuterConfig, global_params, init_global
-from protocol.chain import Chain
+from protocol.chain import Chain, Phase
 from protocol.digest import state_digest
+from protocol.errors import VerilocoError
+from protocol.formats import FormatError, load_state_file, write_state
 from protocol.payload import PayloadError, decode, unwrap
-from protocol.run import RunContext, latest_model, load_model, passing_trainers, revealed_payload
-from protocol.store import Store
+from protocol.run import RunContext, initial_model, load_model, passing_trainers, revealed_payload
+from protocol.store import Store, StoreError, StoreUnavailable
 from protocol.types import Address, Digest
 
-
-def previous_global(chain: Chain, store: Store, ctx: RunContext, epoch: int) -> GlobalState:
-    """G_epoch: the newest model finalized before `epoch`, with its outer momentum."""
-    cid, digest, _ = latest_model(chain, ctx, epoch)
-    state = load_model(store, cid, digest, ctx.param_shapes)
-    if not any(k.startswith(MOM) for k in state):  # G_0 is published as parameters only
-        state = init_global(global_params(state))
-    return state
+Log = Callable[..., None]
 
 
-def build_global(chain: Chain, store: Store, ctx: RunContext, epoch: int) -> tuple[GlobalState, list[Address], Digest]:
-    """(new global state, included trainers, its digest) for `epoch`; unchanged if nobody passed."""
-    g = previous_global(chain, store, ctx, epoch)
+class ModelUnavailable(VerilocoError):
+    """A global state nobody can recompute yet: an earlier epoch is still open, or a passing payload is missing."""
+
+
+def epoch_update(chain: Chain, store: Store, ctx: RunContext, epoch: int, g: GlobalState) -> tuple[GlobalState, list[Address]]:
+    """(`g` stepped with `epoch`'s passing payloads, the passing trainers); `g` itself if none decodes."""
     included = passing_trainers(chain, ctx.run_id, epoch, ctx.info.params.quorum)
     deltas = []
     for t in included:
         ev = chain.revealed(ctx.run_id, epoch, t)[0].args
-        data = revealed_payload(store, ev)
+        try:
+            data = revealed_payload(store, ev)
+        except StoreUnavailable:
+            raise  # our own store is down: wait it out, the content may well be there
+        except StoreError as exc:
+            raise ModelUnavailable(f"epoch {epoch}: passing trainer {t}'s payload {ev['payloadCid']}: {exc}") from exc
         try:
             deltas.append(decode(unwrap(data, run_id=ctx.run_id, epoch=epoch, trainer=t).body, ctx.param_shapes))
         except PayloadError:
@@ -41,4 +50,104 @@ def build_global(chain: Chain, store: Store, ctx: RunContext, epoch: int) -> tup
     if deltas:
         o = ctx.config.outer
         g = aggregate(g, deltas, OuterConfig(lr=o.lr, momentum=o.momentum, clip=o.clip))
+    return g, included
+
+
+def initial_global(store: Store, ctx: RunContext) -> GlobalState:
+    """G_0 with zero momentum: built from the config when it hashes to the run's digest, else fetched."""
+    params = ctx.info.params
+    g0 = initial_model(ctx.config)
+    if state_digest(g0) != params.init_model_digest:
+        g0 = load_model(store, params.init_model_cid, params.init_model_digest, ctx.param_shapes)
+    if not any(k.startswith(MOM) for k in g0):  # G_0 is published as parameters only
+        g0 = init_global(global_params(g0))
+    return g0
+
+
+class VerifiedGlobals:
+    """The global state each epoch aggregates onto, recomputed from G_0 and the passing payloads.
+
+    `base(0)` is G_0; `base(e + 1)` is `base(e)` stepped with epoch e's passing payloads if e
+    finalized, `base(e)` if it aborted. A finalized digest that differs from the recomputation is
+    logged once (`model-mismatch`) and otherwise ignored. With `cache`, each base is kept on disk as
+    base-<epoch>-<digest>.safetensors (the newest two) and checked against that digest when read
+    back, so a restarted node recomputes only the epochs it has not seen.
+    """
+
+    def __init__(self, chain: Chain, store: Store, ctx: RunContext, cache: Path | None = None,
+                 log: Log | None = None) -> None:
+        self.chain, self.store, self.ctx, self.cache = chain, store, ctx, cache
+        self.log: Log = log or (lambda event, **kv: None)
+        self._last: tuple[int, GlobalState] | None = None  # the newest base computed, kept in memory
+        if cache is not None:
+            cache.mkdir(parents=True, exist_ok=True)
+
+    def base(self, epoch: int) -> GlobalState:
+        """The verified global state epoch `epoch` aggregates onto; every earlier epoch must be terminal."""
+        k, g = self._nearest(epoch)
+        for e in range(k, epoch):
+            phase = self.chain.epoch_status(self.ctx.run_id, e).phase
+            if phase is Phase.FINALIZED:
+                g, _ = epoch_update(self.chain, self.store, self.ctx, e, g)
+            elif phase is not Phase.ABORTED:
+                raise ModelUnavailable(f"epoch {e} is not terminal yet ({phase.name}); the model after it is not known")
+            digest = state_digest(g)
+            if phase is Phase.FINALIZED:
+                posted = bytes(self.chain.epoch_times(self.ctx.run_id, e).model_digest)
+                if posted != digest:
+                    self.log("model-mismatch", epoch=e, chain_digest="0x" + posted.hex(),
+                             recomputed_digest="0x" + digest.hex())
+            self._keep(e + 1, g, digest)
+        return g
+
+    def _nearest(self, epoch: int) -> tuple[int, GlobalState]:
+        """The newest known base at or before `epoch` (memory, then disk, then G_0)."""
+        if self._last is not None and self._last[0] <= epoch:
+            best = self._last
+        else:
+            best = (0, initial_global(self.store, self.ctx))
+        if self.cache is not None:
+            for k in range(epoch, best[0], -1):
+                g = self._read(k)
+                if g is not None:
+                    return k, g
+        return best
+
+    def _read(self, k: int) -> GlobalState | None:
+        assert self.cache is not None
+        for path in self.cache.glob(f"base-{k:06d}-*.safetensors"):
+            want = path.stem.rsplit("-", 1)[1]
+            try:
+                g = load_state_file(path, allow_nonfinite=True)
+            except (FormatError, OSError):
+                g = None
+            if g is not None and state_digest(g).hex() == want:
+                return g
+            path.unlink(missing_ok=True)  # torn or corrupted: recompute it
+        return None
+
+    def _keep(self, k: int, g: GlobalState, digest: Digest) -> None:
+        self._last = (k, g)
+        if self.cache is None:
+            return
+        path = self.cache / f"base-{k:06d}-{digest.hex()}.safetensors"
+        if not path.exists():
+            tmp = path.with_name("." + path.name)
+            write_state(g, tmp)
+            tmp.replace(path)
+        for old in self.cache.glob("base-*.safetensors"):
+            if int(old.name.split("-")[1]) < k - 1:  # a node only ever asks for the newest bases again
+                old.unlink(missing_ok=True)
+
+
+def previous_global(chain: Chain, store: Store, ctx: RunContext, epoch: int) -> GlobalState:
+    """The verified global state `epoch` aggregates onto (see `VerifiedGlobals`), without a disk cache."""
+    return VerifiedGlobals(chain, store, ctx).base(epoch)
+
+
+def build_global(chain: Chain, store: Store, ctx: RunContext, epoch: int,
+                 globals_: VerifiedGlobals | None = None) -> tuple[GlobalState, list[Address], Digest]:
+    """(new global state, included trainers, its digest) for `epoch`; unchanged if nobody passed."""
+    g = (globals_ or VerifiedGlobals(chain, store, ctx)).base(epoch)
+    g, included = epoch_update(chain, store, ctx, epoch, g)
     return g, included, state_digest(g)

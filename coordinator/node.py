@@ -3,7 +3,8 @@
 It waits until every committed trainer of an epoch is decided (or the verdict window closes),
 builds the new global model from the passing payloads only (coordinator/build.py), publishes it,
 and submits its CID and digest with the list of included trainers. The contract refuses the
-finalization if that list is not exactly the passing set.
+finalization if that list is not exactly the passing set. Content it cannot get is logged once and
+retried until the epoch expires; the coordinator never exits on it.
 
 Run it with `veriloco coordinator --run ID`.
 """
@@ -14,7 +15,7 @@ import functools
 import time
 from collections.abc import Callable
 
-from coordinator.build import build_global
+from coordinator.build import ModelUnavailable, VerifiedGlobals, build_global
 from coordinator.outer import global_params
 from protocol.chain import Chain, ChainError, ChainUnavailable, Phase
 from protocol.errors import VerilocoError
@@ -37,12 +38,14 @@ class CoordinatorNode:
         self.chain, self.store, self.run_id = chain, store, run_id
         self.log: Log = log or (lambda event, **kv: None)
         self.poll_s, self.evaluate = poll_s, evaluate
+        self._unavailable: set[int] = set()  # epochs whose missing content was logged
 
     def run(self) -> None:
         self.ctx: RunContext = open_run(self.chain, self.store, self.run_id)
         coordinator = self.ctx.info.params.coordinator
         if self.chain.sender is None or self.chain.sender.lower() != coordinator.lower():
             raise CoordinatorError(f"run {self.run_id}'s coordinator is {coordinator}; start this node with that key")
+        self.globals = VerifiedGlobals(self.chain, self.store, self.ctx, log=self.log)
         self.log("started")
         for e in range(self.ctx.config.schedule.epochs):
             while not through_outages(functools.partial(self._try_finalize, e), self.log, f"epoch {e}"):
@@ -65,7 +68,13 @@ class CoordinatorNode:
         if not self._ready(e):
             return False
         t0 = time.monotonic()
-        state, included, digest = build_global(self.chain, self.store, self.ctx, e)
+        try:
+            state, included, digest = build_global(self.chain, self.store, self.ctx, e, self.globals)
+        except ModelUnavailable as exc:
+            if e not in self._unavailable:
+                self._unavailable.add(e)
+                self.log("model-unavailable", epoch=e, reason=str(exc))
+            return False
         cid = self.store.put(save_state(state))
         self.store.pin(cid)
         try:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from coordinator.build import ModelUnavailable, VerifiedGlobals
 from protocol import merkle
 from protocol.chain import Chain, ChainError, ChainUnavailable, Phase, TxResult
 from protocol.chain_audit import build_response
@@ -26,11 +27,11 @@ from protocol.digest import keccak, state_digest
 from protocol.errors import VerilocoError
 from protocol.formats import build_manifest, encode_manifest, save_state
 from protocol.outage import TRANSIENT, through_outages
-from protocol.run import RunContext, latest_model, load_model, open_run, params_of
+from protocol.run import RunContext, open_run, params_of
 from protocol.store import Store
 from protocol.types import Cid
 from trainer.checkpoints import EpochDir
-from trainer.delay import StartRule
+from trainer.delay import StartRule, public_history_end
 from trainer.inner import State, TrainerError, configure_determinism
 from trainer.round import Final, RoundSpec, epoch_batch, final_transition, replay_step, start_state
 from trainer.schedule import Schedule
@@ -114,6 +115,8 @@ class TrainerNode:
 
     def _run(self) -> None:
         self.schedule = Schedule(self.chain, self.store, self.ctx, self.spec)
+        self.globals = VerifiedGlobals(self.chain, self.store, self.ctx, self.root / f"run-{self.run_id}" / "globals",
+                                       log=self.log)
         member = self._join()
         self.slot = member.slot
         epochs = self.ctx.config.schedule.epochs
@@ -123,21 +126,15 @@ class TrainerNode:
         while self._dir(e).meta.get("status") in (COMMITTED, REVEALED, RESPONDED, CLOSED):
             e += 1  # resumed after a crash: that epoch is already in the chain's hands
         self.log("started", slot=self.slot, epoch=e, behaviour=self.behaviour.name, stages=self.stages)
-        while e < epochs:
-            through_outages(functools.partial(self._epoch, e), self.log, f"epoch {e}")
+        while e < epochs and through_outages(functools.partial(self._epoch, e), self.log, f"epoch {e}"):
             e += 1
         through_outages(lambda: self._wait(lambda: not self._pending(), "the last audits to close"), self.log, "closing")
-        self.log("finished", epochs=epochs)
+        self.log("finished", epochs=e)
 
     def _join(self) -> Any:
         m = self.chain.member(self.run_id, self.me)
         if m.role == 2:
             raise TrainerError(f"{self.me} is a verifier in run {self.run_id}; use another key for the trainer")
-        if m.role == 1 and m.leave_epoch is not None:
-            raise TrainerError(
-                f"{self.me} left run {self.run_id} (or was removed after a slash) from epoch {m.leave_epoch}; "
-                "withdraw its stake after the unbonding delay, then join again"
-            )
         if m.role == 0:
             self.chain.join_trainer(self.run_id)
             m = self.chain.member(self.run_id, self.me)
@@ -166,43 +163,78 @@ class TrainerNode:
 
     # ------------------------------------------------------------------ one epoch
 
-    def _epoch(self, e: int) -> None:
+    def _epoch(self, e: int) -> bool:
+        """Take part in epoch e; False once this trainer may take part in no further epoch."""
         d = self._dir(e)
         if d.meta.get("status") in (None, TRAINING):
             if not self._commit_still_possible(e):
                 self.log("skipped", epoch=e, reason="its commit phase has closed")
                 d.update(status=CLOSED)
-                return
+                return True
+            # The schedule and the start state read epochs before e; a slash in them is known once they close.
+            end = public_history_end(self.spec.rule, e)
+            if end >= 1:
+                self._wait(lambda: self._phase(end - 1) in TERMINAL, f"epoch {end - 1} to finalize")
+            if self._removed(e):
+                return False
             self._train(e, d)
+        if d.meta["status"] == CLOSED:
+            return True  # refused to build on what it was given (logged)
         if d.meta["status"] == TRAINED:
             self._publish(e, d)
         if d.meta["status"] == COMMITTING:
             self._commit(e, d)
         # Reveal before the next epoch starts: whether this epoch was revealed decides the next start rule.
         self._wait(lambda: d.meta.get("status") != COMMITTED, f"epoch {e} reveals")
+        return True
+
+    def _removed(self, e: int) -> bool:
+        """Whether the contract excludes this trainer from epoch e on (it left, or was slashed and removed)."""
+        m = self.chain.member(self.run_id, self.me)
+        if m.role == 1 and (m.leave_epoch is None or e < m.leave_epoch):
+            return False
+        slashes = [{"epoch": ev.args["epoch"], "reason": ev.args["reason"]}
+                   for ev in self.chain.events(["Slashed"], run_id=self.run_id, trainer=self.me)]
+        self.log("removed", epoch=e, leave_epoch=m.leave_epoch, slashes=slashes,
+                 detail="no part in this or later epochs; answering the audits still owed, then stopping "
+                        "(withdraw the stake after the unbonding delay, then join again)")
+        return True
 
     def _commit_still_possible(self, e: int) -> bool:
         ph = self._phase(e)
         return ph is Phase.COMMITTING or (ph is Phase.NOT_STARTED)
 
-    def _start(self, e: int) -> tuple[State, int, bool]:
-        """S_e (docs/protocol.md §8), the global epoch it builds on, and whether it continues epoch e-1."""
-        before = e if self.spec.rule is StartRule.BLOCKING else e - 1
+    def _start(self, e: int) -> tuple[State, int, str, bool]:
+        """S_e (docs/protocol.md §8), the epoch whose verified base it builds on, that base's digest, and
+        whether it continues e-1.
+
+        The global model is this node's own recomputation (coordinator/build.py), not the one the
+        coordinator finalized: a wrong aggregate is logged there and never trained on.
+        """
+        before = max(e if self.spec.rule is StartRule.BLOCKING else e - 1, 0)
         if before >= 1:
             self._wait(lambda: self._phase(before - 1) in TERMINAL, f"epoch {before - 1} to finalize")
-        cid, digest, g_epoch = latest_model(self.chain, self.ctx, max(before, 0))
-        g = params_of(load_model(self.store, cid, digest, self.ctx.param_shapes))
+        base = self.globals.base(before)
+        g, base_digest = params_of(base), state_digest(base).hex()
         prev = self._dir(e - 1) if e >= 1 else None
         if prev is not None:  # the rule depends on whether e-1 was revealed: wait until that is settled
             self._wait(lambda: prev.meta.get("status") != COMMITTED, f"epoch {e - 1} reveals")
         revealed = e >= 1 and self.chain.submission(self.run_id, e - 1, self.me).state >= 2
         if prev is not None and revealed and prev.has("state-000000") and prev.has("carried"):
-            return start_state(self.spec, g, prev.load("state-000000"), prev.load("carried")), g_epoch, True
+            return start_state(self.spec, g, prev.load("state-000000"), prev.load("carried")), before, base_digest, True
         if revealed:
             self.log("warning", epoch=e, detail="epoch e-1 was revealed but its local states are lost; starting fresh")
-        return start_state(self.spec, g, None, None), g_epoch, False
+        return start_state(self.spec, g, None, None), before, base_digest, False
 
     def _train(self, e: int, d: EpochDir) -> None:
+        """Train epoch e; a model or state this node cannot use closes the epoch for it instead of the node."""
+        try:
+            self._train_steps(e, d)
+        except (ModelUnavailable, TrainerError) as exc:
+            self.log("refused", epoch=e, reason=f"{type(exc).__name__}: {exc}")
+            d.update(status=CLOSED)
+
+    def _train_steps(self, e: int, d: EpochDir) -> None:
         meta = d.meta
         rank, steps = self.schedule.for_epoch(e)
         ckpts = d.checkpoints()
@@ -213,10 +245,11 @@ class TrainerNode:
             losses = list(meta.get("losses", []))[:k0]
             self.log("resumed", epoch=e, step=k0)
         else:
-            state, g_epoch, continued = self._start(e)
+            state, base_epoch, base_digest, continued = self._start(e)
             k0, digests, losses = 0, [state_digest(state)], []
             d.save_step(0, state)
-            meta = d.update(status=TRAINING, rank=rank, steps=steps, g_epoch=g_epoch, continued=continued,
+            meta = d.update(status=TRAINING, rank=rank, steps=steps, base_epoch=base_epoch, base_digest=base_digest,
+                            continued=continued,
                             digests=[x.hex() for x in digests], losses=[])
         t0 = time.monotonic()
         compute_s = digest_s = 0.0
@@ -240,8 +273,8 @@ class TrainerNode:
         d.update(status=TRAINED, digests=[x.hex() for x in digests], losses=losses)
         self.log("trained", epoch=e, steps=steps, rank=rank, loss=round(sum(losses[-4:]) / max(1, len(losses[-4:])), 4),
                  seconds=round(time.monotonic() - t0, 2), compute_s=round(compute_s, 3), digest_s=round(digest_s, 3),
-                 payload_bytes=final.stats.payload_bytes,
-                 dense_bytes=final.stats.dense_bytes)
+                 payload_bytes=final.stats.payload_bytes, dense_bytes=final.stats.dense_bytes,
+                 base_epoch=meta.get("base_epoch"), base_digest=meta.get("base_digest"))
 
     def _publish(self, e: int, d: EpochDir) -> None:
         pub = d.read_bytes("payload.bin")

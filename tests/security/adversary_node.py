@@ -1,11 +1,12 @@
 """Adversarial node programs for the security e2e test, with the command line of `veriloco trainer|coordinator`.
 
     python -m tests.security.adversary_node trainer --run ID --devnet FILE --account N --workdir DIR --behaviour forge-final
-    python -m tests.security.adversary_node coordinator --run ID --devnet FILE --account N --workdir DIR
+    python -m tests.security.adversary_node coordinator --run ID --devnet FILE --account N --workdir DIR [--scale 1e30]
 
 `trainer` runs the ordinary TrainerNode with a Behaviour from trainer/adversaries.py; `coordinator`
 runs a coordinator that finalizes exactly the passing trainers (so the contract accepts it) but a
-model nudged away from the true aggregate — the attack the contract cannot see (docs/security.md C1).
+model nudged away from the true aggregate, or with --scale the true aggregate times a factor (1e30:
+finite, but nobody can train on it) — the attack the contract cannot see (docs/security.md C1).
 The demo's CLI only knows the cheats of trainer/cheats.py, so the test swaps these commands in.
 """
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+
+import torch
 
 from coordinator.build import build_global
 from coordinator.node import CoordinatorNode
@@ -30,7 +33,12 @@ SKEW = 1e-3  # added to every global parameter: small enough to keep training, n
 
 
 class SkewedCoordinator(CoordinatorNode):
-    """Finalizes the right trainers with a wrong model."""
+    """Finalizes the right trainers with a wrong model: every parameter + SKEW, or times `scale`."""
+
+    scale: float | None = None
+
+    def _wrong(self, p: torch.Tensor) -> torch.Tensor:
+        return p + SKEW if self.scale is None else p * self.scale
 
     def _try_finalize(self, e: int) -> bool:
         if self.chain.epoch_status(self.run_id, e).phase in TERMINAL:
@@ -38,7 +46,7 @@ class SkewedCoordinator(CoordinatorNode):
         if not self._ready(e):
             return False
         state, included, _ = build_global(self.chain, self.store, self.ctx, e)
-        skewed = {k: v + SKEW if k.startswith(PARAM) else v for k, v in state.items()}
+        skewed = {k: self._wrong(v) if k.startswith(PARAM) else v for k, v in state.items()}
         cid = self.store.put(save_state(skewed))
         self.store.pin(cid)
         try:
@@ -46,7 +54,8 @@ class SkewedCoordinator(CoordinatorNode):
         except ChainError as exc:
             self.log("finalize-failed", epoch=e, error=str(exc))
             return False
-        self.log("finalized", epoch=e, included=len(included), model=cid, skewed=SKEW)
+        self.log("finalized", epoch=e, included=len(included), model=cid, skewed=SKEW if self.scale is None else None,
+                 scaled=self.scale)
         return True
 
 
@@ -56,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--run", type=int, required=True)
     add_connection_args(p, workdir=True)
     p.add_argument("--behaviour", choices=sorted(ADVERSARIES), default="forge-final")
+    p.add_argument("--scale", type=float, help="coordinator: finalize the true aggregate times this factor")
     args = p.parse_args(argv)
     s = resolve(args)
     chain = open_chain(s)
@@ -63,7 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         TrainerNode(chain, open_store(s), args.run, s.workdir / f"trainer-{chain.sender}",
                     behaviour=ADVERSARIES[args.behaviour](), log=json_logger("trainer")).run()
     else:
-        SkewedCoordinator(chain, open_store(s), args.run, log=json_logger("coordinator"), evaluate=False).run()
+        node = SkewedCoordinator(chain, open_store(s), args.run, log=json_logger("coordinator"), evaluate=False)
+        node.scale = args.scale
+        node.run()
     return 0
 
 

@@ -1,4 +1,4 @@
-"""One whole network with adversaries everywhere the pure tests cannot reach end to end.
+"""Whole networks with adversaries everywhere the pure tests cannot reach end to end.
 
 Five trainers — `lazy` (trainer/cheats.py), `forge-final` and `stale-copy` (trainer/adversaries.py),
 two honest — two verifiers, and a coordinator that finalizes the right trainers with a wrong model.
@@ -8,6 +8,10 @@ fault-injection hook (the demo CLI only knows the cheats of trainer/cheats.py).
 Expected (docs/security.md §8): every cheating trainer is slashed for a failed audit and never
 aggregated in an epoch where it cheated; no honest trainer is slashed; the contract accepts the
 wrong models, and every verifier raises an alarm for every finalized epoch.
+
+A second network has a coordinator that finalizes the true aggregate times 1e30 (finite, but
+training on it gives `loss is nan`). Every node recomputes the model itself (coordinator/build.py
+`VerifiedGlobals`), so the honest trainers train on the true model and nobody is slashed.
 """
 
 from __future__ import annotations
@@ -15,13 +19,15 @@ from __future__ import annotations
 import io
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from coordinator.build import build_global, passing_trainers
+from coordinator.build import VerifiedGlobals, build_global, passing_trainers
 from protocol.chain import Chain, Phase
+from protocol.digest import state_digest
 from protocol.run import open_run
 from veriloco.netdemo import Control, DemoOptions, run_demo
 
@@ -33,25 +39,36 @@ EPOCHS = 2
 FAILED_AUDIT = 3
 
 
+def _swapper(swaps: dict[str, list[str]]) -> Callable[[Control], None]:
+    """An on_tick hook: on the first tick (nodes still importing torch), restart the named nodes as
+    adversary_node programs with the extra arguments given."""
+    swapped: list[str] = []
+
+    def swap(control: Control) -> None:
+        if swapped:
+            return
+        for name, extra in swaps.items():
+            n = control.node(name)
+            control.kill(name)
+            n.cmd = [sys.executable, "-m", "tests.security.adversary_node", *n.cmd[3:], *extra]
+            if "--behaviour" in extra:
+                n.cheat = extra[extra.index("--behaviour") + 1]
+            control.restart(name)
+            swapped.append(name)
+
+    return swap
+
+
+def _events(path: Path, kind: str) -> list[dict[str, Any]]:
+    return [ev for ev in (json.loads(line) for line in path.read_text().splitlines() if line.startswith("{"))
+            if ev.get("event") == kind]
+
+
 def test_adversarial_trainers_are_slashed_and_a_wrong_aggregate_raises_alarms(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the node processes import tests.security.adversary_node
-    swapped: list[str] = []
-
-    def swap(control: Control) -> None:
-        """On the first tick (nodes still importing torch), restart three nodes as adversaries."""
-        if swapped:
-            return
-        for name, behaviour in SWAPS.items():
-            n = control.node(name)
-            control.kill(name)
-            n.cmd = [sys.executable, "-m", "tests.security.adversary_node", *n.cmd[3:]]
-            if behaviour:
-                n.cmd += ["--behaviour", behaviour]
-                n.cheat = behaviour
-            control.restart(name)
-            swapped.append(name)
+    swap = _swapper({name: ["--behaviour", b] if b else [] for name, b in SWAPS.items()})
 
     seen: dict[str, Any] = {}
 
@@ -89,7 +106,47 @@ def test_adversarial_trainers_are_slashed_and_a_wrong_aggregate_raises_alarms(
             assert by_kind["stale-copy"] not in included
     assert seen["wrong_model"] == {e: True for e in range(EPOCHS)}
     for i in range(opts.verifiers):
-        events = [json.loads(line) for line in (opts.workdir / "logs" / f"verifier{i}.jsonl").read_text().splitlines()
-                  if line.startswith("{")]
-        alarms = {ev["epoch"] for ev in events if ev.get("event") == "alarm"}
+        alarms = {ev["epoch"] for ev in _events(opts.workdir / "logs" / f"verifier{i}.jsonl", "alarm")}
         assert alarms == set(range(EPOCHS)), f"verifier{i} raised alarms for epochs {alarms}"
+
+
+def test_a_coordinator_finalizing_an_unusable_model_changes_no_honest_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three epochs, so that epoch 2 starts from the model epoch 0 finalized (one-step delay).
+
+    The final check is off: a verifier's start check (verifier/node.py `_check_start`) still starts
+    from the coordinator's model, so it would fail a trainer that starts from the true one.
+    """
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    epochs = 3
+    opts = DemoOptions(trainers=2, verifiers=1, epochs=epochs, steps=4, workdir=tmp_path / "demo", timeout_s=480)
+    seen: dict[str, list[bytes]] = {}
+
+    def inspect(chain: Chain, store: Any, run_id: int) -> None:
+        ctx = open_run(chain, store, run_id)
+        true = VerifiedGlobals(chain, store, ctx)
+        seen["true"] = [state_digest(true.base(e)) for e in range(epochs + 1)]
+        seen["posted"] = [bytes(chain.epoch_times(run_id, e).model_digest) for e in range(epochs)]
+
+    log = io.StringIO()
+    try:
+        s = run_demo(opts, out=log, inspect=inspect, on_tick=_swapper({"coordinator0": ["--scale", "1e30"]}),
+                     config=opts.config().replace(audit={"final_check_bps": 0}))
+    except Exception:
+        print(log.getvalue())
+        raise
+    assert s["epochs_finalized"] == epochs, log.getvalue()
+    assert s["slashed"] == [], log.getvalue()
+    assert all(seen["true"][e + 1] != seen["posted"][e] for e in range(epochs))  # every finalized model was wrong
+    for i in range(opts.trainers):
+        path = opts.workdir / "logs" / f"trainer{i}.jsonl"
+        trained = {ev["epoch"]: ev for ev in _events(path, "trained")}
+        assert sorted(trained) == list(range(epochs)), f"trainer{i} trained epochs {sorted(trained)}"
+        for e, ev in trained.items():
+            assert ev["base_epoch"] == max(e - 1, 0)
+            assert bytes.fromhex(ev["base_digest"]) == seen["true"][ev["base_epoch"]], f"trainer{i} epoch {e}"
+        mismatches = [ev["epoch"] for ev in _events(path, "model-mismatch")]
+        assert mismatches == [0], f"trainer{i} named wrong models of epochs {mismatches}"
+    alarms = {ev["epoch"] for ev in _events(opts.workdir / "logs" / "verifier0.jsonl", "alarm")}
+    assert alarms == set(range(epochs))

@@ -8,6 +8,7 @@ a planted error buffer and a "previous epoch" borrowed from another trainer's re
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ from protocol.digest import keccak, state_digest
 from protocol.formats import build_manifest, encode_manifest, save_state
 from protocol.run import initial_model, open_run, params_of, publish_run
 from protocol.store import LocalStore
+from protocol.types import Address, Cid
 from tests.fixtures.chain import PyEvmNet
 from trainer.adversaries import plant_error_buffer
 from trainer.inner import State, configure_determinism
@@ -57,7 +59,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     chains = {n: net.chain(FIRST_TRAINER + i) for i, n in enumerate(STARTS)}
     for c in chains.values():
         c.join_trainer(run_id)
-    slots = {n: c.member(run_id, c.sender).slot for n, c in chains.items()}
+    who = {n: Address(str(c.sender)) for n, c in chains.items()}
+    slots = {n: c.member(run_id, who[n]).slot for n, c in chains.items()}
     g0 = params_of(initial_model(cfg))  # the one-step delay: epochs 0 and 1 both build on G_0
     traces: dict[tuple[str, int], list[State]] = {}
 
@@ -71,7 +74,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         assert len(included) == len(STARTS)  # every honest epoch 0 passed, start check included
         creator.finalize(run_id, 0, store.put(save_state(model)), digest, included)
 
-    def play(e: int, starts: dict[str, State], before_reveal: Callable[[], None] = lambda: None) -> dict[str, str]:
+    def publish(states: list[State], k: int) -> Cid:
+        return store.put(save_state(states[k]))
+
+    def play(e: int, starts: dict[str, State], before_reveal: Callable[[], None] = lambda: None) -> dict[str, Cid]:
         """Train, commit, reveal and answer epoch e from the given start states; manifest CIDs by name."""
         rank, steps = schedule.for_epoch(e)
         reveals = {}
@@ -81,7 +87,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             for k in range(steps):
                 states.append(replay_step(states[-1], spec, ctx.corpus, e, slots[name], k)[0])
             traces[name, e] = states
-            pub = final_transition(s, states[-1], spec, run_id, e, slots[name], c.sender, rank).publication
+            pub = final_transition(s, states[-1], spec, run_id, e, slots[name], who[name], rank).publication
             digests = [state_digest(x) for x in states]
             salt = os.urandom(32)
             c.commit(run_id, e, c.commitment_for(run_id, e, keccak(pub), merkle.root(digests), len(digests), salt))
@@ -94,17 +100,17 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         manifests = {}
         for name, c in chains.items():
             digests = [state_digest(x) for x in traces[name, e]]
-            a = creator.assignment(run_id, e, c.sender)
+            a = creator.assignment(run_id, e, who[name])
             prev_of = {"continued": name, "planted": name, "borrowed": "continued"}.get(name) if e else None
             prev = traces[prev_of, e - 1] if prev_of else []
             m = build_manifest(
-                run_id=run_id, epoch=e, trainer=c.sender, trace=digests, transitions=a.steps, final=a.final_check,
-                cid_of_leaf=lambda k, n=name: store.put(save_state(traces[n, e][k])),
+                run_id=run_id, epoch=e, trainer=who[name], trace=digests, transitions=a.steps, final=a.final_check,
+                cid_of_leaf=functools.partial(publish, traces[name, e]),
                 previous_trace=[state_digest(x) for x in prev],
-                previous_cid_of_leaf=(lambda k, p=prev: store.put(save_state(p[k]))) if prev else None,
+                previous_cid_of_leaf=functools.partial(publish, prev) if prev else None,
             )
             mcid = store.put(encode_manifest(m))
-            c.respond(run_id, e, mcid, build_response(digests, seed, c.sender, 1, 0))
+            c.respond(run_id, e, mcid, build_response(digests, seed, who[name], 1, 0))
             manifests[name] = mcid
         return manifests
 
@@ -114,8 +120,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     def continued(name: str) -> State:
         s0, end = traces[name, 0][0], traces[name, 0][-1]
         rank0, _ = schedule.for_epoch(0)
-        return start_state(spec, g0, s0, final_transition(s0, end, spec, run_id, 0, slots[name], chains[name].sender,
-                                                          rank0).carried)
+        return start_state(spec, g0, s0, final_transition(s0, end, spec, run_id, 0, slots[name], who[name], rank0).carried)
 
     m1 = play(1, {
         "continued": continued("continued"),
@@ -123,11 +128,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "planted": plant_error_buffer(continued("planted")),
         "borrowed": continued("continued"),  # the "continued" trainer's epoch-0 progress, claimed as its own
     }, before_reveal=finalize_0)
-    return {"node": node, "chains": chains, "manifests": {0: m0, 1: m1}}
+    return {"node": node, "who": who, "manifests": {0: m0, 1: m1}}
 
 
 def _failed(world: dict[str, Any], e: int, name: str) -> list[str]:
-    findings = world["node"].verify(e, world["chains"][name].sender, world["manifests"][e][name])
+    findings = world["node"].verify(e, world["who"][name], world["manifests"][e][name])
     assert any(f.check == "start" for f in findings), [f.to_json() for f in findings]
     return [f"{f.check}: {f.detail}" for f in findings if not f.passed]
 

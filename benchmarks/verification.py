@@ -412,7 +412,7 @@ def measure_costs(preset: str, corpus: Corpus, reps: int) -> tuple[cal.Costs, in
     s2, _ = replay_step(s1, spec, corpus, 0, 1, 1)
     rank = spec.compression.rank_initial
     fin = final_transition(s0, s2, spec, RUN_ID, 0, 1, TRAINER, rank)
-    start1 = start_state(spec, g0, s0, fin.carried)
+    start_d = state_digest(start_state(spec, g0, s0, fin.carried))
     d2 = state_digest(s2)
     pub_d = keccak(fin.publication)
     t_step, t_digest, t_comp, t_check, t_final = interleaved_best(reps, [
@@ -421,7 +421,7 @@ def measure_costs(preset: str, corpus: Corpus, reps: int) -> tuple[cal.Costs, in
         lambda: final_transition(s0, s2, spec, RUN_ID, 0, 1, TRAINER, rank),
         lambda: check_step(s1, 1, d2, spec, corpus, 0, 1),
         lambda: (check_final(s0, s2, pub_d, spec, RUN_ID, 0, 1, TRAINER, rank),
-                 check_start(start1, spec, g0, s0, s2, RUN_ID, 1, 1, TRAINER, rank)),
+                 check_start(start_d, spec, g0, s0, s2, RUN_ID, 1, 1, TRAINER, rank)),
     ])
     costs = cal.Costs(t_step, t_digest, t_comp, t_check, t_final)
     return costs, len(save_state(s2)), len(fin.publication)

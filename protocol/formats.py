@@ -9,7 +9,7 @@ naming what is wrong; nothing here crashes, allocates beyond `max_bytes`, or eva
   compact with sorted keys padded with spaces to 8 bytes, metadata exactly
   {"format": "veriloco.state.v1"}. Readable by any safetensors reader.
 - Canonical JSON: UTF-8, sorted keys, no whitespace, no floats (reals as decimal strings).
-- Audit manifest: canonical JSON, "format": "veriloco.audit.v1".
+- Audit manifest: canonical JSON, "format": "veriloco.audit.v2".
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from protocol.store import Store
 
 STATE_FORMAT = "veriloco.state.v1"
-AUDIT_FORMAT = "veriloco.audit.v1"
+AUDIT_FORMAT = "veriloco.audit.v2"
 STATE_METADATA = {"format": STATE_FORMAT}
 
 DEFAULT_MAX_STATE_BYTES = 8 << 30
@@ -587,10 +587,14 @@ class AuditManifest:
     both). `ends` prove the leaves end(k); their files are published (cid set) only when the run
     audits in tolerant mode, since an exact replay only compares digests. Publishing one state per
     challenge instead of two, and covering `segment` steps with it, is what keeps audit traffic far
-    below the payload traffic it protects for large models (docs/protocol.md §5). With `final`, `previous` holds the start and end states (leaves 0 and
+    below the payload traffic it protects for large models (docs/protocol.md §5).
+
+    Every audit also checks the start state (docs/protocol.md §8), so every manifest carries `start`:
+    leaf 0's digest and proof, no file (the verifier recomputes the start state from public data and
+    compares digests). In epoch > 0 `previous` holds the start and end states (leaves 0 and
     previous_leaf_count-1) of the trainer's previous epoch, proven against that epoch's trace root,
-    so a verifier can also check the start-state rule (docs/protocol.md §8); it is empty when the
-    trainer started fresh.
+    when it continued that epoch; it is empty when it claims a fresh start, which is then checked
+    against the fresh-start rule instead.
     """
 
     run_id: int
@@ -601,6 +605,7 @@ class AuditManifest:
     transitions: tuple[int, ...]
     final: bool
     states: tuple[ChallengedState, ...]
+    start: ChallengedState
     previous_root: Digest = _ZERO32
     previous_leaf_count: int = 0
     previous: tuple[ChallengedState, ...] = ()
@@ -688,12 +693,19 @@ def validate_manifest(m: AuditManifest) -> None:
             m.trace_root, s.digest, s.leaf_index, m.leaf_count, s.proof
         ):
             raise FormatError(f"audit manifest end {s.leaf_index}: Merkle proof does not lead to the trace root")
+    s = m.start
+    if s.leaf_index != 0 or s.cid != "":
+        raise FormatError("audit manifest start must be leaf 0, proven by digest only (no cid)")
+    if len(s.digest) != 32 or len(s.proof) != depth or any(len(p) != 32 for p in s.proof) or not merkle.verify(
+        m.trace_root, s.digest, 0, m.leaf_count, s.proof
+    ):
+        raise FormatError("audit manifest start: Merkle proof does not lead to the trace root")
     if not m.previous:
         if m.previous_leaf_count != 0 or m.previous_root != _ZERO32:
             raise FormatError("audit manifest has previous_root/previous_leaf_count but no previous states")
     else:
-        if not m.final or m.epoch == 0:
-            raise FormatError("audit manifest carries previous-epoch states without a final check")
+        if m.epoch == 0:
+            raise FormatError("audit manifest carries previous-epoch states in epoch 0")
         if not 2 <= m.previous_leaf_count <= 1 << 32:
             raise FormatError(f"audit manifest previous_leaf_count {m.previous_leaf_count} out of range")
         if [s.leaf_index for s in m.previous] != [0, m.previous_leaf_count - 1]:
@@ -718,7 +730,7 @@ def decode_manifest(data: bytes, *, max_bytes: int = DEFAULT_MAX_JSON_BYTES) -> 
     m = decode_dataclass(AuditManifest, data, AUDIT_FORMAT, max_bytes=max_bytes)
     if len(m.previous_root) != 32:
         raise FormatError("audit manifest previous_root must be 32 bytes")
-    for s in (*m.states, *m.previous, *m.ends):
+    for s in (*m.states, m.start, *m.previous, *m.ends):
         for d in (s.digest, *s.proof):
             if len(d) != 32:
                 raise FormatError(f"audit manifest state {s.leaf_index}: digests must be 32 bytes")
@@ -745,6 +757,8 @@ def build_manifest(
     """Assemble (and validate) the manifest for a trace and its challenges; proofs are computed here.
 
     `publish_ends` (tolerant mode) also publishes the segment-end states through `cid_of_leaf`.
+    `previous_trace` / `previous_cid_of_leaf` (epoch > 0, a start that continued the previous epoch)
+    add that epoch's first and last states for the start-rule check.
     """
     leaf_count = len(trace)
     ts = sorted(set(transitions))
@@ -755,7 +769,7 @@ def build_manifest(
     )
     previous: tuple[ChallengedState, ...] = ()
     prev_root = _ZERO32
-    if final and previous_trace and previous_cid_of_leaf is not None:
+    if previous_trace and previous_cid_of_leaf is not None:
         plook = previous_cid_of_leaf.__getitem__ if isinstance(previous_cid_of_leaf, Mapping) else previous_cid_of_leaf
         prev_root = merkle.root(previous_trace)
         previous = tuple(
@@ -767,8 +781,11 @@ def build_manifest(
         for i in required_ends(ts, segment, leaf_count)
     )
     m = AuditManifest(
-        run_id, epoch, trainer, merkle.root(trace), leaf_count, tuple(ts), final, states,
-        prev_root, len(previous_trace) if previous else 0, previous, segment, ends,
+        run_id=run_id, epoch=epoch, trainer=trainer, trace_root=merkle.root(trace), leaf_count=leaf_count,
+        transitions=tuple(ts), final=final, states=states,
+        start=ChallengedState(0, Cid(""), Digest(bytes(trace[0])), tuple(merkle.prove(trace, 0))),
+        previous_root=prev_root, previous_leaf_count=len(previous_trace) if previous else 0, previous=previous,
+        segment=segment, ends=ends,
     )
     validate_manifest(m)
     return m

@@ -10,20 +10,29 @@ them: they measure what the final check is worth.
 - `stale-copy` (`StaleCopy`): trains honestly, but publishes another trainer's payload of the
   previous epoch (public since its reveal), re-bound to its own run, epoch and address: copying
   *after* a reveal, the only copy commit-reveal leaves open.
+- `planted-start` (`PlantedStartNode`): starts epoch 0 from G_0 with a planted error-feedback
+  buffer instead of a zero one, then trains, encodes and answers honestly from it. Every step and
+  the final check pass (they replay from the planted state); every payload it encodes carries the
+  planted direction on top of its update. Only the start-state check sees it (docs/protocol.md §8).
+  No Behaviour hook reaches the start state, so this one is a node subclass (`NODE_ADVERSARIES`).
 
-The pure parts (`boost_publication`, `rebind_publication`) are what the unit tests call.
+The pure parts (`boost_publication`, `rebind_publication`, `plant_error_buffer`) are what the unit
+tests call.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from typing import Any
 
 from protocol.payload import decode, encode, encode_raw, unwrap, wrap
+from trainer.inner import EF, PARAM, State, section, with_section
 from trainer.node import Behaviour, TrainerNode
 from trainer.round import Final
 
 MAX_COPY_BYTES = 256 << 20
+PLANT_SCALE = 0.01  # the planted buffer: this times the start parameters (a pull of the model towards zero)
 
 
 def boost_publication(
@@ -72,4 +81,37 @@ class StaleCopy(Behaviour):
         return rebind_publication(data, node.run_id, epoch, node.me)
 
 
+def plant_error_buffer(state: State, scale: float = PLANT_SCALE) -> State:
+    """`state` with its error-feedback buffer set to `scale` × its own parameters.
+
+    The compressor encodes Δ + ef, so each payload carries the planted direction on top of the
+    honest update, and what the sketch leaves out is carried on as the next buffer.
+    """
+    return with_section(state, EF, {n: scale * p for n, p in section(state, PARAM).items()})
+
+
+class PlantedStart(Behaviour):
+    """Honest steps and payloads: the cheat is in the start state (`PlantedStartNode`)."""
+
+    name = "planted-start"
+
+
+class PlantedStartNode(TrainerNode):
+    """A trainer whose start state in `plant_epochs` carries a planted error-feedback buffer."""
+
+    def __init__(self, *args: Any, plant_epochs: Collection[int] = (0,), scale: float = PLANT_SCALE, **kw: Any) -> None:
+        kw["behaviour"] = kw.get("behaviour") or PlantedStart()
+        super().__init__(*args, **kw)
+        self.plant_epochs, self.scale = frozenset(plant_epochs), scale
+
+    def _start(self, e: int) -> tuple[State, int, bool]:
+        state, g_epoch, continued = super()._start(e)
+        if e in self.plant_epochs:
+            self.log("planting", epoch=e, scale=self.scale)
+            state = plant_error_buffer(state, self.scale)
+        return state, g_epoch, continued
+
+
 ADVERSARIES: dict[str, type[Behaviour]] = {"forge-final": ForgeFinal, "stale-copy": StaleCopy}
+# adversaries that need more than a Behaviour: the node program to run instead of TrainerNode
+NODE_ADVERSARIES: dict[str, type[TrainerNode]] = {"planted-start": PlantedStartNode}

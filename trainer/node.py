@@ -393,8 +393,10 @@ class TrainerNode:
             published[0] += len(data)
             return self.store.put(data)
 
+        # Every audit checks the start state (docs/protocol.md §8): a start that continued e-1 publishes
+        # e-1's first and last states; a fresh one publishes none and is checked against G alone.
         prev = self._dir(e - 1) if e >= 1 else None
-        use_prev = a.final_check and d.meta.get("continued") and prev is not None and "digests" in prev.meta
+        use_prev = bool(d.meta.get("continued")) and prev is not None and "digests" in prev.meta
         manifest = build_manifest(
             run_id=self.run_id, epoch=e, trainer=self.me, trace=digests, transitions=a.steps, final=a.final_check,
             cid_of_leaf=lambda k: cids.setdefault(k, cid_of(d, k)),

@@ -247,8 +247,9 @@ def min_steps_for_budget(costs: Costs, audit_steps: int, final_prob: float, budg
 
 def audit_leaves(transitions: Sequence[int], final: bool, leaf_count: int, previous: bool) -> int:
     """State files a trainer publishes for an audit in exact mode: protocol.formats.required_leaves,
-    plus the previous epoch's start and end state when the final check is drawn after epoch 0."""
-    return len(required_leaves(sorted(set(transitions)), final, leaf_count)) + (2 if final and previous else 0)
+    plus the previous epoch's start and end state whenever its start continued that epoch (every
+    audit checks the start rule, docs/protocol.md §8; leaf 0 itself is proven by digest only)."""
+    return len(required_leaves(sorted(set(transitions)), final, leaf_count)) + (2 if previous else 0)
 
 
 def proof_bytes(leaf_count: int) -> int:

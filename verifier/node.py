@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from torch import Tensor
+
 from protocol.chain import Chain, ChainError, ChainUnavailable, Phase
 from protocol.digest import state_digest
 from protocol.errors import VerilocoError
@@ -71,6 +73,7 @@ class VerifierNode:
         self.me = chain.sender
         self.log: Log = log or (lambda event, **kv: None)
         self.poll_s, self.threads = poll_s, threads
+        self._models: dict[bytes, dict[str, Tensor]] = {}
         self.ledger = Path(workdir) / f"run-{run_id}" / "verdicts.json"
         self.ledger.parent.mkdir(parents=True, exist_ok=True)
 
@@ -209,6 +212,7 @@ class VerifierNode:
         if m.segment != audit.segment:
             findings.append(Finding("manifest", False, f"segment {m.segment}, the run audits {audit.segment} steps"))
             return
+        findings.append(self._check_start(e, t, slot, m))
         states = {s.leaf_index: self._state(s.cid, s.digest) for s in m.states}
         for k in m.transitions:
             end = m.end(k)
@@ -220,22 +224,37 @@ class VerifierNode:
         if m.final:
             last = states[m.leaf_count - 1]
             findings.append(check_final(states[0], last, Digest(bytes(reveal["payloadDigest"])), spec, run, e, slot, t, rank))
-            if e >= 1:
-                findings.append(self._check_start(e, t, slot, m, states[0]))
 
-    def _check_start(self, e: int, t: str, slot: int, m: AuditManifest, start: State) -> Finding:
-        run = self.run_id
-        before = e if self.spec.rule is StartRule.BLOCKING else e - 1
-        cid, digest, _ = latest_model(self.chain, self.ctx, before)
-        g = params_of(load_model(self.store, cid, digest))
-        prev = self.chain.submission(run, e - 1, t)
-        if prev.state < 2:  # it did not reveal e-1, so it must have started fresh
-            return check_start(start, self.spec, g, None, None, run, e, slot, t, 0)
-        if not m.previous or m.previous_root != prev.trace_root or m.previous_leaf_count != prev.leaf_count:
-            return Finding("start", False, "previous-epoch states missing or not from the revealed trace")
+    def _check_start(self, e: int, t: str, slot: int, m: AuditManifest) -> Finding:
+        """Every audit, every epoch: leaf 0 follows the public start rule (docs/protocol.md §8).
+
+        With `previous` the trainer claims to continue its revealed epoch e-1, whose first and last
+        states must come from the trace it revealed; without, it claims a fresh start (epoch 0, e-1
+        not revealed, or local state lost), a function of the global model alone.
+        """
+        g = self._start_model(e)
+        if not m.previous:
+            return check_start(m.start.digest, self.spec, g, None, None, self.run_id, e, slot, t, 0)
+        prev = self.chain.submission(self.run_id, e - 1, t)
+        if prev.state < 2 or m.previous_root != prev.trace_root or m.previous_leaf_count != prev.leaf_count:
+            return Finding("start", False, "previous-epoch states are not from the trace the trainer revealed for e-1")
         p0, p_end = (self._state(s.cid, s.digest) for s in m.previous)
         prev_rank, _ = self.schedule.for_epoch(e - 1)
-        return check_start(start, self.spec, g, p0, p_end, run, e, slot, t, prev_rank)
+        return check_start(m.start.digest, self.spec, g, p0, p_end, self.run_id, e, slot, t, prev_rank)
+
+    def _start_model(self, e: int) -> dict[str, Tensor]:
+        """The global model epoch e starts from (G_0 for epoch 0), as the chain's finalized digests name it.
+
+        The one place the start check trusts the coordinator's model: a recomputed, verified global
+        model would be read here instead of `latest_model`. Loaded once per model, not per trainer.
+        """
+        before = e if self.spec.rule is StartRule.BLOCKING else e - 1
+        cid, digest, _ = latest_model(self.chain, self.ctx, max(before, 0))
+        key = bytes(digest)
+        if key not in self._models:  # keep this one and the one before (audits of two epochs overlap)
+            model = params_of(load_model(self.store, cid, digest, self.ctx.param_shapes))
+            self._models = {**dict(list(self._models.items())[-1:]), key: model}
+        return self._models[key]
 
     # ------------------------------------------------------------------ aggregate re-check
 

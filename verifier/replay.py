@@ -105,11 +105,17 @@ def check_final(
 
 
 def check_start(
-    start: Mapping[str, Tensor], spec: RoundSpec, latest_global: Mapping[str, Tensor],
+    start_digest: Digest, spec: RoundSpec, latest_global: Mapping[str, Tensor],
     prev_start: Mapping[str, Tensor] | None, prev_end: Mapping[str, Tensor] | None,
     run_id: int, epoch: int, slot: int, trainer: str, prev_rank: int,
 ) -> Finding:
-    """The epoch's start state must follow the start rule from public G and the trainer's previous epoch."""
+    """Leaf 0 must be the start rule's state (docs/protocol.md §8), recomputed from public G and the
+    trainer's proven previous-epoch states, or the fresh start from G when those are None.
+
+    Compared by state digest, so every component counts (parameters, both moments, error buffer,
+    step, rng word), and a fresh start needs no state file at all: it is a function of G alone.
+    """
+    fresh = prev_start is None or prev_end is None
     try:
         carried = None
         if prev_start is not None and prev_end is not None:
@@ -117,9 +123,10 @@ def check_start(
         expected = start_state(spec, latest_global, prev_start, carried)
     except Exception as exc:  # noqa: BLE001 - any failure on a trainer's data is a failed check
         return _fail("start", exc)
-    if state_digest(expected) == state_digest(start):
-        return Finding("start", True, "start state follows the start rule")
-    return Finding("start", False, "start state does not follow from the global model and the previous epoch")
+    rule = "the fresh start from the global model" if fresh else "the start rule from the global model and epoch e-1"
+    if state_digest(expected) == start_digest:
+        return Finding("start", True, f"leaf 0 is {rule}")
+    return Finding("start", False, f"leaf 0 is not {rule} (parameters, moments, error buffer, step or rng differ)")
 
 
 def check_payload(

@@ -3,7 +3,8 @@
     python -m tests.security.adversary_node trainer --run ID --devnet FILE --account N --workdir DIR --behaviour forge-final
     python -m tests.security.adversary_node coordinator --run ID --devnet FILE --account N --workdir DIR [--scale 1e30]
 
-`trainer` runs the ordinary TrainerNode with a Behaviour from trainer/adversaries.py; `coordinator`
+`trainer` runs the ordinary TrainerNode with a Behaviour from trainer/adversaries.py (or, for
+`planted-start`, the node subclass `NODE_ADVERSARIES` names); `coordinator`
 runs a coordinator that finalizes exactly the passing trainers (so the contract accepts it) but a
 model nudged away from the true aggregate, or with --scale the true aggregate times a factor (1e30:
 finite, but nobody can train on it) — the attack the contract cannot see (docs/security.md C1).
@@ -23,7 +24,7 @@ from coordinator.outer import PARAM
 from protocol.chain import ChainError, Phase
 from protocol.digest import state_digest
 from protocol.formats import save_state
-from trainer.adversaries import ADVERSARIES
+from trainer.adversaries import ADVERSARIES, NODE_ADVERSARIES
 from trainer.node import TrainerNode
 from veriloco.nodes import json_logger, open_chain
 from veriloco.settings import add_connection_args, open_store, resolve
@@ -64,12 +65,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("role", choices=["trainer", "coordinator"])
     p.add_argument("--run", type=int, required=True)
     add_connection_args(p, workdir=True)
-    p.add_argument("--behaviour", choices=sorted(ADVERSARIES), default="forge-final")
+    p.add_argument("--behaviour", choices=sorted({*ADVERSARIES, *NODE_ADVERSARIES}), default="forge-final")
     p.add_argument("--scale", type=float, help="coordinator: finalize the true aggregate times this factor")
     args = p.parse_args(argv)
     s = resolve(args)
     chain = open_chain(s)
-    if args.role == "trainer":
+    if args.role == "trainer" and args.behaviour in NODE_ADVERSARIES:
+        NODE_ADVERSARIES[args.behaviour](chain, open_store(s), args.run, s.workdir / f"trainer-{chain.sender}",
+                                         log=json_logger("trainer")).run()
+    elif args.role == "trainer":
         TrainerNode(chain, open_store(s), args.run, s.workdir / f"trainer-{chain.sender}",
                     behaviour=ADVERSARIES[args.behaviour](), log=json_logger("trainer")).run()
     else:

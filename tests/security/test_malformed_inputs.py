@@ -195,7 +195,7 @@ def manifest_bytes() -> bytes:
         (lambda b: b.replace(b'"epoch":0', b'"epoch":0.0'), "float"),
         (lambda b: b.replace(b'"epoch":0', b'"epoch":NaN'), "NaN|JSON"),
         (lambda b: b.replace(b'"epoch":0', b'"epoch":0,"epoch":0'), "twice|canonical"),
-        (lambda b: b.replace(b"veriloco.audit.v1", b"veriloco.audit.v2"), "format"),
+        (lambda b: b.replace(b"veriloco.audit.v2", b"veriloco.audit.v1"), "format"),
         (lambda b: b.replace(b'"leaf_count":9', b'"leaf_count":0'), "leaf_count|out of range|need"),
         (lambda b: b.replace(b'"transitions":[2,5]', b'"transitions":[5,2]'), "sorted"),
         (lambda b: b.replace(b'"transitions":[2,5]', b'"transitions":[2,8]'), "outside"),

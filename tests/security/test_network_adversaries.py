@@ -12,6 +12,7 @@ wrong models, and every verifier raises an alarm for every finalized epoch.
 A second network has a coordinator that finalizes the true aggregate times 1e30 (finite, but
 training on it gives `loss is nan`). Every node recomputes the model itself (coordinator/build.py
 `VerifiedGlobals`), so the honest trainers train on the true model and nobody is slashed.
+A third network runs a trainer with a planted epoch-0 start state (T16) next to two honest ones.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pytest
 from coordinator.build import VerifiedGlobals, build_global, passing_trainers
 from protocol.chain import Chain, Phase
 from protocol.digest import state_digest
+from protocol.formats import decode_manifest
 from protocol.run import open_run
 from veriloco.netdemo import Control, DemoOptions, run_demo
 
@@ -150,3 +152,50 @@ def test_a_coordinator_finalizing_an_unusable_model_changes_no_honest_model(
         assert mismatches == [0], f"trainer{i} named wrong models of epochs {mismatches}"
     alarms = {ev["epoch"] for ev in _events(opts.workdir / "logs" / "verifier0.jsonl", "alarm")}
     assert alarms == set(range(epochs))
+
+
+def test_a_planted_start_state_is_slashed_in_epoch_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """T16 as a network: one trainer starts epoch 0 with a planted error buffer and otherwise trains,
+    encodes and answers honestly. Its epoch-0 audit fails on the start check alone; it is slashed in
+    epoch 0 and never aggregated there; no honest trainer or verifier is slashed."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    swapped: list[str] = []
+
+    def swap(control: Control) -> None:
+        if swapped:
+            return
+        n = control.node("trainer0")
+        control.kill("trainer0")
+        n.cmd = [sys.executable, "-m", "tests.security.adversary_node", *n.cmd[3:], "--behaviour", "planted-start"]
+        n.cheat = "planted-start"
+        control.restart("trainer0")
+        swapped.append("trainer0")
+
+    seen: dict[str, Any] = {}
+
+    def inspect(chain: Chain, store: Any, run_id: int) -> None:
+        seen["slashes"] = [(e.args["trainer"], e.args["epoch"], e.args["reason"])
+                           for e in chain.events(["Slashed"], run_id=run_id)]
+        seen["included0"] = set(passing_trainers(chain, run_id, 0))
+        seen["continued1"] = {ev.args["trainer"]: bool(decode_manifest(store.get(ev.args["manifestCid"])).previous)
+                              for ev in chain.events(["Responded"], run_id=run_id, epoch=1)}
+
+    opts = DemoOptions(trainers=3, verifiers=2, epochs=2, steps=4, workdir=tmp_path / "demo", timeout_s=480)
+    log = io.StringIO()
+    try:
+        s = run_demo(opts, out=log, inspect=inspect, on_tick=swap)
+    except Exception:
+        print(log.getvalue())
+        raise
+    (planter,) = s["cheaters"]
+    assert s["epochs_finalized"] == 2, log.getvalue()
+    assert s["slashed"] == [planter], log.getvalue()  # neither an honest trainer nor a verifier
+    assert (planter, 0, FAILED_AUDIT) in seen["slashes"]
+    assert planter not in seen["included0"] and len(seen["included0"]) == 2
+    honest1 = {t: c for t, c in seen["continued1"].items() if t != planter}
+    assert len(honest1) == 2 and all(honest1.values())  # honest epoch-1 starts were checked as continued
+    events = [json.loads(line) for i in range(opts.verifiers)
+              for line in (opts.workdir / "logs" / f"verifier{i}.jsonl").read_text().splitlines() if line.startswith("{")]
+    failed = [ev["failed"] for ev in events
+              if ev.get("event") == "verified" and ev["trainer"] == planter and ev["epoch"] == 0]
+    assert failed and all(len(f) == 1 and f[0].startswith("start:") for f in failed)

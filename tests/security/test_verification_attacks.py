@@ -28,7 +28,7 @@ from protocol.formats import (
 )
 from protocol.model import init_params
 from protocol.payload import decode, unwrap, wrap
-from trainer.adversaries import boost_publication, rebind_publication
+from trainer.adversaries import boost_publication, plant_error_buffer, rebind_publication
 from trainer.compress import compress
 from trainer.inner import PARAM, STEP, configure_determinism
 from trainer.round import (
@@ -39,7 +39,7 @@ from trainer.round import (
     start_state,
     train_epoch,
 )
-from verifier.replay import check_final, check_payload, check_step
+from verifier.replay import check_final, check_payload, check_start, check_step
 
 pytestmark = pytest.mark.unit
 
@@ -239,3 +239,43 @@ def test_one_forged_transition_steers_the_payload_past_the_final_check(epoch) ->
     scales = clip_scales([big, *others], clip)
     assert scales[1:] == [1.0, 1.0, 1.0] and scales[0] < 1
     assert delta_norm({n: t * scales[0] for n, t in big.items()}) <= clip * delta_norm(others[1])
+
+
+def test_a_planted_start_state_is_caught_in_the_epoch_it_is_planted(epoch) -> None:
+    """T16: epoch 0 from G_0 with a planted error buffer, then honest work. Every step and the final
+    check pass (they replay from the planted state) and the payload carries the planted direction;
+    only the start check fails it, and it runs in every audit. From epoch 1 on the continued rule
+    carries an unchecked buffer forward faithfully, which is why epoch 0 itself must be checked;
+    a buffer planted in epoch 1 fails that epoch's start check, continued or claimed fresh."""
+    spec, corpus, honest, _, shapes = epoch
+    g0 = init_params(spec.model, 0)
+    planted = [plant_error_buffer(honest[0])]
+    for k in range(2):
+        planted.append(replay_step(planted[-1], spec, corpus, 0, SLOT, k)[0])
+    digests = [state_digest(s) for s in planted]
+    assert all(check_step(planted[k], k, digests[k + 1], spec, corpus, 0, SLOT).passed for k in range(2))
+    fin0 = final_transition(planted[0], planted[-1], spec, RUN, 0, SLOT, HONEST, RANK)
+    assert check_final(planted[0], planted[-1], keccak(fin0.publication), spec, RUN, 0, SLOT, HONEST, RANK).passed
+    honest_fin = final_transition(honest[0], honest[2], spec, RUN, 0, SLOT, HONEST, RANK).publication
+    extra = {n: t - decode(unwrap(honest_fin).body, shapes)[n] for n, t in decode(unwrap(fin0.publication).body, shapes).items()}
+    towards = sum(float((extra[n] * g0[n]).sum()) for n in shapes)
+    assert towards > 0  # the payload moves the model where the planted buffer points (towards zero)
+    # epoch 0: the manifest proves leaf 0 by digest in every audit; the verifier recomputes the start
+    m = build_manifest(run_id=RUN, epoch=0, trainer=HONEST, trace=digests, transitions=[1], final=False,
+                       cid_of_leaf=lambda k: "QmYwAPJzv5CZsnA625s3Xf2nemtYgPpHdWEz79ojWnPbdG")
+    assert m.start.digest == digests[0]
+    f = check_start(m.start.digest, spec, g0, None, None, RUN, 0, SLOT, HONEST, 0)
+    assert not f.passed and "error buffer" in f.detail
+    assert check_start(state_digest(honest[0]), spec, g0, None, None, RUN, 0, SLOT, HONEST, 0).passed
+    # epoch 1 continued from the planted epoch 0: the rule alone cannot tell
+    carried0 = fin0.carried
+    assert check_start(state_digest(start_state(spec, g0, planted[0], carried0)), spec, g0, planted[0], planted[-1],
+                       RUN, 1, SLOT, HONEST, RANK).passed
+    # epoch 1 planted on top of an honest epoch 0: continued, or claimed as a fresh start
+    s1 = start_state(spec, g0, honest[0], final_transition(honest[0], honest[-1], spec, RUN, 0, SLOT, HONEST, RANK).carried)
+    assert check_start(state_digest(s1), spec, g0, honest[0], honest[-1], RUN, 1, SLOT, HONEST, RANK).passed
+    assert not check_start(state_digest(plant_error_buffer(s1)), spec, g0, honest[0], honest[-1],
+                           RUN, 1, SLOT, HONEST, RANK).passed
+    fresh1 = start_state(spec, g0, None, None)
+    assert check_start(state_digest(fresh1), spec, g0, None, None, RUN, 1, SLOT, HONEST, 0).passed  # lost its state
+    assert not check_start(state_digest(plant_error_buffer(fresh1)), spec, g0, None, None, RUN, 1, SLOT, HONEST, 0).passed

@@ -32,6 +32,7 @@ from protocol.formats import (
 from protocol.run import initial_model, open_run, params_of, publish_run
 from protocol.store import LocalStore
 from tests.fixtures.chain import PyEvmNet
+from trainer.adversaries import plant_error_buffer
 from trainer.inner import EF, MOM1, MOM2, PARAM, RNG, STEP, State, configure_determinism
 from trainer.round import RoundSpec, final_transition, replay_step, start_state
 from trainer.schedule import Schedule
@@ -62,8 +63,9 @@ CRAFTED: dict[str, Callable[[State], State]] = {
 }
 
 
-# trainers that train honestly; the last two then lie about their trace length or their payload's CID
-HONEST_WORK = ("honest", "short-trace", "wrong-payload-cid")
+# trainers that train honestly; the next two then lie about their trace length or their payload's CID,
+# the last one starts from a planted error buffer (trainer/adversaries.py PlantedStartNode)
+HONEST_WORK = ("honest", "short-trace", "wrong-payload-cid", "planted-start")
 
 
 @dataclass
@@ -100,10 +102,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for name, c in chains.items():
         slot = c.member(run_id, c.sender).slot
         if name in HONEST_WORK:
-            states = [s0]
+            states = [plant_error_buffer(s0) if name == "planted-start" else s0]
             for k in range(steps - 2 if name == "short-trace" else steps):
                 states.append(replay_step(states[-1], spec, ctx.corpus, 0, slot, k)[0])
-            pub = final_transition(s0, states[-1], spec, run_id, 0, slot, c.sender, rank).publication
+            pub = final_transition(states[0], states[-1], spec, run_id, 0, slot, c.sender, rank).publication
         else:
             states = [s0] + [CRAFTED[name](s0)] * steps
             pub = b"VLCW" + os.urandom(64)  # its payload is garbage too
@@ -186,3 +188,12 @@ def test_a_payload_cid_that_does_not_match_the_revealed_digest_fails(world: dict
     a = world["answers"]["wrong-payload-cid"]
     findings = world["node"].verify(0, a.trainer, a.manifest_cid)
     assert not all(f.passed for f in findings)
+
+
+def test_a_planted_start_state_fails_the_start_check_alone(world: dict[str, Any]) -> None:
+    """T16: honest steps and payload from a start with a planted error buffer; the final check is
+    drawn and passes, and the start check (epoch 0, recomputed from G_0, no state file) fails."""
+    a = world["answers"]["planted-start"]
+    findings = world["node"].verify(0, a.trainer, a.manifest_cid)
+    assert [f.check for f in findings if not f.passed] == ["start"], [f.to_json() for f in findings]
+    assert any(f.check == "final" and f.passed for f in findings)

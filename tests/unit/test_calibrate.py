@@ -105,11 +105,11 @@ def test_costs_and_smallest_h_for_a_budget() -> None:
 
 
 def test_audit_leaves_and_proof_bytes() -> None:
-    # state files follow protocol.formats.required_leaves; a drawn final check adds the previous epoch's two
+    # state files follow protocol.formats.required_leaves; a continued start adds the previous epoch's two, final or not
     for ts, final in (([3, 3, 4], False), ([3], True), ([0, 15], True)):
         files = len(required_leaves(sorted(set(ts)), final, 17))
         assert cal.audit_leaves(ts, final, 17, previous=False) == files
-        assert cal.audit_leaves(ts, final, 17, previous=True) == files + (2 if final else 0)
+        assert cal.audit_leaves(ts, final, 17, previous=True) == files + 2
     assert cal.audit_leaves([3], True, 17, previous=False) >= len({3, 0, 16})
     assert cal.proof_bytes(17) == 32 * 5 and cal.proof_bytes(16) == 32 * 4 and cal.proof_bytes(1) == 0
 

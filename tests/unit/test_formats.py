@@ -316,10 +316,12 @@ def test_manifest_round_trip_and_contents() -> None:
     assert merkle.verify(m.trace_root, m.state(8).digest, 8, 9, m.state(8).proof)
 
 
-def test_manifest_previous_epoch_states_are_proven() -> None:
+@pytest.mark.parametrize("final", [True, False])
+def test_manifest_previous_epoch_states_are_proven(final: bool) -> None:
+    """The start rule is checked in every audit, so the previous epoch's states ride with or without a final check."""
     prev = _trace(5)
     m = formats.build_manifest(
-        run_id=1, epoch=3, trainer=TRAINER, trace=_trace(9), transitions=(2,), final=True,
+        run_id=1, epoch=3, trainer=TRAINER, trace=_trace(9), transitions=(2,), final=final,
         cid_of_leaf=lambda i: cid_of(b"state %d" % i),
         previous_trace=prev, previous_cid_of_leaf=lambda i: cid_of(b"prev %d" % i),
     )
@@ -328,6 +330,30 @@ def test_manifest_previous_epoch_states_are_proven() -> None:
     forged = dataclasses.replace(m, previous=(m.previous[0], dataclasses.replace(m.previous[1], digest=prev[3])))
     with pytest.raises(FormatError, match="previous state 4"):
         formats.encode_manifest(forged)
+    with pytest.raises(FormatError, match="in epoch 0"):  # epoch 0 has no previous epoch to continue
+        formats.encode_manifest(dataclasses.replace(m, epoch=0))
+
+
+@pytest.mark.parametrize("final", [True, False])
+def test_every_manifest_proves_its_start_leaf_by_digest(final: bool) -> None:
+    """Leaf 0 is proven in every audit, without a file: the verifier recomputes the start state itself."""
+    m = _manifest(final=final)
+    assert m.start.leaf_index == 0 and m.start.cid == "" and m.start.digest == _trace(9)[0]
+    assert merkle.verify(m.trace_root, m.start.digest, 0, 9, m.start.proof)
+    assert (0 in [s.leaf_index for s in m.states]) == final  # a state file only when the final check needs one
+    raw = json.loads(formats.encode_manifest(m))
+    for edit, match in (
+        (lambda r: r["start"].update(digest="0x" + "00" * 32), "start: Merkle proof"),
+        (lambda r: r["start"].update(digest=r["states"][-1]["digest"]), "start: Merkle proof"),  # another leaf
+        (lambda r: r["start"].update(leaf_index=1), "leaf 0"),
+        (lambda r: r["start"].update(cid=r["states"][0]["cid"]), "no cid"),
+        (lambda r: r["start"]["proof"].pop(), "start: Merkle proof"),
+        (lambda r: r.pop("start"), "start"),
+    ):
+        bad = json.loads(json.dumps(raw))
+        edit(bad)
+        with pytest.raises(FormatError, match=match):
+            formats.decode_manifest(canonical_json(bad))
 
 
 def test_manifest_with_a_tampered_proof_is_rejected() -> None:

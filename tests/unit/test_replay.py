@@ -5,9 +5,9 @@ import torch
 
 from protocol.config import RunConfig
 from protocol.data import build_corpus
-from protocol.digest import keccak
+from protocol.digest import keccak, state_digest
 from protocol.model import init_params
-from trainer.inner import PARAM, configure_determinism
+from trainer.inner import EF, MOM1, MOM2, PARAM, RNG, STEP, configure_determinism
 from trainer.round import RoundSpec, final_transition, start_state, train_epoch
 from verifier.replay import check_final, check_leaf_count, check_payload, check_start, check_step
 
@@ -74,11 +74,26 @@ def test_start_rule_check(setup) -> None:
     spec, _, g0, s0, trace = setup
     carried = final_transition(s0, trace.end, spec, 7, 0, 1, TRAINER, rank=4).carried
     s1 = start_state(spec, g0, s0, carried)
-    assert check_start(s1, spec, g0, s0, trace.end, 7, 1, 1, TRAINER, 4).passed
+    assert check_start(state_digest(s1), spec, g0, s0, trace.end, 7, 1, 1, TRAINER, 4).passed
     poisoned = dict(s1)
     name = next(k for k in s1 if k.startswith(PARAM))
     poisoned[name] = s1[name] + torch.ones_like(s1[name])
-    assert not check_start(poisoned, spec, g0, s0, trace.end, 7, 1, 1, TRAINER, 4).passed
+    assert not check_start(state_digest(poisoned), spec, g0, s0, trace.end, 7, 1, 1, TRAINER, 4).passed
+    # a continued start is not a fresh one, and the other way round
+    assert not check_start(state_digest(s1), spec, g0, None, None, 7, 1, 1, TRAINER, 0).passed
+    assert not check_start(state_digest(s0), spec, g0, s0, trace.end, 7, 1, 1, TRAINER, 4).passed
+
+
+@pytest.mark.parametrize("component", [PARAM, MOM1, MOM2, EF, STEP, RNG])
+def test_fresh_start_check_covers_every_component(setup, component: str) -> None:
+    """Epoch 0 (and any fresh start) is G with zero moments, zero error buffer, step 0, rng 0: a
+    function of G alone, checked by digest, so a change in any one component fails."""
+    spec, _, g0, s0, _ = setup
+    assert check_start(state_digest(s0), spec, g0, None, None, 7, 0, 1, TRAINER, 0).passed
+    planted = {k: v + 1 if k.startswith(component) else v for k, v in s0.items()}
+    assert any(k.startswith(component) for k in s0)
+    f = check_start(state_digest(planted), spec, g0, None, None, 7, 0, 1, TRAINER, 0)
+    assert not f.passed and "not the fresh start" in f.detail
 
 
 def test_leaf_count() -> None:

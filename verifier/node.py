@@ -3,7 +3,9 @@
 For each trainer that answered an audit it is assigned to, it fetches the manifest, the challenged
 states and the payload (all checked against CIDs and on-chain digests), runs the checks of
 verifier/replay.py, publishes the findings as evidence, and posts the verdict. Anything malformed a
-trainer sends is a failed finding, never a crash. After an epoch finalizes it recomputes the
+trainer sends is a failed finding, never a crash. A pass also vouches for the payload's
+availability: the verifier keeps its own copy and puts it back into the store whenever it goes
+missing, until the epoch is over (verifier/keeper.py). After an epoch finalizes it recomputes the
 coordinator's aggregate and reports a mismatch.
 
 Run it with `veriloco verifier --run ID`.
@@ -41,12 +43,13 @@ from protocol.run import (
     params_of,
     revealed_payload,
 )
-from protocol.store import Store, StoreTimeout
+from protocol.store import IntegrityError, NotFound, Store, StoreError, StoreTimeout
 from protocol.types import Cid, Digest
 from trainer.delay import StartRule
 from trainer.inner import State, TrainerError, configure_determinism
 from trainer.round import RoundSpec, start_state
 from trainer.schedule import Schedule
+from verifier.keeper import Keeper
 from verifier.replay import (
     Finding,
     check_final,
@@ -76,6 +79,15 @@ class VerifierNode:
         self._models: dict[bytes, dict[str, Tensor]] = {}
         self.ledger = Path(workdir) / f"run-{run_id}" / "verdicts.json"
         self.ledger.parent.mkdir(parents=True, exist_ok=True)
+        self.keeper = Keeper(self.ledger.parent / "kept", store)
+        self._fetched: dict[str, tuple[Cid, bytes]] = {}  # "e:trainer" -> the payload `verify` checked
+        self._said: set[str] = set()
+
+    def _once(self, key: str, event: str, **fields: Any) -> None:
+        """Log `event` the first time `key` comes up: a condition retried every round says so once."""
+        if key not in self._said:
+            self._said.add(key)
+            self.log(event, **fields)
 
     def _done(self) -> dict[str, Any]:
         try:
@@ -109,13 +121,39 @@ class VerifierNode:
     def _round(self, last: int) -> bool:
         """Judge whatever is open; True once the run's last epoch is over."""
         nxt = self.chain.run_info(self.run_id).next_epoch
+        self._keep()
         for e in range(max(0, nxt - 3), nxt):
             self._audit_epoch(e)
             self._check_aggregate(e)
         if nxt > last and self.chain.epoch_status(self.run_id, last).phase in (Phase.FINALIZED, Phase.ABORTED):
             self._check_aggregate(last)
+            for e in self.keeper.epochs():  # the run is over: nobody aggregates from our copies any more
+                self.keeper.release(e)
             return True
         return False
+
+    # ------------------------------------------------------------------ availability
+
+    def _keep(self) -> None:
+        """Put back the payloads we passed while their epoch is open; drop them once it is over.
+
+        Over means aborted, or finalized and our own re-check of the aggregate done (that re-check
+        needs the payloads too).
+        """
+        done = self._done()
+        for e in self.keeper.epochs():
+            phase = self.chain.epoch_status(self.run_id, e).phase
+            if phase is Phase.ABORTED or (phase is Phase.FINALIZED and f"aggregate:{e}" in done):
+                self.keeper.release(e)
+                self.log("released", epoch=e)
+                continue
+            try:
+                for cid in self.keeper.restore(e):
+                    self.log("republished", epoch=e, payload=cid)
+            except TRANSIENT:
+                raise
+            except (StoreError, OSError) as exc:
+                self._once(f"keep:{e}", "keep-failed", epoch=e, error=str(exc))
 
     # ------------------------------------------------------------------ audits
 
@@ -141,6 +179,15 @@ class VerifierNode:
             t0, cpu0 = time.monotonic(), time.process_time()
             findings = self.verify(e, t, ev.args["manifestCid"])
             passed = all(f.passed for f in findings)
+            fetched = self._fetched.pop(key, None)
+            if passed and fetched is not None:
+                try:  # before the vote: a pass vouches that we can produce the payload
+                    self.keeper.hold(e, *fetched)
+                except TRANSIENT:
+                    raise
+                except (StoreError, OSError) as exc:
+                    self.log("keep-failed", epoch=e, trainer=t, error=str(exc))
+                    continue  # our problem, not the trainer's: no verdict yet, retried next round
             evidence = canonical_json({
                 "format": EVIDENCE_FORMAT, "run_id": self.run_id, "epoch": e, "trainer": t, "verifier": self.me,
                 "passed": passed, "findings": [f.to_json() for f in findings],
@@ -199,6 +246,7 @@ class VerifierNode:
         reveal = self.chain.revealed(run, e, t)[0].args
         findings.append(check_leaf_count(sub.leaf_count, steps))
         publication = revealed_payload(self.store, reveal)
+        self._fetched[f"{e}:{t}"] = (Cid(reveal["payloadCid"]), publication)
         findings.append(check_payload(publication, run, e, t, self.ctx.param_shapes))
         m: AuditManifest = decode_manifest(self.store.get(manifest_cid, max_size=MAX_MANIFEST_BYTES))
         a = self.chain.assignment(run, e, t)
@@ -269,6 +317,11 @@ class VerifierNode:
         try:
             _, _, digest = build_global(self.chain, self.store, self.ctx, e)
             ok = digest == self.chain.epoch_times(self.run_id, e).model_digest
+        except TRANSIENT:
+            raise  # our endpoint, not the coordinator's fault: retried once it is back
+        except (NotFound, IntegrityError) as exc:  # gone for now: a passing verifier puts it back
+            self._once(key, "aggregate-waiting", epoch=e, error=str(exc))
+            return
         except (VerilocoError, OSError, ValueError, RuntimeError) as exc:
             ok = False
             self.log("aggregate-error", epoch=e, error=str(exc))

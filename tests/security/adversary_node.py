@@ -3,18 +3,22 @@
     python -m tests.security.adversary_node trainer --run ID --devnet FILE --account N --workdir DIR --behaviour forge-final
     python -m tests.security.adversary_node coordinator --run ID --devnet FILE --account N --workdir DIR [--scale 1e30]
 
-`trainer` runs the ordinary TrainerNode with a Behaviour from trainer/adversaries.py (or, for
-`planted-start`, the node subclass `NODE_ADVERSARIES` names); `coordinator`
-runs a coordinator that finalizes exactly the passing trainers (so the contract accepts it) but a
-model nudged away from the true aggregate, or with --scale the true aggregate times a factor (1e30:
-finite, but nobody can train on it) — the attack the contract cannot see (docs/security.md C1).
+`trainer` runs the ordinary TrainerNode with a Behaviour from trainer/adversaries.py; for
+`planted-start` the node subclass `NODE_ADVERSARIES` names (docs/security.md T16), and for
+`withhold` a trainer that deletes its payload from the shared LocalStore as soon as it has passed
+its audit (T17). `coordinator` runs a coordinator that finalizes exactly the passing trainers (so
+the contract accepts it) but a model nudged away from the true aggregate, or with --scale the true
+aggregate times a factor (1e30: finite, but nobody can train on it) (docs/security.md C1).
 The demo's CLI only knows the cheats of trainer/cheats.py, so the test swaps these commands in.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -24,6 +28,8 @@ from coordinator.outer import PARAM
 from protocol.chain import ChainError, Phase
 from protocol.digest import state_digest
 from protocol.formats import save_state
+from protocol.run import passing_trainers
+from protocol.store import LocalStore
 from trainer.adversaries import ADVERSARIES, NODE_ADVERSARIES
 from trainer.node import TrainerNode
 from veriloco.nodes import json_logger, open_chain
@@ -60,12 +66,41 @@ class SkewedCoordinator(CoordinatorNode):
         return True
 
 
+class WithholdingTrainer(TrainerNode):
+    """Honest work; deletes its payload from the store once it has passed, while the epoch is still open."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.withheld: set[int] = set()
+        self._checked = 0.0
+
+    def service(self, force: bool = False) -> None:
+        super().service(force)
+        if time.monotonic() - self._checked >= self.poll_s:
+            self._checked = time.monotonic()
+            self._withhold()
+
+    def _withhold(self) -> None:
+        if not isinstance(self.store, LocalStore):
+            raise TypeError("withhold deletes from a shared LocalStore; this node uses another store")
+        for e in self._pending():
+            if e in self.withheld or self._phase(e) is not Phase.AUDITING:
+                continue
+            if self.me.lower() not in {t.lower() for t in passing_trainers(self.chain, self.run_id, e)}:
+                continue
+            cid = self._dir(e).meta["payload_cid"]
+            with contextlib.suppress(FileNotFoundError):
+                self.store.path_of(cid).unlink()
+            self.withheld.add(e)
+            self.log("withholding", epoch=e, payload=cid)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="adversary_node", description=__doc__)
     p.add_argument("role", choices=["trainer", "coordinator"])
     p.add_argument("--run", type=int, required=True)
     add_connection_args(p, workdir=True)
-    p.add_argument("--behaviour", choices=sorted({*ADVERSARIES, *NODE_ADVERSARIES}), default="forge-final")
+    p.add_argument("--behaviour", choices=sorted({*ADVERSARIES, *NODE_ADVERSARIES, "withhold"}), default="forge-final")
     p.add_argument("--scale", type=float, help="coordinator: finalize the true aggregate times this factor")
     args = p.parse_args(argv)
     s = resolve(args)
@@ -73,6 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.role == "trainer" and args.behaviour in NODE_ADVERSARIES:
         NODE_ADVERSARIES[args.behaviour](chain, open_store(s), args.run, s.workdir / f"trainer-{chain.sender}",
                                          log=json_logger("trainer")).run()
+    elif args.role == "trainer" and args.behaviour == "withhold":
+        WithholdingTrainer(chain, open_store(s), args.run, s.workdir / f"trainer-{chain.sender}",
+                           log=json_logger("trainer")).run()
     elif args.role == "trainer":
         TrainerNode(chain, open_store(s), args.run, s.workdir / f"trainer-{chain.sender}",
                     behaviour=ADVERSARIES[args.behaviour](), log=json_logger("trainer")).run()

@@ -44,15 +44,35 @@ const errors = (output.errors || []).filter((e) => e.severity === "error");
 for (const e of output.errors || []) console.error(e.formattedMessage);
 if (errors.length > 0) process.exit(1);
 
+// Veriloco runs VerilocoModule's functions on its own storage (fallback -> DELEGATECALL), so a client
+// of Veriloco needs both ABIs: the Veriloco artifact carries their union (each entry once).
+const compiled = Object.assign({}, ...Object.values(output.contracts));
+const DELEGATES = { Veriloco: ["VerilocoModule"] };
+function abiOf(name) {
+  const seen = new Set();
+  const abi = [];
+  for (const n of [name, ...(DELEGATES[name] || [])]) {
+    for (const entry of compiled[n].abi) {
+      const key = JSON.stringify(entry);
+      if (!seen.has(key)) {
+        seen.add(key);
+        abi.push(entry);
+      }
+    }
+  }
+  return abi;
+}
+
 mkdirSync(outDir, { recursive: true });
 for (const [file, contracts] of Object.entries(output.contracts)) {
   for (const [name, c] of Object.entries(contracts)) {
+    if (!c.evm.deployedBytecode.object) continue; // abstract: part of the contracts that inherit it
     const artifact = {
       contractName: name,
       sourceName: file,
       compiler: { name: "solc-js", version: solc.version() },
       settings: { evmVersion: settings.evmVersion, viaIR: settings.viaIR, optimizer: settings.optimizer, metadata: settings.metadata },
-      abi: c.abi,
+      abi: abiOf(name),
       bytecode: "0x" + c.evm.bytecode.object,
       deployedBytecode: "0x" + c.evm.deployedBytecode.object,
     };

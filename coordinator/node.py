@@ -72,6 +72,9 @@ class CoordinatorNode:
         if self.chain.sender is None or self.chain.sender.lower() != coordinator.lower():
             raise CoordinatorError(f"run {self.run_id}'s coordinator is {coordinator}; start this node with that key")
         self.globals = VerifiedGlobals(self.chain, self.store, self.ctx, log=self.log)
+        if self.chain.member(self.run_id, self.chain.sender).role == 0:
+            tx = self.chain.stake_coordinator(self.run_id)  # the stake answers for the models it finalizes
+            self.log("staked", gas=tx.gas_used)
         self.log("started")
         for e in range(self.ctx.config.schedule.epochs):
             while not through_outages(functools.partial(self._try_finalize, e), self.log, f"epoch {e}"):

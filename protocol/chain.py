@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from eth_abi import decode as abi_decode
 from eth_account.signers.local import LocalAccount
-from eth_utils import function_abi_to_4byte_selector, to_checksum_address
+from eth_utils import function_abi_to_4byte_selector, keccak, to_checksum_address
 from hexbytes import HexBytes
 from web3 import HTTPProvider, Web3
 from web3.exceptions import TimeExhausted
@@ -71,6 +71,7 @@ __all__ = [
 ]
 
 ARTIFACT_PATH = Path(__file__).resolve().parents[1] / "contracts" / "build" / "Veriloco.json"
+MODULE_ARTIFACT_PATH = ARTIFACT_PATH.with_name("VerilocoModule.json")
 NEVER_EPOCH = 2**32 - 1
 _T = TypeVar("_T")
 
@@ -87,6 +88,23 @@ def artifact() -> dict[str, Any]:
     return data
 
 
+@functools.cache
+def module_runtime() -> bytes:
+    """Runtime code of VerilocoModule, which a Veriloco deployment creates first and delegates to."""
+    try:
+        return bytes.fromhex(json.loads(MODULE_ARTIFACT_PATH.read_text())["deployedBytecode"][2:])
+    except (OSError, ValueError, KeyError) as exc:
+        raise ArtifactMissing(
+            f"cannot read the contract artifact {MODULE_ARTIFACT_PATH}: {exc}; rebuild it with `node contracts/build.mjs`"
+        ) from exc
+
+
+def module_address(contract: str) -> Address:
+    """Where a Veriloco at `contract` keeps its module: the contract's first creation (CREATE, nonce 1)."""
+    raw = bytes.fromhex(to_checksum_address(contract)[2:])
+    return Address(to_checksum_address(keccak(b"\xd6\x94" + raw + b"\x01")[12:]))
+
+
 # ---------------------------------------------------------------- value types
 
 
@@ -97,8 +115,9 @@ class Phase(IntEnum):
     COMMITTING = 1
     REVEALING = 2
     AUDITING = 3
-    FINALIZED = 4
+    FINALIZED = 4  # and its model confirmed by the attestation committee
     ABORTED = 5
+    CONFIRMING = 6  # finalized; the model awaits its attestation committee (docs/contract.md)
 
 
 @dataclass(frozen=True)
@@ -447,10 +466,13 @@ class Chain:
                 f"no contract at {self.address} on chain {self.chain_id}; deploy one with `veriloco deploy` "
                 "or check the address and the RPC URL"
             )
-        if code != expected:
+        module = module_address(self.address)
+        module_code = bytes(_rpc(lambda: self.w3.eth.get_code(to_checksum_address(module)), self.where))
+        if code != expected or module_code != module_runtime():
             raise WrongContract(
                 f"the contract at {self.address} on chain {self.chain_id} is not this Veriloco build "
-                f"({len(code)} bytes of code, expected {len(expected)}); deploy the current build or update veriloco"
+                f"({len(code)} bytes of code, expected {len(expected)}; its module at {module} has "
+                f"{len(module_code)}, expected {len(module_runtime())}); deploy the current build or update veriloco"
             )
         self.contract = self.w3.eth.contract(address=to_checksum_address(self.address), abi=artifact()["abi"])
         self.account = as_account(account)
@@ -579,6 +601,12 @@ class Chain:
             stake = self.run_info(run_id).params.verifier_stake
         return self._transact("joinVerifier", run_id, value=stake)
 
+    def stake_coordinator(self, run_id: int, stake: int | None = None) -> TxResult:
+        """Stake as the run's coordinator (defaults to the verifier stake); needed before finalizing."""
+        if stake is None:
+            stake = self.run_info(run_id).params.verifier_stake
+        return self._transact("stakeCoordinator", run_id, value=stake)
+
     def leave(self, run_id: int) -> TxResult:
         return self._transact("leaveRun", run_id)
 
@@ -638,9 +666,15 @@ class Chain:
         )
 
     def finalize(self, run_id: int, epoch: int, model_cid: str, model_digest: bytes, included: Sequence[str]) -> TxResult:
-        """Submit the aggregate; `included` is sorted here (the contract wants ascending addresses)."""
+        """Submit the aggregate; `included` is sorted here (the contract wants ascending addresses), and
+        the audit seed is fixed first if nobody has yet (the attestation committee is drawn from it)."""
         ordered = sorted((to_checksum_address(a) for a in included), key=lambda a: int(a, 16))
+        self.fix_audit_seed(run_id, epoch)
         return self._transact("finalize", run_id, epoch, model_cid, bytes(model_digest), ordered)
+
+    def attest_model(self, run_id: int, epoch: int, model_digest: bytes, model_cid: str) -> TxResult:
+        """Attest the model digest this node recomputed for a Confirming epoch (committee members only)."""
+        return self._transact("attestModel", run_id, epoch, bytes(model_digest), model_cid)
 
     def settle(self, run_id: int, epoch: int) -> TxResult:
         return self._transact("settle", run_id, epoch)
@@ -675,6 +709,16 @@ class Chain:
         steps, fin, vs = self._call("assignment", run_id, epoch, to_checksum_address(trainer))
         return Assignment(tuple(int(s) for s in steps), bool(fin), tuple(Address(to_checksum_address(v)) for v in vs))
 
+    def model_committee(self, run_id: int, epoch: int) -> list[Address]:
+        """The epoch's attestation committee: assigned like a trainer's verifiers, with the contract's
+        address as the trainer (docs/protocol.md §9); empty until the audit seed is fixed. Read while
+        the epoch is Auditing or Confirming (the verifier list is frozen until the model is confirmed)."""
+        t = self.epoch_times(run_id, epoch)
+        if not t.seeded:
+            return []
+        verifiers = self.participants(run_id)[1][: t.verifier_count]
+        return assigned_verifiers(t.seed, self.address, verifiers, self.run_info(run_id).params.quorum)
+
     def member(self, run_id: int, account: str) -> MemberInfo:
         role, stake, slot, je, le, left = self._call("member", run_id, to_checksum_address(account))
         return MemberInfo(role, Wei(stake), slot, je, None if le == NEVER_EPOCH else le, left)
@@ -685,8 +729,12 @@ class Chain:
         return [Address(to_checksum_address(t)) for t in ts], [Address(to_checksum_address(v)) for v in vs]
 
     def totals(self) -> tuple[Wei, Wei]:
-        """(total staked, total claimable credits): with the contract balance, the accounting invariant."""
+        """(total staked, total claimable credits); with total_burned(), they make up the contract balance."""
         return Wei(int(self._call("totalStaked"))), Wei(int(self._call("totalCredits")))
+
+    def total_burned(self) -> Wei:
+        """Slashed stake nobody earned, locked in the contract for good."""
+        return Wei(int(self._call("totalBurned")))
 
     def credits(self, account: str) -> Wei:
         return Wei(int(self._call("credits", to_checksum_address(account))))

@@ -286,6 +286,18 @@ class Reentrancy(ContractRevert):
     fields = ()
 
 
+class ConflictOfInterest(ContractRevert):
+    """The run's creator and coordinator may not verify in it; use a key with no other role in the run."""
+
+    fields = ("run_id", "account")
+
+
+class NotStaked(ContractRevert):
+    """Finalizing needs an active stake in the run (the coordinator: `Chain.stake_coordinator`)."""
+
+    fields = ("run_id", "account")
+
+
 REVERT_CLASSES: dict[str, type[ContractRevert]] = {
     cls.__name__: cls for cls in ContractRevert.__subclasses__()
 }

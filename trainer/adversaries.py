@@ -104,12 +104,12 @@ class PlantedStartNode(TrainerNode):
         super().__init__(*args, **kw)
         self.plant_epochs, self.scale = frozenset(plant_epochs), scale
 
-    def _start(self, e: int) -> tuple[State, int, bool]:
-        state, g_epoch, continued = super()._start(e)
+    def _start(self, e: int) -> tuple[State, int, str, bool]:
+        state, base_epoch, base_digest, continued = super()._start(e)
         if e in self.plant_epochs:
             self.log("planting", epoch=e, scale=self.scale)
             state = plant_error_buffer(state, self.scale)
-        return state, g_epoch, continued
+        return state, base_epoch, base_digest, continued
 
 
 ADVERSARIES: dict[str, type[Behaviour]] = {"forge-final": ForgeFinal, "stale-copy": StaleCopy}

@@ -22,6 +22,7 @@ from typing import Any
 
 from torch import Tensor
 
+from coordinator.outer import global_params
 from protocol.chain import Chain, ChainError, ChainUnavailable, Phase
 from protocol.digest import state_digest
 from protocol.errors import VerilocoError
@@ -31,6 +32,7 @@ from protocol.formats import (
     canonical_json,
     decode_manifest,
     load_state,
+    save_state,
     spec_of,
 )
 from protocol.outage import TRANSIENT, through_outages
@@ -124,6 +126,7 @@ class VerifierNode:
         self._keep()
         for e in range(max(0, nxt - 3), nxt):
             self._audit_epoch(e)
+            self._finalize_for_a_silent_coordinator(e)
             self._check_aggregate(e)
         if nxt > last and self.chain.epoch_status(self.run_id, last).phase in (Phase.FINALIZED, Phase.ABORTED):
             self._check_aggregate(last)
@@ -291,31 +294,81 @@ class VerifierNode:
         return check_start(m.start.digest, self.spec, g, p0, p_end, self.run_id, e, slot, t, prev_rank)
 
     def _start_model(self, e: int) -> dict[str, Tensor]:
-        """The global model epoch e starts from (G_0 for epoch 0), as the chain's finalized digests name it.
-
-        The one place the start check trusts the coordinator's model: a recomputed, verified global
-        model would be read here instead of `latest_model`. Loaded once per model, not per trainer.
-        """
+        """The global model epoch e starts from (G_0 for epoch 0), recomputed from G_0 and the passing
+        payloads (coordinator/build.py `VerifiedGlobals`), never a model someone else posted."""
         before = e if self.spec.rule is StartRule.BLOCKING else e - 1
-        cid, digest, _ = latest_model(self.chain, self.ctx, max(before, 0))
-        key = bytes(digest)
+        g = self._globals().base(max(before, 0))
+        key = state_digest(g)
         if key not in self._models:  # keep this one and the one before (audits of two epochs overlap)
-            model = params_of(load_model(self.store, cid, digest, self.ctx.param_shapes))
-            self._models = {**dict(list(self._models.items())[-1:]), key: model}
+            self._models = {**dict(list(self._models.items())[-1:]), key: global_params(g)}
         return self._models[key]
 
-    # ------------------------------------------------------------------ aggregate re-check
+    # ------------------------------------------------------------------ aggregate re-check and attestation
 
-    def _check_aggregate(self, e: int) -> None:
-        from coordinator.build import (
-            build_global,  # the verifier re-runs the coordinator's aggregation
-        )
+    def _globals(self) -> Any:
+        from coordinator.build import VerifiedGlobals  # the verifier re-runs the coordinator's aggregation
 
-        key = f"aggregate:{e}"
-        if key in self._done() or self.chain.epoch_status(self.run_id, e).phase is not Phase.FINALIZED:
+        if not hasattr(self, "globals"):
+            self.globals = VerifiedGlobals(self.chain, self.store, self.ctx, self.ledger.parent / "globals", log=self.log)
+        return self.globals
+
+    def _finalize_for_a_silent_coordinator(self, e: int) -> None:
+        """Liveness: once the coordinator's half of the finalize window has passed (it is silent, or
+        was slashed for a wrong model), finalize the recomputed aggregate ourselves; the contract lets
+        any staked member do so, and the attestation committee checks our model like anyone's."""
+        from coordinator.build import build_global
+
+        status = self.chain.epoch_status(self.run_id, e)
+        if status.phase is not Phase.AUDITING:
+            return
+        t = self.chain.epoch_times(self.run_id, e)
+        window = self.ctx.info.params.finalize_window
+        if self.chain.now() < t.finalize_deadline - window // 2:
             return
         try:
-            _, _, digest = build_global(self.chain, self.store, self.ctx, e)
+            state, included, digest = build_global(self.chain, self.store, self.ctx, e, self._globals())
+        except TRANSIENT:
+            raise
+        except (VerilocoError, OSError) as exc:  # content missing for now: a passing verifier puts it back
+            self._once(f"finalize-waiting:{e}", "finalize-waiting", epoch=e, error=str(exc))
+            return
+        cid = self.store.put(save_state(state))
+        self.store.pin(cid)
+        try:
+            tx = self.chain.finalize(self.run_id, e, cid, digest, included)
+        except ChainUnavailable:
+            raise
+        except ChainError as exc:  # someone else was first, or the epoch is not ready yet
+            self._once(f"finalize:{e}", "finalize-failed", epoch=e, error=str(exc))
+            return
+        self.log("finalized", epoch=e, included=len(included), model=cid, gas=tx.gas_used,
+                 reason="the coordinator did not finalize in its window")
+
+    def _check_aggregate(self, e: int) -> None:
+        """Recompute a finalized epoch's model; on its attestation committee, attest what we computed
+        (publishing it, so a corrected model can be fetched), else just check and raise an alarm."""
+        from coordinator.build import build_global
+
+        key = f"aggregate:{e}"
+        phase = self.chain.epoch_status(self.run_id, e).phase
+        if key in self._done() or phase not in (Phase.CONFIRMING, Phase.FINALIZED):
+            return
+        try:
+            state, _, digest = build_global(self.chain, self.store, self.ctx, e, self._globals())
+            if phase is Phase.CONFIRMING:
+                if f"attested:{e}" not in self._done() and self.me in self.chain.model_committee(self.run_id, e):
+                    cid = self.store.put(save_state(state))
+                    self.store.pin(cid)
+                    matches = digest == self.chain.epoch_times(self.run_id, e).model_digest  # the finalizer's
+                    try:
+                        tx = self.chain.attest_model(self.run_id, e, digest, cid)
+                        self.log("attested", epoch=e, model=cid, matches=matches, gas=tx.gas_used)
+                    except ChainUnavailable:
+                        raise
+                    except ChainError as exc:  # attested before a restart, or the window closed
+                        self.log("attest-failed", epoch=e, error=str(exc))
+                    self._record(f"attested:{e}", True)
+                return  # judged once the committee has decided
             ok = digest == self.chain.epoch_times(self.run_id, e).model_digest
         except TRANSIENT:
             raise  # our endpoint, not the coordinator's fault: retried once it is back

@@ -269,6 +269,7 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stdout,
             Chain(info.rpc_url, info.contract, keys[1 + opts.trainers + i]).join_verifier(run_id)
         for i in range(opts.trainers):
             Chain(info.rpc_url, info.contract, keys[1 + i]).join_trainer(run_id)
+        creator.stake_coordinator(run_id)  # the coordinator's stake answers for the models it finalizes
         say(f"{opts.trainers} trainers and {opts.verifiers} verifiers staked; starting the nodes")
         cheat_list = [kind for kind, count in opts.cheats for _ in range(count)]
         nodes: list[NodeProc] = []

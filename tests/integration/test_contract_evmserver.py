@@ -29,6 +29,7 @@ def test_binding_over_the_pyevm_rpc_server() -> None:
         v = Chain(server.url, address, keys[2].key)
         t.chain.join_trainer(run_id)
         v.join_verifier(run_id)
+        coord.stake_coordinator(run_id)
         with pytest.raises(ce.WrongPhase) as wp:
             t.chain.commit(run_id, 5, b"\x01" * 32)
         assert wp.value.args == (run_id, 5, 0, 1)
@@ -40,7 +41,9 @@ def test_binding_over_the_pyevm_rpc_server() -> None:
         t.respond(0)
         v.submit_verdict(run_id, 0, t.address, True, "bafkreievidence")
         coord.finalize(run_id, 0, "bafkreimodel1", b"\x02" * 32, [t.address])
+        assert coord.model_committee(run_id, 0) == [v.sender]
+        v.attest_model(run_id, 0, b"\x02" * 32, "bafkreimodel1")
         st = coord.epoch_status(run_id, 0)
         assert (st.phase, st.passed, st.model_cid) == (Phase.FINALIZED, 1, "bafkreimodel1")
         names = [e.name for e in coord.events(run_id=run_id)]
-        assert names[:2] == ["RunCreated", "TrainerJoined"] and names[-1] == "EpochFinalized"
+        assert names[:2] == ["RunCreated", "TrainerJoined"] and names[-3:] == ["EpochFinalized", "ModelAttested", "ModelConfirmed"]

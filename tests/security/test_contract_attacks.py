@@ -216,7 +216,7 @@ def test_sybil_joins_need_the_full_stake(fresh: PyEvmNet) -> None:
         fresh.chain(OUTSIDER + 1).join_trainer(rid)
     assert rf.value.limit == 2
     staked, _ = r.coord.totals()
-    assert staked == 3 * STAKE + VSTAKE - STAKE  # 2 trainers + 1 verifier; every identity paid in full
+    assert staked == 2 * STAKE + 2 * VSTAKE  # 2 trainers, 1 verifier, the coordinator; every identity paid in full
 
 
 # ---------------------------------------------------------------- verifiers
@@ -242,7 +242,7 @@ def test_a_lying_verifier_cannot_fail_an_honest_trainer_and_is_slashed(fresh: Py
     assert r.coord.assignment(r.run_id, 0, victim.address).verifiers == ()  # the events say who judged
     assert _verifier_slashes(r, 0) == {liar: victim.address}
     assert r.coord.member(r.run_id, liar).stake == VSTAKE // 2 and r.coord.member(r.run_id, liar).leave_epoch == 1
-    assert r.coord.totals()[1] == VSTAKE // 2  # to the creator's credits
+    assert r.coord.totals()[1] == 0 and r.coord.total_burned() == VSTAKE // 2  # burned: the creator gains nothing
     r.open_epoch(1)  # scheduling epoch 1's audit drops the liar from the list
     assert liar not in r.coord.participants(r.run_id)[1]
 
@@ -265,7 +265,8 @@ def test_an_expired_epoch_still_slashes_the_outvoted_verifier(fresh: PyEvmNet) -
     for t in r.trainers:
         t.commit(1)
     for t in r.trainers:
-        t.reveal(1)  # the closing reveal schedules epoch 1's audit: epoch 0 is settled first
+        t.reveal(1)
+    r.coord.start_audit(r.run_id, 1)  # scheduling epoch 1's audit settles epoch 0 first
     assert _verifier_slashes(r, 0) == {liar.sender: victim.address}
     assert r.coord.member(r.run_id, liar.sender).stake == VSTAKE // 2
     assert liar.sender not in r.coord.participants(r.run_id)[1]
@@ -484,7 +485,7 @@ def test_reentrancy_through_withdraw_is_refused(fresh: PyEvmNet, reenter: str) -
     err = decode_revert(bytes(attacker.functions.reentryResult().call()))
     assert isinstance(err, ce.Reentrancy)
     staked, credits = r.coord.totals()
-    assert r.coord.balance() == staked + credits == STAKE + VSTAKE  # the honest trainer's and verifier's stakes
+    assert r.coord.balance() == staked + credits == STAKE + 2 * VSTAKE  # the honest trainer's, verifier's, coordinator's
 
 
 def test_leaving_does_not_dodge_a_slash(fresh: PyEvmNet) -> None:
@@ -506,11 +507,11 @@ def test_leaving_does_not_dodge_a_slash(fresh: PyEvmNet) -> None:
 
 
 def test_the_last_revealer_cannot_predict_its_audit_sample(fresh: PyEvmNet) -> None:
-    """A lazy trainer (half its transitions forged) waits to reveal last and tries to time its reveal
-    for a favourable sample. Under the old seed rule (prevrandao and parent hash of the closing
-    block, both public a block early) it found one within a few blocks; now the seed hashes the
-    closing block itself, which does not exist when the reveal is signed, so the best it can compute
-    beforehand (the same rule over the newest block it sees) is not the seed."""
+    """A lazy trainer (half its transitions forged) reveals last and tries to time the startAudit that
+    schedules the seed for a favourable sample. Under the old seed rule (prevrandao and parent hash
+    of the closing block, both public a block early) it found one within a few blocks; now the seed
+    hashes the scheduling block itself, which does not exist when the call is signed, so the best it
+    can compute beforehand (the same rule over the newest block it sees) is not the seed."""
     r = make_run(fresh, n_trainers=2, n_verifiers=1, quorum=1, audit_steps=2)
     rid, c = r.run_id, r.coord
     honest, grinder = r.trainers
@@ -518,6 +519,7 @@ def test_the_last_revealer_cannot_predict_its_audit_sample(fresh: PyEvmNet) -> N
     honest.commit(0)
     grinder.commit(0)
     honest.reveal(0)
+    grinder.reveal(0)  # reveals close; nothing is scheduled yet
     tries = 0
     while True:
         newest = bytes(fresh.w3.eth.get_block("latest")["hash"])
@@ -526,8 +528,8 @@ def test_the_last_revealer_cannot_predict_its_audit_sample(fresh: PyEvmNet) -> N
             break
         fresh.advance(1)  # one more block, well inside the reveal window
         tries += 1
-    closing = grinder.reveal(0)
-    assert not c.epoch_times(rid, 0).seeded  # scheduled, not fixed, by the closing reveal
+    closing = grinder.chain.start_audit(rid, 0)
+    assert not c.epoch_times(rid, 0).seeded  # scheduled, not fixed, by the first startAudit
     actual = c.fix_audit_seed(rid, 0)
     own_block = bytes(fresh.w3.eth.get_block(closing.block_number)["hash"])
     assert actual == audit_seed(own_block, c.chain_id, c.address, rid, 0)
@@ -543,6 +545,7 @@ def test_the_verifier_list_is_frozen_between_scheduling_and_fixing_the_seed(fres
         t.commit(0)
     for t in r.trainers:
         t.reveal(0)
+    c.start_audit(rid, 0)  # schedules: the seed block's hash is public from here until it is fixed
     _, before = c.participants(rid)
     fresh.chain(VERIFIERS[3]).join_verifier(rid)  # appended past the frozen count
     r.verifiers[0].leave(rid)  # waits: removing it would move the last entry into its place
@@ -558,6 +561,7 @@ def _finalize_gas(net: PyEvmNet, idle: int) -> int:
     """Gas of finalizing a one-trainer epoch in a fresh run that `idle` passers-by joined and left first."""
     coord = net.chain(COORD)
     rid = coord.create_run(params(net.accounts[COORD], quorum=1, unbonding_delay=0))
+    coord.stake_coordinator(rid)
     for k in range(idle):
         passer = net.chain(2 + k)
         passer.join_trainer(rid)

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from coordinator.build import VerifiedGlobals
 from coordinator.node import CoordinatorNode
 from protocol import merkle
 from protocol.chain import Phase, build_response
@@ -64,6 +65,7 @@ def _passed_and_deleted(tmp_path: Path) -> dict[str, Any]:
     spec = RoundSpec.from_config(cfg)
     rank, steps = Schedule(net.chain(COORDINATOR), store, ctx, spec).for_epoch(0)
     net.chain(VERIFIER).join_verifier(run_id)
+    net.chain(COORDINATOR).stake_coordinator(run_id)
     t = net.chain(TRAINER)
     t.join_trainer(run_id)
     me = t.sender
@@ -97,6 +99,7 @@ def _passed_and_deleted(tmp_path: Path) -> dict[str, Any]:
     clog = Log()
     coordinator = CoordinatorNode(net.chain(COORDINATOR), store, run_id, log=clog, evaluate=False)
     coordinator.ctx = ctx
+    coordinator.globals = VerifiedGlobals(coordinator.chain, store, ctx)  # what run() sets up too
     return {"net": net, "store": store, "run_id": run_id, "trainer": me, "payload": Cid(payload),
             "verifier": verifier, "vlog": vlog, "coordinator": coordinator, "clog": clog, "cfg": cfg}
 
@@ -113,6 +116,9 @@ def test_the_verifier_puts_the_payload_back_and_the_epoch_finalizes(tmp_path: Pa
     verifier._keep()
     assert w["vlog"].events("republished") == [{"epoch": 0, "payload": w["payload"]}]
     assert coordinator._try_finalize(0)
+    assert chain.epoch_status(run_id, 0).phase is Phase.CONFIRMING
+    verifier._check_aggregate(0)  # the verifier is the attestation committee: it recomputes and attests
+    assert [e["matches"] for e in w["vlog"].events("attested")] == [True]
     assert chain.epoch_status(run_id, 0).phase is Phase.FINALIZED
     assert chain.events(["EpochFinalized"], run_id=run_id, epoch=0)[0].args["included"] == 1
     assert passing_trainers(chain, run_id, 0) == [w["trainer"]]  # the contract's passing set, exactly

@@ -1,0 +1,720 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity 0.8.37;
+
+import {VerilocoAudit} from "./VerilocoAudit.sol";
+
+/// @title VerilocoBase: the state, errors, events and internal rules Veriloco and VerilocoModule share
+/// @dev Veriloco runs VerilocoModule's code by DELEGATECALL on its own storage, so both inherit this
+///      one layout; nothing here may be reordered without redeploying both. Byte formats follow
+///      docs/protocol.md §3-§5; phases are derived from stored facts and block.timestamp (never stored
+///      as an enum), so deadlines need no keeper transaction. See docs/contract.md.
+abstract contract VerilocoBase is VerilocoAudit {
+    // ------------------------------------------------------------------ types
+
+    /// @notice Phase of an epoch, as returned by epochStatus.
+    enum Phase {
+        NotStarted,
+        Committing,
+        Revealing,
+        Auditing,
+        Finalized,
+        Aborted,
+        Confirming // finalized, its model awaiting the attestation committee (appended: 0-5 keep their meaning)
+    }
+
+    /// @notice The fields of a run config the contract enforces (the rest lives behind configCid).
+    struct RunParams {
+        string configCid;
+        bytes32 configDigest;
+        string initModelCid;
+        bytes32 initModelDigest;
+        address coordinator;
+        uint32 minTrainers;
+        uint32 maxTrainers;
+        uint32 maxVerifiers;
+        uint32 commitWindow;
+        uint32 revealWindow;
+        uint32 responseWindow;
+        uint32 verdictWindow;
+        uint32 finalizeWindow;
+        uint32 unbondingDelay;
+        uint16 auditSteps;
+        uint16 finalCheckBps;
+        uint16 quorum;
+        uint16 slashBps;
+        uint128 trainerStake;
+        uint128 verifierStake;
+    }
+
+    struct Run {
+        RunParams p;
+        // one slot: read by nearly every call
+        address creator; // zero for an unknown run id
+        uint32 nextEpoch; // epochs [0, nextEpoch) are opened
+        uint32 activeTrainers;
+        uint32 trainerSlots; // high-water mark of slots; a withdrawn trainer's slot is handed out again
+    }
+
+    struct Epoch {
+        // slot A: timestamps (0 = not yet)
+        uint64 openedAt;
+        uint64 allCommittedAt;
+        uint64 allRevealedAt;
+        uint64 doneAt; // finalized, settled, or materialised abort time
+        // slot B: counters
+        uint32 expected;
+        uint32 committed;
+        uint32 revealed;
+        uint32 responded;
+        uint32 passed;
+        uint32 failedVerdicts;
+        uint32 verifierCount;
+        bool finalized;
+        bool settled;
+        bool seeded;
+        // further slots
+        bytes32 seed; // before `seeded`: the number of the block whose hash will seed the audit (0 = not scheduled)
+        bytes32 modelDigest;
+        string modelCid;
+        // slot C: model confirmation
+        address finalizer; // who finalized: loses slashBps of its stake if the committee proves the model wrong
+        uint64 finalizedAt; // the attestation window runs for verdictWindow from here
+        uint16 attested; // committee members (by index) that attested
+        bool confirmed;
+        // slot D
+        uint64 seededAt; // when the audit seed was fixed (a seed fixed late excuses missing responses)
+    }
+
+    /// @dev One slot per member.
+    struct Member {
+        uint96 stake;
+        uint32 slot; // trainer slot, or index+1 in the verifier list (0 = removed)
+        uint32 joinEpoch;
+        uint32 leaveEpoch; // NEVER_EPOCH while active
+        uint48 leftAt;
+        uint8 role; // ROLE_*
+        bool pendingRemoval; // verifier left while an audit was running
+    }
+
+    // A trainer's epoch record is a 64-bit lane, four per storage word, indexed by trainer slot:
+    // bits 0-23 leafCount, 24-31 state (SUB_*), 32-47 pass-vote mask, 48-63 fail-vote mask (bit j =
+    // assignment index j). Its commitment, then its trace root, lives in `hashes`. Sharing words
+    // keeps a trainer's epoch within the gas budget (a fresh slot costs 22k gas, a shared one 5k),
+    // and so does reusing a trainer's hash slot every third epoch (HASH_SLOTS): at most three
+    // epochs are ever live (e-1 whose trace the audit of e refers to, e auditing, e+1 committing).
+    uint256 internal constant LANE_MASK = 0xFFFFFFFFFFFFFFFF;
+    uint256 internal constant HASH_SLOTS = 3;
+    uint8 internal constant SUB_NONE = 0;
+    uint8 internal constant SUB_COMMITTED = 1;
+    uint8 internal constant SUB_REVEALED = 2;
+    uint8 internal constant SUB_RESPONDED = 3;
+
+    uint8 internal constant ROLE_NONE = 0;
+    uint8 internal constant ROLE_TRAINER = 1;
+    uint8 internal constant ROLE_VERIFIER = 2;
+    uint8 internal constant ROLE_COORDINATOR = 3;
+
+    /// @notice Reasons carried by Slashed.
+    uint8 public constant SLASH_NO_REVEAL = 1;
+    uint8 public constant SLASH_NO_RESPONSE = 2;
+    uint8 public constant SLASH_FAILED_AUDIT = 3;
+
+    bytes32 public constant COMMIT_TAG = keccak256("veriloco.commit.v1");
+    bytes32 public constant AUDIT_TAG = keccak256("veriloco.audit.v1");
+
+    uint64 internal constant NEVER = type(uint64).max;
+    uint32 internal constant NEVER_EPOCH = type(uint32).max;
+    uint256 internal constant MAX_LEAVES = (1 << 24) - 1;
+
+    // ------------------------------------------------------------------ storage
+
+    /// @notice Number of runs created; run ids are 1..runCount.
+    uint256 public runCount;
+    /// @notice Sum of all stakes the contract holds (active, leaving and unbonding).
+    uint256 public totalStaked;
+    /// @notice Sum of all claimable credits (bounties: slashed stake paid to the verifiers who proved the fault).
+    uint256 public totalCredits;
+    /// @notice Slashed stake nobody earned (missing reveals or responses, outvoted verifiers, rounding): locked forever.
+    uint256 public totalBurned;
+    /// @notice Claimable balance per account (pull payment).
+    mapping(address => uint256) public credits;
+
+    mapping(uint256 => Run) internal runs;
+    mapping(uint256 => mapping(uint256 => Epoch)) internal epochs;
+    /// @dev run => trainer => epoch % HASH_SLOTS => the commitment until the reveal, the trace root
+    ///      after it (the commitment stays in the Committed event; the payload digest and CID are in
+    ///      the Revealed event). Valid for an epoch while the trainer has not committed 3 epochs later.
+    mapping(uint256 => mapping(address => mapping(uint256 => bytes32))) internal hashes;
+    mapping(uint256 => mapping(uint256 => mapping(uint256 => uint256))) internal lanes;
+    mapping(uint256 => mapping(address => uint32)) internal slotPlusOne; // until the trainer withdraws
+    mapping(uint256 => mapping(address => Member)) internal members;
+    mapping(uint256 => mapping(uint256 => address)) internal slotTrainer; // current or last holder
+    /// @dev Slots of withdrawn trainers, handed out again first: finalize scans every slot, so join /
+    ///      leave / withdraw churn must not grow the slot count (it is bounded by peak membership).
+    mapping(uint256 => uint32[]) internal freeSlots;
+    mapping(uint256 => address[]) internal verifierList;
+    mapping(uint256 => address[]) internal pendingVerifierRemovals;
+    /// @dev run => epoch => model digest => mask of attestation-committee indices that attested it.
+    mapping(uint256 => mapping(uint256 => mapping(bytes32 => uint256))) internal modelVotes;
+
+    uint256 private locked = 1;
+
+    // ------------------------------------------------------------------ errors
+
+    /// @notice The run id does not exist.
+    error UnknownRun(uint256 runId);
+    /// @notice createRun was given an unusable parameter; `reason` (ASCII, zero-padded) names it.
+    /// @dev bytes32, not string: some clients misread a lone-string custom error as Error(string).
+    error InvalidParams(bytes32 reason);
+    /// @notice The epoch is in phase `actual`, the call needs phase `expected`.
+    error WrongPhase(uint256 runId, uint256 epoch, uint8 actual, uint8 expected);
+    /// @notice The attached value is not the required stake.
+    error WrongStake(uint256 actual, uint256 expected);
+    /// @notice The account already has a role in this run.
+    error AlreadyJoined(uint256 runId, address account);
+    /// @notice The run already has `limit` active members of this role.
+    error RunFull(uint256 runId, uint256 limit);
+    /// @notice The account is not an active trainer of the run.
+    error NotTrainer(uint256 runId, address account);
+    /// @notice The account is not a verifier of the run.
+    error NotVerifier(uint256 runId, address account);
+    /// @notice The trainer does not take part in this epoch (joined later or left earlier).
+    error NotEligible(uint256 runId, uint256 epoch, address trainer, uint256 joinEpoch, uint256 leaveEpoch);
+    /// @notice Only the next epoch can open, and only once the previous one is auditing.
+    error EpochNotOpen(uint256 runId, uint256 epoch, uint256 nextEpoch);
+    /// @notice A commitment may not be zero.
+    error ZeroCommitment();
+    /// @notice The trainer already committed in this epoch.
+    error AlreadyCommitted(uint256 runId, uint256 epoch, address trainer);
+    /// @notice The trainer has not committed in this epoch.
+    error NotCommitted(uint256 runId, uint256 epoch, address trainer);
+    /// @notice The trainer already revealed in this epoch.
+    error AlreadyRevealed(uint256 runId, uint256 epoch, address trainer);
+    /// @notice The revealed values hash to `actual`, but the trainer committed `expected`.
+    error RevealMismatch(uint256 runId, uint256 epoch, address trainer, bytes32 actual, bytes32 expected);
+    /// @notice A trace needs between `minimum` (one inner step) and `maximum` leaves.
+    error BadLeafCount(uint256 actual, uint256 minimum, uint256 maximum);
+    /// @notice The trainer has not revealed in this epoch.
+    error NotRevealed(uint256 runId, uint256 epoch, address trainer);
+    /// @notice The trainer already answered its audit.
+    error AlreadyResponded(uint256 runId, uint256 epoch, address trainer);
+    /// @notice The deadline `deadline` has passed (block time `nowTs`).
+    error DeadlinePassed(uint256 runId, uint256 epoch, uint256 deadline, uint256 nowTs);
+    /// @notice An audit response has the wrong number of leaves or proof words.
+    error BadResponseLength(uint256 leaves, uint256 expectedLeaves, uint256 proofWords, uint256 expectedProofWords);
+    /// @notice The Merkle proof for leaf `leafIndex` does not lead to the revealed trace root.
+    error InvalidProof(uint256 runId, uint256 epoch, address trainer, uint256 leafIndex);
+    /// @notice The audit seed is not fixed yet: it is the hash of block `seedBlock` (0 = not scheduled),
+    ///         fixed by a startAudit call in any later block. Call startAudit, then retry.
+    error AuditSeedPending(uint256 runId, uint256 epoch, uint256 seedBlock);
+    /// @notice The trainer has not answered its audit, so it cannot be judged yet.
+    error NotResponded(uint256 runId, uint256 epoch, address trainer);
+    /// @notice The verifier is not assigned to this trainer in this epoch.
+    error NotAssigned(uint256 runId, uint256 epoch, address trainer, address verifier);
+    /// @notice The verifier already judged this trainer in this epoch.
+    error AlreadyVoted(uint256 runId, uint256 epoch, address trainer, address verifier);
+    /// @notice Only the run's coordinator may finalize before the finalize deadline.
+    error NotCoordinator(uint256 runId, address caller, address coordinator);
+    /// @notice Verdicts are still outstanding: `decided` of `committed` trainers are decided, until `deadline`.
+    error NotReady(uint256 runId, uint256 epoch, uint256 decided, uint256 committed, uint256 deadline);
+    /// @notice includedTrainers must be strictly ascending by address; entry `index` is not.
+    error NotSorted(uint256 index);
+    /// @notice An included trainer has no passing verdict quorum.
+    error NotPassing(uint256 runId, uint256 epoch, address trainer);
+    /// @notice `included` trainers were included, but `passed` trainers passed: a passing trainer was left out.
+    error PassingOmitted(uint256 runId, uint256 epoch, uint256 included, uint256 passed);
+    /// @notice The epoch cannot be settled before its finalize deadline `deadline`.
+    error NotExpired(uint256 runId, uint256 epoch, uint256 deadline, uint256 nowTs);
+    /// @notice The account has not left the run, so its stake is still bonded.
+    error NotLeaving(uint256 runId, address account);
+    /// @notice The stake unbonds at `availableAt` (block time `nowTs`).
+    error StillBonded(uint256 runId, address account, uint256 availableAt, uint256 nowTs);
+    /// @notice Epoch `epoch` the account took part in is not settled yet; finalize or settle it first.
+    error EpochNotSettled(uint256 runId, uint256 epoch);
+    /// @notice The account has nothing to withdraw or claim.
+    error NothingToWithdraw(address account);
+    /// @notice Sending `amount` wei to `account` failed.
+    error TransferFailed(address account, uint256 amount);
+    /// @notice The run's creator and coordinator may not verify in it (they would judge their own run).
+    error ConflictOfInterest(uint256 runId, address account);
+    /// @notice The caller has no active stake in the run that would answer for a wrong model.
+    error NotStaked(uint256 runId, address account);
+    /// @notice A state-changing call re-entered the contract.
+    error Reentrancy();
+
+    // ------------------------------------------------------------------ events
+
+    /// @notice A run was created.
+    event RunCreated(uint256 indexed runId, address indexed creator, address indexed coordinator, string configCid, bytes32 configDigest);
+    /// @notice A trainer staked and received `slot`; it takes part from `joinEpoch` on.
+    event TrainerJoined(uint256 indexed runId, address indexed trainer, uint256 slot, uint256 stake, uint256 joinEpoch);
+    /// @notice A verifier staked and joined the verifier list.
+    event VerifierJoined(uint256 indexed runId, address indexed verifier, uint256 stake);
+    /// @notice A trainer left; it takes no part in epochs from `leaveEpoch` on.
+    event TrainerLeft(uint256 indexed runId, address indexed trainer, uint256 leaveEpoch);
+    /// @notice A verifier left; `removed` is false while an audit still needs the list unchanged.
+    event VerifierLeft(uint256 indexed runId, address indexed verifier, bool removed);
+    /// @notice A verifier that had left was removed from the verifier list.
+    event VerifierRemoved(uint256 indexed runId, address indexed verifier);
+    /// @notice An epoch opened with `expected` eligible trainers (first commitment of the epoch).
+    event EpochOpened(uint256 indexed runId, uint256 indexed epoch, uint256 expected, uint256 commitDeadline);
+    /// @notice A trainer committed.
+    event Committed(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, bytes32 commitment);
+    /// @notice A trainer revealed its payload and trace root.
+    event Revealed(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, string payloadCid, bytes32 payloadDigest, bytes32 traceRoot, uint32 leafCount);
+    /// @notice Reveals closed: the audit seed will be the hash of block `seedBlock`, and assignment
+    ///         draws from the first `verifierCount` verifiers of the list (frozen until the audit ends).
+    event AuditScheduled(uint256 indexed runId, uint256 indexed epoch, uint256 seedBlock, uint256 verifierCount);
+    /// @notice The audit seed of an epoch was fixed.
+    event AuditStarted(uint256 indexed runId, uint256 indexed epoch, bytes32 seed, uint256 verifierCount);
+    /// @notice A trainer answered its audit; the proven leaf digests are in the manifest (and the calldata).
+    event Responded(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, string manifestCid);
+    /// @notice A verifier judged a trainer.
+    event VerdictSubmitted(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, address verifier, bool passed, string evidenceCid);
+    /// @notice The coordinator's new model was accepted.
+    event EpochFinalized(uint256 indexed runId, uint256 indexed epoch, string modelCid, bytes32 modelDigest, uint256 included);
+    /// @notice The run's coordinator staked; its stake answers for the models it finalizes.
+    event CoordinatorStaked(uint256 indexed runId, address indexed coordinator, uint256 stake);
+    /// @notice A member of an epoch's attestation committee attested the model digest it recomputed.
+    event ModelAttested(uint256 indexed runId, uint256 indexed epoch, address indexed verifier, bytes32 modelDigest);
+    /// @notice A committee majority confirmed the epoch's model; `corrected` when it replaced the
+    ///         finalizer's digest (the finalizer then lost `slashed` to the attesters).
+    event ModelConfirmed(uint256 indexed runId, uint256 indexed epoch, bytes32 modelDigest, string modelCid, bool corrected, uint256 slashed);
+    /// @notice An epoch whose coordinator missed the finalize deadline was settled (slashes applied, no model).
+    event EpochSettled(uint256 indexed runId, uint256 indexed epoch);
+    /// @notice An assigned verifier voted against the majority verdict on `trainer` and lost `amount`
+    ///         of its stake; it is also removed from the verifier list when the next audit is scheduled.
+    event VerifierSlashed(uint256 indexed runId, uint256 indexed epoch, address indexed verifier, address trainer, uint256 amount);
+    /// @notice A trainer lost `amount` of its stake for `reason` (SLASH_*); it is also removed from the run.
+    event Slashed(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, uint256 amount, uint8 reason);
+    /// @notice A member withdrew its remaining stake.
+    event Withdrawn(uint256 indexed runId, address indexed account, uint256 amount);
+    /// @notice An account claimed its credits (bounties).
+    event Claimed(address indexed account, uint256 amount);
+
+    // ------------------------------------------------------------------ modifiers
+
+    modifier nonReentrant() {
+        if (locked != 1) revert Reentrancy();
+        locked = 2;
+        _;
+        locked = 1;
+    }
+
+    // ------------------------------------------------------------------ internals: companions
+
+    /// @dev The module Veriloco deploys from its constructor (its first creation, nonce 1), found from
+    ///      Veriloco's own address: no storage, no immutable, so the runtime code is the same everywhere.
+    function _module() internal view returns (address) {
+        return address(uint160(uint256(keccak256(abi.encodePacked(bytes2(0xd694), address(this), bytes1(0x01))))));
+    }
+
+    /// @dev docs/protocol.md §4.
+    function _commitment(uint256 runId, uint256 epoch, address trainer, bytes32 payloadDigest, bytes32 traceRoot, uint32 leafCount, bytes32 salt)
+        internal
+        view
+        returns (bytes32)
+    {
+        return keccak256(abi.encode(COMMIT_TAG, block.chainid, address(this), runId, epoch, trainer, payloadDigest, traceRoot, leafCount, salt));
+    }
+
+    // ------------------------------------------------------------------ internals: model confirmation
+
+    function _confirm(uint256 runId, uint256 epoch, Epoch storage ep, bool corrected, uint256 slashed) internal {
+        ep.confirmed = true;
+        ep.doneAt = uint64(block.timestamp);
+        emit ModelConfirmed(runId, epoch, ep.modelDigest, ep.modelCid, corrected, slashed);
+    }
+
+
+    // ------------------------------------------------------------------ internals: phases
+
+    function _run(uint256 runId) internal view returns (Run storage r) {
+        r = runs[runId];
+        if (r.creator == address(0)) revert UnknownRun(runId);
+    }
+
+    function _open(uint256 runId, Run storage r, uint256 epoch) internal {
+        if (epoch > 0) {
+            Phase prev = _phase(runId, r, epoch - 1);
+            if (prev == Phase.Committing || prev == Phase.Revealing) revert EpochNotOpen(runId, epoch, r.nextEpoch);
+            if (epoch > 1) {
+                // pin the done time of epoch-2 so later phase derivations recurse at most one level
+                // and apply its slashes if its coordinator let it expire unsettled
+                Epoch storage old = epochs[runId][epoch - 2];
+                if (old.doneAt == 0) old.doneAt = _doneAt(runId, r, epoch - 2);
+                if (!old.finalized && !old.settled) _settle(runId, r, epoch - 2, old);
+            }
+        }
+        Epoch storage ep = epochs[runId][epoch];
+        ep.openedAt = uint64(block.timestamp);
+        ep.expected = r.activeTrainers;
+        r.nextEpoch = uint32(epoch + 1);
+        emit EpochOpened(runId, epoch, r.activeTrainers, block.timestamp + r.p.commitWindow);
+    }
+
+    function _phase(uint256 runId, Run storage r, uint256 epoch) internal view returns (Phase) {
+        if (epoch >= r.nextEpoch) return Phase.NotStarted;
+        Epoch storage ep = epochs[runId][epoch];
+        if (ep.finalized) {
+            if (ep.confirmed) return Phase.Finalized;
+            return block.timestamp < uint256(ep.finalizedAt) + r.p.verdictWindow ? Phase.Confirming : Phase.Aborted;
+        }
+        if (ep.settled) return Phase.Aborted;
+        uint64 cc = _commitsClose(runId, r, epoch);
+        if (cc == NEVER || block.timestamp < cc) return Phase.Committing;
+        if (ep.committed < r.p.minTrainers) return Phase.Aborted;
+        uint256 rc = ep.allRevealedAt != 0 ? ep.allRevealedAt : uint256(cc) + r.p.revealWindow;
+        if (block.timestamp < rc) return Phase.Revealing;
+        if (block.timestamp >= rc + r.p.responseWindow + r.p.verdictWindow + r.p.finalizeWindow) return Phase.Aborted;
+        return Phase.Auditing;
+    }
+
+    /// @dev When commits close: the own deadline (or the moment all expected trainers committed), but
+    ///      never before the previous epoch is done (one-step delay: at most one epoch auditing while
+    ///      the next commits). NEVER while the previous epoch is still open.
+    function _commitsClose(uint256 runId, Run storage r, uint256 epoch) internal view returns (uint64) {
+        Epoch storage ep = epochs[runId][epoch];
+        uint64 own = ep.allCommittedAt != 0 ? ep.allCommittedAt : ep.openedAt + r.p.commitWindow;
+        if (epoch == 0) return own;
+        uint64 prevDone = _doneAt(runId, r, epoch - 1);
+        return prevDone > own ? prevDone : own;
+    }
+
+    function _revealsClose(uint256 runId, Run storage r, uint256 epoch) internal view returns (uint256) {
+        Epoch storage ep = epochs[runId][epoch];
+        if (ep.allRevealedAt != 0) return ep.allRevealedAt;
+        uint64 cc = _commitsClose(runId, r, epoch);
+        if (cc == NEVER) return NEVER;
+        return uint256(cc) + r.p.revealWindow;
+    }
+
+    function _finalizeDeadline(uint256 runId, Run storage r, uint256 epoch) internal view returns (uint256) {
+        uint256 rc = _revealsClose(runId, r, epoch);
+        if (rc == NEVER) return NEVER;
+        return rc + r.p.responseWindow + r.p.verdictWindow + r.p.finalizeWindow;
+    }
+
+    /// @dev The time an opened epoch became Finalized (its model confirmed) or Aborted, or NEVER if it has not yet.
+    function _doneAt(uint256 runId, Run storage r, uint256 epoch) internal view returns (uint64) {
+        Epoch storage ep = epochs[runId][epoch];
+        if (ep.doneAt != 0) return ep.doneAt;
+        if (ep.finalized) {
+            // unconfirmed: aborted when the attestation window ends without a majority
+            uint256 end = uint256(ep.finalizedAt) + r.p.verdictWindow;
+            return block.timestamp >= end ? uint64(end) : NEVER;
+        }
+        uint64 cc = _commitsClose(runId, r, epoch);
+        if (cc == NEVER || block.timestamp < cc) return NEVER;
+        if (ep.committed < r.p.minTrainers) return cc;
+        uint256 fd = (ep.allRevealedAt != 0 ? ep.allRevealedAt : uint256(cc) + r.p.revealWindow) + r.p.responseWindow
+            + r.p.verdictWindow + r.p.finalizeWindow;
+        return block.timestamp >= fd ? uint64(fd) : NEVER;
+    }
+
+    /// @dev True once an epoch's slashes (if any) are applied and its model is decided: finalized and
+    ///      confirmed (or its attestation window over: a finalizer answers for its model until then),
+    ///      settled, or aborted for too few trainers.
+    function _settled(uint256 runId, Run storage r, uint256 epoch) internal view returns (bool) {
+        if (epoch >= r.nextEpoch) return true;
+        Epoch storage ep = epochs[runId][epoch];
+        if (ep.finalized) return _doneAt(runId, r, epoch) != NEVER;
+        if (ep.settled) return true;
+        uint64 cc = _commitsClose(runId, r, epoch);
+        return cc != NEVER && block.timestamp >= cc && ep.committed < r.p.minTrainers;
+    }
+
+    /// @dev True while an epoch with a scheduled or fixed seed is not finalized or settled: the
+    ///      verifier list must not change, since assignments (and the slashing of verifiers who voted
+    ///      against the majority, applied at finalize or settle) index into it.
+    function _auditRunning(uint256 runId, Run storage r) internal view returns (bool) {
+        uint256 n = r.nextEpoch;
+        for (uint256 k = 1; k <= 2 && k <= n; k++) {
+            Epoch storage ep = epochs[runId][n - k];
+            // the attestation committee indexes into the list too: frozen until the model is confirmed
+            if (ep.seed != bytes32(0) && !ep.settled && (!ep.finalized || _doneAt(runId, r, n - k) == NEVER)) return true;
+        }
+        return false;
+    }
+
+    function _failed(uint256 runId, Run storage r, uint256 epoch, Epoch storage ep) internal view returns (uint32) {
+        // an epoch aborted for too few trainers never reveals: nobody failed
+        if (ep.committed < r.p.minTrainers) return 0;
+        uint256 rc = _revealsClose(runId, r, epoch);
+        if (rc == NEVER || block.timestamp < rc) return 0;
+        uint32 f = (ep.committed - ep.revealed) + ep.failedVerdicts;
+        if (block.timestamp >= rc + r.p.responseWindow) f += ep.revealed - ep.responded;
+        return f;
+    }
+
+    // ------------------------------------------------------------------ internals: audit
+
+    /// @dev Reveals closed: the seed will be this block's hash. The verifier list is frozen from here
+    ///      (joins append past verifierCount; leaves wait), so nobody who learns the hash can steer
+    ///      the assignment by reordering the list before the seed is fixed.
+    function _scheduleSeed(uint256 runId, Run storage r, uint256 epoch, Epoch storage ep) internal {
+        if (epoch > 0) {
+            // the previous epoch is over (commits of this one closed after it was done); if it expired
+            // unsettled, apply its slashes now, while the list its verdicts index into is unchanged
+            Epoch storage prev = epochs[runId][epoch - 1];
+            if (prev.seed != bytes32(0) && !prev.finalized && !prev.settled) _settle(runId, r, epoch - 1, prev);
+        }
+        // verifiers that left (or were slashed) during the previous audit leave the list now
+        address[] storage pending = pendingVerifierRemovals[runId];
+        while (pending.length > 0) {
+            address v = pending[pending.length - 1];
+            pending.pop();
+            if (members[runId][v].pendingRemoval) _removeVerifier(runId, v);
+        }
+        uint32 vc = uint32(verifierList[runId].length);
+        ep.verifierCount = vc;
+        ep.seed = bytes32(block.number);
+        emit AuditScheduled(runId, epoch, block.number, vc);
+    }
+
+    /// @dev seed = keccak(abi.encode(AUDIT_TAG, chainid, this, runId, epoch, blockhash(seedBlock))).
+    function _fixSeed(uint256 runId, uint256 epoch, Epoch storage ep, bytes32 blockHash) internal {
+        bytes32 seed = keccak256(abi.encode(AUDIT_TAG, block.chainid, address(this), runId, epoch, blockHash));
+        ep.seed = seed;
+        ep.seeded = true;
+        ep.seededAt = uint64(block.timestamp);
+        emit AuditStarted(runId, epoch, seed, ep.verifierCount);
+    }
+
+    function _removeVerifier(uint256 runId, address v) internal {
+        Member storage m = members[runId][v];
+        m.pendingRemoval = false;
+        if (m.slot == 0) return;
+        address[] storage list = verifierList[runId];
+        uint256 idx = m.slot - 1;
+        address last = list[list.length - 1];
+        list[idx] = last;
+        members[runId][last].slot = uint32(idx + 1);
+        list.pop();
+        m.slot = 0;
+        emit VerifierRemoved(runId, v);
+    }
+
+    function _needed(Run storage r, Epoch storage ep) internal view returns (uint256) {
+        return r.p.quorum < ep.verifierCount ? r.p.quorum : ep.verifierCount;
+    }
+
+    /// @dev Passed: responded and pass votes from a majority of the q assigned verifiers (q = quorum
+    ///      capped by the verifier count at scheduling; with no verifiers nobody passes). One lying
+    ///      verifier can neither fail an honest trainer nor pass a cheater on its own once q >= 3.
+    function _isPassed(Run storage r, uint256 lane, Epoch storage ep) internal view returns (bool) {
+        uint256 q = _needed(r, ep);
+        return uint8(lane >> 24) == SUB_RESPONDED && q > 0 && _popcount16(uint16(lane >> 32)) > q / 2;
+    }
+
+    function _popcount16(uint16 x) internal pure returns (uint16 n) {
+        while (x != 0) {
+            x &= x - 1;
+            n++;
+        }
+    }
+
+    function _slotOf(uint256 runId, address trainer) internal view returns (uint32) {
+        uint32 sp = slotPlusOne[runId][trainer];
+        if (sp == 0) revert NotTrainer(runId, trainer);
+        return sp - 1;
+    }
+
+    function _lane(uint256 runId, uint256 epoch, uint256 slot) internal view returns (uint256) {
+        return (lanes[runId][epoch][slot >> 2] >> ((slot & 3) << 6)) & LANE_MASK;
+    }
+
+    function _setLane(uint256 runId, uint256 epoch, uint256 slot, uint256 lane) internal {
+        uint256 sh = (slot & 3) << 6;
+        mapping(uint256 => uint256) storage ws = lanes[runId][epoch];
+        ws[slot >> 2] = (ws[slot >> 2] & ~(LANE_MASK << sh)) | (lane << sh);
+    }
+
+    function _verdictEpoch(uint256 runId, Run storage r, uint256 epoch) internal view returns (Epoch storage ep) {
+        Phase ph = _phase(runId, r, epoch);
+        if (ph != Phase.Auditing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Auditing));
+        uint256 deadline = _revealsClose(runId, r, epoch) + r.p.responseWindow + r.p.verdictWindow;
+        if (block.timestamp >= deadline) revert DeadlinePassed(runId, epoch, deadline, block.timestamp);
+        ep = epochs[runId][epoch];
+    }
+
+    function _verdict(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, address trainer, bool passed, string calldata evidenceCid) internal {
+        uint32 sp = slotPlusOne[runId][trainer];
+        uint256 lane = sp == 0 ? 0 : _lane(runId, epoch, sp - 1);
+        if (uint8(lane >> 24) != SUB_RESPONDED) revert NotResponded(runId, epoch, trainer);
+        uint256 q = _needed(r, ep);
+        uint256[] memory idx = _assigned(ep.seed, trainer, q, ep.verifierCount);
+        address[] storage list = verifierList[runId];
+        uint256 j = 0;
+        for (; j < q; j++) {
+            if (list[idx[j]] == msg.sender) break;
+        }
+        if (j == q) revert NotAssigned(runId, epoch, trainer, msg.sender);
+        uint256 passBit = uint256(1) << (32 + j);
+        uint256 failBit = uint256(1) << (48 + j);
+        if (lane & (passBit | failBit) != 0) revert AlreadyVoted(runId, epoch, trainer, msg.sender);
+        // decided the moment one side reaches a majority of the q assigned verifiers
+        if (passed) {
+            lane |= passBit;
+            if (_popcount16(uint16(lane >> 32)) == q / 2 + 1) ep.passed += 1;
+        } else {
+            lane |= failBit;
+            if (_popcount16(uint16(lane >> 48)) == q / 2 + 1) ep.failedVerdicts += 1;
+        }
+        _setLane(runId, epoch, sp - 1, lane);
+        emit VerdictSubmitted(runId, epoch, trainer, msg.sender, passed, evidenceCid);
+    }
+
+    function _checkIncluded(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, address[] calldata included) internal view {
+        address prev = address(0);
+        for (uint256 i = 0; i < included.length; i++) {
+            address t = included[i];
+            if (t <= prev) revert NotSorted(i);
+            prev = t;
+            uint32 sp = slotPlusOne[runId][t];
+            if (sp == 0 || !_isPassed(r, _lane(runId, epoch, sp - 1), ep)) revert NotPassing(runId, epoch, t);
+        }
+        if (included.length != ep.passed) revert PassingOmitted(runId, epoch, included.length, ep.passed);
+    }
+
+    // ------------------------------------------------------------------ internals: slashing
+
+    /// @dev Mark an Aborted epoch settled; an expired one (coordinator missed the deadline) is slashed too.
+    function _settle(uint256 runId, Run storage r, uint256 epoch, Epoch storage ep) internal {
+        uint64 cc = _commitsClose(runId, r, epoch);
+        bool tooFew = ep.committed < r.p.minTrainers;
+        ep.settled = true;
+        if (ep.doneAt == 0) ep.doneAt = tooFew ? cc : uint64(_finalizeDeadline(runId, r, epoch));
+        emit EpochSettled(runId, epoch);
+        if (!tooFew) _slashAll(runId, epoch, r, ep);
+    }
+
+    /// @dev Slash every committed trainer that did not reveal, did not respond (when its seed was fixed
+    ///      in time to answer) or failed its audit by majority, and every assigned verifier whose vote
+    ///      went against a majority verdict. A failed trainer's stake goes to the verifiers that failed
+    ///      it; the rest is burned, so nobody who can cause a slash profits from it.
+    function _slashAll(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep) internal {
+        uint256 words = (uint256(r.trainerSlots) + 3) >> 2;
+        uint256 q = _needed(r, ep);
+        uint256 need = q / 2 + 1;
+        uint256 slashed = 0;
+        uint256 paid = 0;
+        // a seed fixed with less than half the response window left excuses a missing response
+        bool responseDue = ep.seeded && uint256(ep.seededAt) + r.p.responseWindow / 2 <= _revealsClose(runId, r, epoch) + r.p.responseWindow;
+        mapping(uint256 => uint256) storage ws = lanes[runId][epoch];
+        address[] storage list = verifierList[runId];
+        for (uint256 w = 0; w < words; w++) {
+            uint256 word = ws[w];
+            for (uint256 k = 0; word != 0; k++) {
+                uint256 lane = word & LANE_MASK;
+                word >>= 64;
+                uint8 st = uint8(lane >> 24);
+                if (st == SUB_NONE || (st == SUB_REVEALED && !responseDue)) continue;
+                address t = slotTrainer[runId][(w << 2) | k];
+                if (st == SUB_COMMITTED) {
+                    slashed += _slashOne(runId, epoch, r, t, SLASH_NO_REVEAL);
+                } else if (st == SUB_REVEALED) {
+                    slashed += _slashOne(runId, epoch, r, t, SLASH_NO_RESPONSE);
+                } else {
+                    uint16 passes = uint16(lane >> 32);
+                    uint16 fails = uint16(lane >> 48);
+                    bool failed = _popcount16(fails) >= need;
+                    uint16 against = failed ? passes : (_popcount16(passes) >= need ? fails : 0);
+                    if (against == 0 && !failed) continue;
+                    uint256[] memory idx = _assigned(ep.seed, t, q, ep.verifierCount);
+                    if (against != 0) slashed += _slashVerifiers(runId, epoch, r, list, idx, t, against);
+                    if (failed) {
+                        uint256 amount = _slashOne(runId, epoch, r, t, SLASH_FAILED_AUDIT);
+                        slashed += amount;
+                        paid += _pay(list, idx, fails, amount);
+                    }
+                }
+            }
+        }
+        _settlePayout(slashed, paid);
+    }
+
+    /// @dev Credit `amount` in equal shares to the committee members (list[idx[j]]) set in `mask`;
+    ///      returns what was credited (the rounding remainder is burned by _settlePayout).
+    function _pay(address[] storage list, uint256[] memory idx, uint16 mask, uint256 amount) internal returns (uint256 paid) {
+        uint256 share = amount / _popcount16(mask);
+        for (uint256 j = 0; mask != 0; j++) {
+            if (mask & 1 == 1) {
+                credits[list[idx[j]]] += share;
+                paid += share;
+            }
+            mask >>= 1;
+        }
+    }
+
+    /// @dev Move `slashed` out of the stakes: `paid` of it to credits, the rest burned.
+    function _settlePayout(uint256 slashed, uint256 paid) internal {
+        if (slashed == 0) return;
+        totalStaked -= slashed;
+        totalCredits += paid;
+        totalBurned += slashed - paid;
+    }
+
+    /// @dev Slash the assigned verifiers (list[idx[j]]) of `trainer` whose index j is set in `mask`.
+    function _slashVerifiers(
+        uint256 runId,
+        uint256 epoch,
+        Run storage r,
+        address[] storage list,
+        uint256[] memory idx,
+        address trainer,
+        uint16 mask
+    ) internal returns (uint256 total) {
+        for (uint256 j = 0; mask != 0; j++) {
+            if (mask & 1 == 1) {
+                address v = list[idx[j]];
+                Member storage m = members[runId][v];
+                uint256 amount = (uint256(m.stake) * r.p.slashBps) / BPS;
+                m.stake -= uint96(amount);
+                total += amount;
+                if (m.leaveEpoch == NEVER_EPOCH) {
+                    // out of the list at the next scheduling (the running audit still indexes into it)
+                    m.leaveEpoch = r.nextEpoch;
+                    m.leftAt = uint48(block.timestamp);
+                    m.pendingRemoval = true;
+                    pendingVerifierRemovals[runId].push(v);
+                    emit VerifierLeft(runId, v, false);
+                }
+                emit VerifierSlashed(runId, epoch, v, trainer, amount);
+            }
+            mask >>= 1;
+        }
+    }
+
+    /// @dev Slash one committed trainer and remove it from every epoch after `epoch` (once per
+    ///      offence: if the next epoch is still taking commitments it leaves that epoch too); returns
+    ///      the amount.
+    function _slashOne(uint256 runId, uint256 epoch, Run storage r, address t, uint8 reason) internal returns (uint256 amount) {
+        Member storage m = members[runId][t];
+        amount = (uint256(m.stake) * r.p.slashBps) / BPS;
+        m.stake -= uint96(amount);
+        uint256 next = epoch + 1;
+        // slashed late (an expired epoch settled while the next one already audits): it still takes
+        // part in that next epoch, so it stays bonded through it
+        if (next < r.nextEpoch && _lane(runId, next, m.slot) != 0 && _phase(runId, r, next) != Phase.Committing) next += 1;
+        if (m.leaveEpoch > next) {
+            if (m.leaveEpoch == NEVER_EPOCH) {
+                r.activeTrainers -= 1;
+                m.leftAt = uint48(block.timestamp);
+            }
+            m.leaveEpoch = uint32(next);
+            emit TrainerLeft(runId, t, next);
+            if (next < r.nextEpoch && _phase(runId, r, next) == Phase.Committing) {
+                // it was counted in the open epoch: take it out, commitment and all
+                Epoch storage ne = epochs[runId][next];
+                ne.expected -= 1;
+                if (_lane(runId, next, m.slot) != 0) {
+                    _setLane(runId, next, m.slot, 0);
+                    ne.committed -= 1;
+                }
+                if (ne.committed == ne.expected && ne.allCommittedAt == 0) ne.allCommittedAt = uint64(block.timestamp);
+            }
+        }
+        emit Slashed(runId, epoch, t, amount, reason);
+    }
+}

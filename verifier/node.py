@@ -39,8 +39,6 @@ from protocol.outage import TRANSIENT, through_outages
 from protocol.run import (
     RunContext,
     initial_model,
-    latest_model,
-    load_model,
     open_run,
     params_of,
     revealed_payload,
@@ -306,7 +304,9 @@ class VerifierNode:
     # ------------------------------------------------------------------ aggregate re-check and attestation
 
     def _globals(self) -> Any:
-        from coordinator.build import VerifiedGlobals  # the verifier re-runs the coordinator's aggregation
+        from coordinator.build import (
+            VerifiedGlobals,  # the verifier re-runs the coordinator's aggregation
+        )
 
         if not hasattr(self, "globals"):
             self.globals = VerifiedGlobals(self.chain, self.store, self.ctx, self.ledger.parent / "globals", log=self.log)

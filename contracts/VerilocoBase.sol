@@ -610,17 +610,17 @@ abstract contract VerilocoBase is VerilocoAudit {
                 word >>= 64;
                 uint8 st = uint8(lane >> 24);
                 if (st == SUB_NONE || (st == SUB_REVEALED && !responseDue)) continue;
-                address t = slotTrainer[runId][(w << 2) | k];
                 if (st == SUB_COMMITTED) {
-                    slashed += _slashOne(runId, epoch, r, t, SLASH_NO_REVEAL);
+                    slashed += _slashOne(runId, epoch, r, slotTrainer[runId][(w << 2) | k], SLASH_NO_REVEAL);
                 } else if (st == SUB_REVEALED) {
-                    slashed += _slashOne(runId, epoch, r, t, SLASH_NO_RESPONSE);
+                    slashed += _slashOne(runId, epoch, r, slotTrainer[runId][(w << 2) | k], SLASH_NO_RESPONSE);
                 } else {
                     uint16 passes = uint16(lane >> 32);
                     uint16 fails = uint16(lane >> 48);
                     bool failed = _popcount16(fails) >= need;
                     uint16 against = failed ? passes : (_popcount16(passes) >= need ? fails : 0);
-                    if (against == 0 && !failed) continue;
+                    if (against == 0 && !failed) continue; // an honest trainer costs one lane read
+                    address t = slotTrainer[runId][(w << 2) | k];
                     uint256[] memory idx = _assigned(ep.seed, t, q, ep.verifierCount);
                     if (against != 0) slashed += _slashVerifiers(runId, epoch, r, list, idx, t, against);
                     if (failed) {

@@ -88,7 +88,7 @@ class AuditSection:
     steps: int = 2  # transitions sampled per trainer per epoch
     segment: int = 1  # inner steps a verifier replays from each sampled state (one state file covers them)
     final_check_bps: int = 5000  # probability (in basis points) of replaying end state → payload
-    quorum: int = 1  # verifiers assigned per trainer; a majority of them decides (3+: no lone liar decides)
+    quorum: int = 3  # verifiers assigned per trainer and per model attestation; a majority decides (3+: no lone liar decides)
     mode: str = "exact"  # "exact" (bitwise) or "tolerant"
     # max per-tensor relative error in tolerant mode: verifier.calibrate.CALIBRATED_TOLERANCE, measured
     # across thread counts, processes and pipeline splits (docs/results-verification.md)

@@ -51,7 +51,7 @@ class DemoError(VerilocoError):
 @dataclass(frozen=True)
 class DemoOptions:
     trainers: int = 4
-    verifiers: int = 2
+    verifiers: int = 3
     epochs: int = 6
     preset: str = "tiny"
     steps: int = 24  # H in the first epoch (the adaptive rule moves it within [steps/2, 2*steps])
@@ -63,6 +63,7 @@ class DemoOptions:
     timeout_s: float = 900.0
     windows_s: int = 60  # every chain window; the contract advances early when everyone has acted
     stages: int = 1  # pipeline stages per trainer (> 1 switches the run to tolerant audits)
+    quorum: int = 3  # verifiers judging each trainer (and attesting each model); a majority decides
 
     def config(self) -> RunConfig:
         w = self.windows_s
@@ -74,7 +75,7 @@ class DemoOptions:
             outer={"lr": 0.7, "momentum": 0.5},
             schedule={"epochs": self.epochs, "h_initial": self.steps, "h_min": max(1, self.steps // 2),
                       "h_max": self.steps * 2},
-            audit={"steps": 3, "final_check_bps": 10_000, "quorum": 1,
+            audit={"steps": 3, "final_check_bps": 10_000, "quorum": self.quorum,
                    "mode": "tolerant" if self.stages > 1 else "exact"},
             windows={"commit_s": w, "reveal_s": w, "response_s": w, "verdict_s": w, "finalize_s": w},
             stakes={"min_trainers": 1},
@@ -448,7 +449,7 @@ def _cmd(args: argparse.Namespace) -> int:
     opts = DemoOptions(
         trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=args.preset, steps=args.steps,
         chain=args.chain, store=args.store, cheats=_parse_cheats(args.cheat), workdir=args.workdir,
-        report=args.report, timeout_s=args.timeout, stages=args.stages,
+        report=args.report, timeout_s=args.timeout, stages=args.stages, quorum=args.quorum,
     )
     summary = run_demo(opts)
     return 0 if summary["epochs_finalized"] == summary["epochs"] else 1
@@ -460,6 +461,8 @@ def register(sub: Any) -> None:
     d = DemoOptions()
     p.add_argument("--trainers", type=int, default=d.trainers)
     p.add_argument("--verifiers", type=int, default=d.verifiers)
+    p.add_argument("--quorum", type=int, default=d.quorum,
+                   help="verifiers per trainer and per model attestation; a majority decides (1 lets one verifier decide)")
     p.add_argument("--epochs", type=int, default=d.epochs)
     p.add_argument("--preset", default=d.preset, help="model preset: tiny, small, gpt2-124m")
     p.add_argument("--steps", type=int, default=d.steps, help="local steps H in the first epoch")

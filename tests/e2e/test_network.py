@@ -40,7 +40,7 @@ def _run(tmp_path: Path, on_tick: Any = None, **kw: Any) -> tuple[dict[str, Any]
 
     for key, value in (("trainers", 3), ("epochs", 2), ("steps", 8)):
         kw.setdefault(key, value)
-    opts = DemoOptions(verifiers=2, workdir=tmp_path / "demo", report=tmp_path / "report", timeout_s=600, **kw)
+    opts = DemoOptions(verifiers=2, quorum=1, workdir=tmp_path / "demo", report=tmp_path / "report", timeout_s=600, **kw)
     log = io.StringIO()
     try:
         summary = run_demo(opts, out=log, inspect=inspect, on_tick=on_tick)

@@ -91,7 +91,7 @@ def test_adversarial_trainers_are_slashed_and_a_wrong_aggregate_is_corrected(
         seen["finalizers"] = {ev.args["epoch"]: ev.tx_hash for ev in chain.events(["EpochFinalized"], run_id=run_id)}
         seen["coordinator"] = chain.member(run_id, chain.run_info(run_id).params.coordinator)
 
-    opts = DemoOptions(trainers=5, verifiers=2, epochs=EPOCHS, steps=8, cheats=(("lazy", 1),),
+    opts = DemoOptions(trainers=5, verifiers=2, quorum=1, epochs=EPOCHS, steps=8, cheats=(("lazy", 1),),
                        workdir=tmp_path / "demo", timeout_s=480)
     log = io.StringIO()
     try:
@@ -132,7 +132,7 @@ def test_a_coordinator_finalizing_an_unusable_model_changes_no_honest_model(
     coordinator, slashed and removed, finalizes nothing more: a verifier finalizes epochs 1 and 2."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     epochs = 3
-    opts = DemoOptions(trainers=2, verifiers=1, epochs=epochs, steps=4, workdir=tmp_path / "demo", timeout_s=480)
+    opts = DemoOptions(trainers=2, verifiers=1, quorum=1, epochs=epochs, steps=4, workdir=tmp_path / "demo", timeout_s=480)
     seen: dict[str, list[bytes]] = {}
 
     def inspect(chain: Chain, store: Any, run_id: int) -> None:
@@ -191,7 +191,7 @@ def test_a_planted_start_state_is_slashed_in_epoch_0(tmp_path: Path, monkeypatch
         seen["continued1"] = {ev.args["trainer"]: bool(decode_manifest(store.get(ev.args["manifestCid"])).previous)
                               for ev in chain.events(["Responded"], run_id=run_id, epoch=1)}
 
-    opts = DemoOptions(trainers=3, verifiers=2, epochs=2, steps=4, workdir=tmp_path / "demo", timeout_s=480)
+    opts = DemoOptions(trainers=3, verifiers=2, quorum=1, epochs=2, steps=4, workdir=tmp_path / "demo", timeout_s=480)
     log = io.StringIO()
     try:
         s = run_demo(opts, out=log, inspect=inspect, on_tick=swap)

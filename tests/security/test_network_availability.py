@@ -71,7 +71,7 @@ def test_a_passing_trainer_that_deletes_its_payload_cannot_stall_the_run(
             _, _, digest = build_global(chain, store, ctx, e)  # needs every included payload, from the store
             seen.setdefault("honest_model", []).append(digest == chain.epoch_times(run_id, e).model_digest)
 
-    opts = DemoOptions(trainers=3, verifiers=2, epochs=EPOCHS, steps=4, workdir=tmp_path / "demo", timeout_s=480)
+    opts = DemoOptions(trainers=3, verifiers=2, quorum=1, epochs=EPOCHS, steps=4, workdir=tmp_path / "demo", timeout_s=480)
     log = io.StringIO()
     try:
         s = run_demo(opts, out=log, inspect=inspect, on_tick=tick)

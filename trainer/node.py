@@ -21,7 +21,7 @@ from typing import Any
 
 from coordinator.build import ModelUnavailable, VerifiedGlobals
 from protocol import merkle
-from protocol.chain import Chain, ChainError, ChainUnavailable, Phase, TxResult
+from protocol.chain import Chain, ChainError, ChainUnavailable, ContractRevert, Phase, TxResult
 from protocol.chain_audit import build_response
 from protocol.digest import keccak, state_digest
 from protocol.errors import VerilocoError
@@ -297,28 +297,38 @@ class TrainerNode:
                 return True  # too late; handled below
             return e == 0 or self._phase(e - 1) not in (Phase.NOT_STARTED, Phase.COMMITTING, Phase.REVEALING)
 
-        self._wait(can_commit, f"epoch {e} to accept commitments")
-        if self._phase(e) not in (Phase.COMMITTING, Phase.NOT_STARTED):
-            self.log("skipped", epoch=e, reason="commit phase closed before we could commit")
-            d.update(status=CLOSED)
-            return
         m = d.meta
-        tx = self._send("commit", d, lambda: self.chain.commit(self.run_id, e, self.behaviour.commitment(self, e, m)))
+        while True:  # a transaction that failed without the contract refusing it is retried while the phase is open
+            self._wait(can_commit, f"epoch {e} to accept commitments")
+            if self._phase(e) not in (Phase.COMMITTING, Phase.NOT_STARTED):
+                self.log("skipped", epoch=e, reason="commit phase closed before we could commit")
+                d.update(status=CLOSED)
+                return
+            tx = self._send("commit", d, lambda: self.chain.commit(self.run_id, e, self.behaviour.commitment(self, e, m)))
+            if tx is not None or d.meta["status"] == CLOSED:
+                break
+            time.sleep(self.poll_s)
         if tx is None:
             return
         d.update(status=COMMITTED, gas_commit=tx.gas_used)
         self.log("committed", epoch=e, payload_cid=m["payload_cid"], gas=tx.gas_used)
 
     def _send(self, what: str, d: EpochDir, send: Callable[[], TxResult]) -> TxResult | None:
-        """Send a commit or reveal; a refusal closes the epoch (None), an outage propagates so the
-        caller waits it out and tries again (the chain is re-checked first, so nothing is sent twice)."""
+        """Send a commit or reveal (None if it did not land). Only the contract's own refusal (a named
+        error) closes the epoch; a transaction that failed otherwise (out of gas, dropped, a revert
+        without a reason) leaves it open for the caller to retry while the phase lasts, and an
+        outage propagates so the caller waits it out (the chain is re-checked first, so nothing is
+        sent twice)."""
         try:
             return send()
         except ChainUnavailable:
             raise
-        except ChainError as exc:
+        except ContractRevert as exc:
             self.log(f"{what}-failed", epoch=d.epoch, error=str(exc))
             d.update(status=CLOSED)
+            return None
+        except ChainError as exc:
+            self.log(f"{what}-retry", epoch=d.epoch, error=str(exc))
             return None
 
     # ------------------------------------------------------------------ duties while training

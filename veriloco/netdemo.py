@@ -355,8 +355,11 @@ def _summarize(chain: Chain, store: Any, run_id: int, cfg: RunConfig, nodes: lis
             eval_curve += [{"epoch": ev["epoch"], "eval_loss": ev["eval_loss"]} for ev in n.events
                            if ev.get("event") == "finalized" and "eval_loss" in ev]
     verdicts = Counter("pass" if ev.args["passed"] else "fail" for ev in chain.events(["VerdictSubmitted"], run_id=run_id))
-    slashed = sorted({ev.args["trainer"] for ev in chain.events(["Slashed"], run_id=run_id)}
-                     | {ev.args["verifier"] for ev in chain.events(["VerifierSlashed"], run_id=run_id)})
+    slashes = [{"account": ev.args["trainer"], "epoch": ev.args["epoch"], "reason": ev.args["reason"]}
+               for ev in chain.events(["Slashed"], run_id=run_id)]
+    slashes += [{"account": ev.args["verifier"], "epoch": ev.args["epoch"], "reason": "outvoted"}
+                for ev in chain.events(["VerifierSlashed"], run_id=run_id)]
+    slashed = sorted({s["account"] for s in slashes})
     trainers = [n for n in nodes if n.role == "trainer"]
     payload_bytes: dict[str, list[int]] = {}
     steps_total = 0
@@ -383,6 +386,7 @@ def _summarize(chain: Chain, store: Any, run_id: int, cfg: RunConfig, nodes: lis
         "final_model_epoch": last,
         "eval_curve": eval_curve,
         "slashed": slashed,
+        "slashes": slashes,  # one entry per slash: every offence is slashed once
         "verdicts": {"pass": verdicts.get("pass", 0), "fail": verdicts.get("fail", 0)},
         "bytes_per_trainer": round(sum(honest) / max(1, len({n.address for n in trainers if n.cheat is None}))),
         # ring AllReduce of fp32 gradients every inner step, per worker: 2 (K-1)/K * 4 bytes * params * steps

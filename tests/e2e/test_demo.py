@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_readme_adversary_demo_prints_its_summary_and_slashes_every_cheater(tmp_path: Path) -> None:
+def test_the_readme_adversary_demo_prints_its_summary_and_slashes_every_cheater_once(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "veriloco.cli", "demo", "--trainers", "5",
            "--cheat", "lazy:1", "--cheat", "noise:1", "--cheat", "copy:1",
            "--epochs", "4", "--steps", "4", "--workdir", str(tmp_path / "demo"), "--report", str(tmp_path / "report")]
@@ -32,3 +32,5 @@ def test_the_readme_adversary_demo_prints_its_summary_and_slashes_every_cheater(
     s = json.loads((tmp_path / "report" / "summary.json").read_text())
     assert sorted(s["cheaters"].values()) == ["copy", "lazy", "noise"]
     assert set(s["slashed"]) == set(s["cheaters"]), out
+    # once each: a cheater caught in epoch e is taken out of e+1 too, not slashed again there
+    assert sorted(x["account"] for x in s["slashes"]) == sorted(s["cheaters"]), s["slashes"]

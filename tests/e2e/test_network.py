@@ -8,7 +8,6 @@ the model the coordinator finalized, and no cheater may be among the included tr
 
 from __future__ import annotations
 
-import io
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,8 @@ import pytest
 from coordinator.build import build_global
 from protocol.chain import Chain, Phase
 from protocol.run import open_run
-from veriloco.netdemo import DemoOptions, run_demo
+from tests.fixtures.network import run_network
+from veriloco.netdemo import DemoOptions
 
 pytestmark = pytest.mark.e2e
 
@@ -41,12 +41,7 @@ def _run(tmp_path: Path, on_tick: Any = None, **kw: Any) -> tuple[dict[str, Any]
     for key, value in (("trainers", 3), ("epochs", 2), ("steps", 8)):
         kw.setdefault(key, value)
     opts = DemoOptions(verifiers=2, quorum=1, workdir=tmp_path / "demo", report=tmp_path / "report", timeout_s=600, **kw)
-    log = io.StringIO()
-    try:
-        summary = run_demo(opts, out=log, inspect=inspect, on_tick=on_tick)
-    except Exception:
-        print(log.getvalue())
-        raise
+    summary, _ = run_network(opts, inspect=inspect, on_tick=on_tick)
     return summary, included
 
 

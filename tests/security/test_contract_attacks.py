@@ -8,7 +8,6 @@ use random traces (tests/fixtures/chain.py `Trainer`): the contract never sees t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,20 +37,6 @@ COORD, TRAINERS, VERIFIERS, OUTSIDER = 0, [1, 2, 3, 4, 5], [6, 7, 8, 9], 10
 NO_REVEAL, NO_RESPONSE, FAILED_AUDIT = 1, 2, 3  # Slashed reasons (Veriloco.SLASH_*)
 WINDOW = 100  # every window of params(): commit, reveal, response, verdict, finalize
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture(scope="module")
-def net() -> PyEvmNet:
-    return PyEvmNet(accounts=12)
-
-
-@pytest.fixture
-def fresh(net: PyEvmNet) -> Iterator[PyEvmNet]:
-    snap = net.snapshot()
-    try:
-        yield net
-    finally:
-        net.revert(snap)
 
 
 def make_run(net: Any, n_trainers: int = 3, n_verifiers: int = 2, **over: Any) -> Run:

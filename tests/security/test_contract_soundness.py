@@ -10,7 +10,6 @@ second after the last, so `until` can place a call at an exact block time.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,20 +26,6 @@ COORD, TRAINERS, VERIFIERS, OUTSIDER, CREATOR = 0, [1, 2, 3, 4, 5], [6, 7, 8, 9]
 NO_REVEAL, NO_RESPONSE, FAILED_AUDIT = 1, 2, 3  # Slashed reasons (Veriloco.SLASH_*)
 WINDOW = 100  # every window of params(): commit, reveal, response, verdict, finalize
 WRONG = keccak(b"a model that is not the mean of the passing payloads")
-
-
-@pytest.fixture(scope="module")
-def net() -> PyEvmNet:
-    return PyEvmNet(accounts=12)
-
-
-@pytest.fixture
-def fresh(net: PyEvmNet) -> Iterator[PyEvmNet]:
-    snap = net.snapshot()
-    try:
-        yield net
-    finally:
-        net.revert(snap)
 
 
 def make_run(net: PyEvmNet, n_trainers: int = 2, n_verifiers: int = 2, **over: Any) -> Run:

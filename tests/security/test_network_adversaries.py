@@ -19,7 +19,6 @@ A third network runs a trainer with a planted epoch-0 start state (T16) next to 
 
 from __future__ import annotations
 
-import io
 import json
 import sys
 from collections.abc import Callable
@@ -33,7 +32,8 @@ from protocol.chain import Chain, Phase
 from protocol.digest import state_digest
 from protocol.formats import decode_manifest
 from protocol.run import open_run
-from veriloco.netdemo import Control, DemoOptions, run_demo
+from tests.fixtures.network import run_network
+from veriloco.netdemo import Control, DemoOptions
 
 pytestmark = pytest.mark.e2e
 
@@ -93,16 +93,11 @@ def test_adversarial_trainers_are_slashed_and_a_wrong_aggregate_is_corrected(
 
     opts = DemoOptions(trainers=5, verifiers=2, quorum=1, epochs=EPOCHS, steps=8, cheats=(("lazy", 1),),
                        workdir=tmp_path / "demo", timeout_s=480)
-    log = io.StringIO()
-    try:
-        s = run_demo(opts, out=log, inspect=inspect, on_tick=swap)
-    except Exception:
-        print(log.getvalue())
-        raise
+    s, log = run_network(opts, inspect=inspect, on_tick=swap)
     cheaters = s["cheaters"]  # address -> kind, including the swapped-in adversaries
-    assert sorted(cheaters.values()) == ["forge-final", "lazy", "stale-copy"], log.getvalue()
-    assert s["epochs_finalized"] == EPOCHS, log.getvalue()
-    assert set(s["slashed"]) == set(cheaters), log.getvalue()  # every cheater, no honest trainer
+    assert sorted(cheaters.values()) == ["forge-final", "lazy", "stale-copy"], log
+    assert s["epochs_finalized"] == EPOCHS, log
+    assert set(s["slashed"]) == set(cheaters), log  # every cheater, no honest trainer
     assert all(reason == FAILED_AUDIT for _, _, reason in seen["slashes"])
     by_kind = {kind: addr for addr, kind in cheaters.items()}
     slashed_in = {(t, e) for t, e, _ in seen["slashes"]}
@@ -141,14 +136,9 @@ def test_a_coordinator_finalizing_an_unusable_model_changes_no_honest_model(
         seen["true"] = [state_digest(true.base(e)) for e in range(epochs + 1)]
         seen["posted"] = [bytes(chain.epoch_times(run_id, e).model_digest) for e in range(epochs)]
 
-    log = io.StringIO()
-    try:
-        s = run_demo(opts, out=log, inspect=inspect, on_tick=_swapper({"coordinator0": ["--scale", "1e30"]}))
-    except Exception:
-        print(log.getvalue())
-        raise
-    assert s["epochs_finalized"] == epochs, log.getvalue()
-    assert s["slashed"] == [], log.getvalue()
+    s, log = run_network(opts, inspect=inspect, on_tick=_swapper({"coordinator0": ["--scale", "1e30"]}))
+    assert s["epochs_finalized"] == epochs, log
+    assert s["slashed"] == [], log
     assert all(seen["true"][e + 1] == seen["posted"][e] for e in range(epochs))  # every confirmed model is the true one
     for i in range(opts.trainers):
         path = opts.workdir / "logs" / f"trainer{i}.jsonl"
@@ -170,17 +160,7 @@ def test_a_planted_start_state_is_slashed_in_epoch_0(tmp_path: Path, monkeypatch
     encodes and answers honestly. Its epoch-0 audit fails on the start check alone; it is slashed in
     epoch 0 and never aggregated there; no honest trainer or verifier is slashed."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    swapped: list[str] = []
-
-    def swap(control: Control) -> None:
-        if swapped:
-            return
-        n = control.node("trainer0")
-        control.kill("trainer0")
-        n.cmd = [sys.executable, "-m", "tests.security.adversary_node", *n.cmd[3:], "--behaviour", "planted-start"]
-        n.cheat = "planted-start"
-        control.restart("trainer0")
-        swapped.append("trainer0")
+    swap = _swapper({"trainer0": ["--behaviour", "planted-start"]})
 
     seen: dict[str, Any] = {}
 
@@ -192,15 +172,10 @@ def test_a_planted_start_state_is_slashed_in_epoch_0(tmp_path: Path, monkeypatch
                               for ev in chain.events(["Responded"], run_id=run_id, epoch=1)}
 
     opts = DemoOptions(trainers=3, verifiers=2, quorum=1, epochs=2, steps=4, workdir=tmp_path / "demo", timeout_s=480)
-    log = io.StringIO()
-    try:
-        s = run_demo(opts, out=log, inspect=inspect, on_tick=swap)
-    except Exception:
-        print(log.getvalue())
-        raise
+    s, log = run_network(opts, inspect=inspect, on_tick=swap)
     (planter,) = s["cheaters"]
-    assert s["epochs_finalized"] == 2, log.getvalue()
-    assert s["slashed"] == [planter], log.getvalue()  # neither an honest trainer nor a verifier
+    assert s["epochs_finalized"] == 2, log
+    assert s["slashed"] == [planter], log  # neither an honest trainer nor a verifier
     assert (planter, 0, FAILED_AUDIT) in seen["slashes"]
     assert planter not in seen["included0"] and len(seen["included0"]) == 2
     honest1 = {t: c for t, c in seen["continued1"].items() if t != planter}

@@ -13,7 +13,6 @@ slashed (trainer0 did its work; its deletion cost the run nothing).
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -26,7 +25,8 @@ import pytest
 from coordinator.build import build_global
 from protocol.chain import Chain, Phase
 from protocol.run import open_run, passing_trainers
-from veriloco.netdemo import Control, DemoOptions, run_demo
+from tests.fixtures.network import run_network
+from veriloco.netdemo import Control, DemoOptions
 
 pytestmark = pytest.mark.e2e
 
@@ -72,22 +72,17 @@ def test_a_passing_trainer_that_deletes_its_payload_cannot_stall_the_run(
             seen.setdefault("honest_model", []).append(digest == chain.epoch_times(run_id, e).model_digest)
 
     opts = DemoOptions(trainers=3, verifiers=2, quorum=1, epochs=EPOCHS, steps=4, workdir=tmp_path / "demo", timeout_s=480)
-    log = io.StringIO()
-    try:
-        s = run_demo(opts, out=log, inspect=inspect, on_tick=tick)
-    except Exception:
-        print(log.getvalue())
-        raise
+    s, log = run_network(opts, inspect=inspect, on_tick=tick)
     adversary = next(a for a, kind in s["cheaters"].items() if kind == "withhold").lower()
     logs = opts.workdir / "logs"
     withheld = {ev["epoch"]: ev["payload"] for ev in _events(logs / f"{ADVERSARY}.jsonl") if ev.get("event") == "withholding"}
-    assert sorted(withheld) == list(range(EPOCHS)), log.getvalue()  # the attack ran in every epoch
-    assert s["epochs_finalized"] == EPOCHS and seen["phases"] == [Phase.FINALIZED] * EPOCHS, log.getvalue()
+    assert sorted(withheld) == list(range(EPOCHS)), log  # the attack ran in every epoch
+    assert s["epochs_finalized"] == EPOCHS and seen["phases"] == [Phase.FINALIZED] * EPOCHS, log
     assert all(adversary in included for included in seen["included"])
     assert seen["honest_model"] == [True] * EPOCHS
-    assert seen["slashed"] == [] and s["slashed"] == [], log.getvalue()
+    assert seen["slashed"] == [] and s["slashed"] == [], log
     republished = {(ev["epoch"], ev["payload"]) for i in range(opts.verifiers)
                    for ev in _events(logs / f"verifier{i}.jsonl") if ev.get("event") == "republished"}
-    assert set(withheld.items()) <= republished, log.getvalue()
+    assert set(withheld.items()) <= republished, log
     alarms = [ev for i in range(opts.verifiers) for ev in _events(logs / f"verifier{i}.jsonl") if ev.get("event") == "alarm"]
     assert alarms == []

@@ -73,7 +73,7 @@ QUORUM = 2
 STEPS = 2
 FINAL_BPS = 10_000
 SEED_TRIES = 5
-PHASES = ("commit", "reveal", "seed", "respond", "verdicts", "finalize")
+PHASES = ("commit", "reveal", "seed", "respond", "verdicts", "finalize", "attest")
 
 PAYLOAD_CID = "bafkreibm6jg3ux5qumhcn2b3flc3tyu6dmlb4xa7u5bf44yegnrjhc4yeq"  # realistic 59-char CIDv1s
 MANIFEST_CID = "bafkreimanifestmanifestmanifestmanifestmanifestmanifestmani"
@@ -230,6 +230,11 @@ def play_epoch(
     t0 = time.perf_counter()
     fin = coord.finalize(run_id, epoch, MODEL_CID, keccak(b"model %d" % epoch), included)
     ph.book("finalize", time.perf_counter() - t0, [fin])
+
+    # a majority of the epoch's attestation committee confirms the model (each recomputes it in a real run)
+    committee = coord.model_committee(run_id, epoch)
+    ph.run("attest", lambda v: verifiers[str(v)].chain.attest_model(run_id, epoch, keccak(b"model %d" % epoch), MODEL_CID),
+           committee[: len(committee) // 2 + 1])
     latency = time.perf_counter() - t_start
 
     status = coord.epoch_status(run_id, epoch)
@@ -296,6 +301,7 @@ def run_scale(
         address = deploy(w3, accounts[0])
         coord = Chain(w3, address, accounts[0])
         run_id = coord.create_run(run_params(accounts[0], trainers, verifiers))
+        coord.stake_coordinator(run_id)
 
         t0 = time.perf_counter()
         tnodes = list(pool.map(lambda a: Node(node.url, address, a), accounts[1:1 + trainers]))
@@ -391,8 +397,8 @@ def _git(*args: str) -> str:
 def markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
     rows = [
-        "| epoch | status | included | latency s | commit | reveal | seed | respond | verdicts | finalize | txs | gas total | **gas / trainer** | largest tx |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| epoch | status | included | latency s | commit | reveal | seed | respond | verdicts | finalize | attest | txs | gas total | **gas / trainer** | largest tx |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["per_epoch"]:
         p = r["phase_s"]

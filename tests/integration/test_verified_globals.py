@@ -1,7 +1,8 @@
 """Every node recomputes the global model itself: a wrong finalized model changes nobody's base.
 
 A real run on in-process py-evm with a LocalStore and real payloads: epoch 0 passes both trainers
-and the coordinator finalizes the honest aggregate x 1e30; epoch 1 passes one trainer and is
+and the coordinator finalizes the honest aggregate x 1e30, which a lying attestation committee (the
+one verifier) confirms, the case the contract cannot catch; epoch 1 passes one trainer and is
 finalized honestly on top of the *true* epoch-0 model. `VerifiedGlobals` must yield the true
 models, name the wrong epoch once, resume from its disk cache without the payloads, reject a
 corrupted cache file, and refuse (not guess) when content is missing or an epoch is still open.
@@ -59,6 +60,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     rank, steps = Schedule(creator, store, ctx, spec).for_epoch(0)
     verifier = net.chain(VERIFIER)
     verifier.join_verifier(run_id)
+    creator.stake_coordinator(run_id)
     trainers = [net.chain(i) for i in TRAINERS]
     for c in trainers:
         c.join_trainer(run_id)
@@ -95,13 +97,16 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     epoch(0, everyone)
     g1 = aggregate(init_global(params_of(initial_model(cfg))), [deltas[0][t] for t in sorted(everyone, key=lambda a: int(a, 16))], outer)
     wrong = {k: v * 1e30 if k.startswith(PARAM) else v for k, v in g1.items()}
-    creator.finalize(run_id, 0, store.put(b"wrong model"), state_digest(wrong), sorted(everyone, key=lambda a: int(a, 16)))
+    wrong_cid = store.put(b"wrong model")
+    creator.finalize(run_id, 0, wrong_cid, state_digest(wrong), sorted(everyone, key=lambda a: int(a, 16)))
+    verifier.attest_model(run_id, 0, state_digest(wrong), wrong_cid)
     first = trainers[0].sender
     epoch(1, {first})
     g2 = aggregate(g1, [deltas[1][first]], outer)
     _, included, digest = build_global(creator, store, ctx, 1)
     assert included == [first] and digest == state_digest(g2)
     creator.finalize(run_id, 1, store.put(b"model 2"), digest, included)
+    verifier.attest_model(run_id, 1, digest, "unused: the committee confirms the finalizer's digest")
     return {"chain": creator, "store": store, "ctx": ctx, "g1": g1, "g2": g2, "wrong": wrong, "root": root}
 
 

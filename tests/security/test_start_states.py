@@ -56,6 +56,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     spec = RoundSpec.from_config(cfg)
     schedule = Schedule(creator, store, ctx, spec)
     net.chain(VERIFIER).join_verifier(run_id)
+    creator.stake_coordinator(run_id)
     chains = {n: net.chain(FIRST_TRAINER + i) for i, n in enumerate(STARTS)}
     for c in chains.values():
         c.join_trainer(run_id)
@@ -68,11 +69,13 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     node.ctx, node.spec, node.schedule = ctx, spec, Schedule(node.chain, store, ctx, spec)
 
     def finalize_0() -> None:
-        """Epoch 1 reveals only once epoch 0 is done: the verifier judges it, the creator (coordinator) finalizes."""
+        """Epoch 1 reveals only once epoch 0 is done: the verifier judges it, the creator (coordinator)
+        finalizes, and the verifier, its attestation committee, confirms the model."""
         node._audit_epoch(0)
         model, included, digest = build_global(creator, store, ctx, 0)
         assert len(included) == len(STARTS)  # every honest epoch 0 passed, start check included
         creator.finalize(run_id, 0, store.put(save_state(model)), digest, included)
+        node._check_aggregate(0)
 
     def publish(states: list[State], k: int) -> Cid:
         return store.put(save_state(states[k]))

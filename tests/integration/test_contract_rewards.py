@@ -190,3 +190,20 @@ def test_funding_rules(fresh: PyEvmNet) -> None:
     assert c.run_info(r.run_id).pool == 5
     assert all(c.credits(t.address) == 0 for t in r.trainers)
     assert_accounted(c)
+
+
+def test_an_exactly_spent_pool_leaves_finalize_working(fresh: PyEvmNet) -> None:
+    owed = 3 * R_T + 9 * R_V
+    r = rewarded_run(fresh, owed)  # exactly one epoch's rewards
+    c, rid = r.coord, r.run_id
+    r.open_epoch(0)
+    r.judge_all(0)
+    r.finalize(0, r.trainers)
+    assert c.run_info(rid).pool == 0 == c.total_pools()
+    r.open_epoch(1)
+    r.judge_all(1)
+    res = c.finalize(rid, 1, "bafkreimodel", b"\x33" * 32, [t.address for t in r.trainers])
+    assert "RewardsPaid" not in [e.name for e in res.events]
+    assert [c.credits(t.address) for t in r.trainers] == [R_T] * 3
+    assert [c.credits(v.sender) for v in r.verifiers] == [3 * R_V] * 3
+    assert_accounted(c)

@@ -175,7 +175,7 @@ class RunInfo:
     active_trainers: int
     trainer_slots: int
     verifier_count: int
-    pool: Wei = Wei(0)  # reward pool left
+    pool: Wei = 0  # type: ignore[assignment]  # reward pool left
 
 
 @dataclass(frozen=True)

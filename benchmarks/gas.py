@@ -1,6 +1,6 @@
 """Gas cost of the Veriloco contract on anvil: every call, and per trainer per epoch at 1-256 trainers.
 
-    .venv/bin/python benchmarks/gas.py --out benchmarks/results/gas.json [--trainers 1,8,64,256]
+    .venv/bin/python benchmarks/gas.py --out benchmarks/results/gas.json [--trainers 1,8,64,256] [--rewards]
 
 For each trainer count T the script creates a run on a fresh anvil (npm @foundry-rs/anvil, started
 on a free loopback port and stopped by PID), lets T trainers and V verifiers join, and plays two
@@ -14,8 +14,10 @@ state. Per-call numbers mix all measured epochs (0, 3, 4).
 
 gas per trainer per epoch = (all commits + reveals + the two startAudit calls that schedule and fix
 the seed + audit responses + verdict transactions + finalize + the attestation committee's
-`attestModel` calls) / T. Target: at most 300k (issue 9: with attestation, at quorum 3); each
-mechanism's own share is its column. The 30M-gas block check is
+`attestModel` calls) / T; each mechanism's own share is its column. With --rewards the run funds a
+pool that pays every epoch in full (trainer and verifier rewards, credited in finalize's scan), so
+the finalize column shows the payout's cost against a run without. Target: at most 300k (issue 9:
+with attestation, verdict commitments and rewards, at quorum 3). The 30M-gas block check is
 the largest single transaction of the 256-trainer epoch (it must fit in one block) and the epoch's
 total in blocks.
 
@@ -68,7 +70,11 @@ class Ledger:
         return gas
 
 
-def run_params(coordinator: str, trainers: int) -> RunParams:
+REWARD_T = 10**12  # trainer reward (wei per epoch) with --rewards
+REWARD_V = 10**11  # verifier reward (wei per majority verdict) with --rewards
+
+
+def run_params(coordinator: str, trainers: int, rewards: bool = False) -> RunParams:
     return RunParams(
         config_cid=Cid("bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"),
         config_digest=keccak(b"bench config"),
@@ -80,6 +86,7 @@ def run_params(coordinator: str, trainers: int) -> RunParams:
         finalize_window=3600, unbonding_delay=60,
         audit_steps=STEPS, final_check_bps=10_000, quorum=QUORUM, slash_bps=5_000,
         trainer_stake=Wei(10**16), verifier_stake=Wei(10**16),
+        trainer_reward=Wei(REWARD_T if rewards else 0), verifier_reward=Wei(REWARD_V if rewards else 0),
     )
 
 
@@ -102,9 +109,10 @@ def play_epoch(ledger: Ledger, coord: Chain, trainers: list[Chain], verifiers: M
     for t in trainers:
         digests, salt, pd = material[t.sender]
         res = t.reveal(run_id, epoch, PAYLOAD_CID, pd, merkle.root(digests), LEAVES, salt)
-        totals["reveal"] += ledger.add("reveal (last: closes reveals)" if t is trainers[-1] else "reveal", res.gas_used)
+        last = t is trainers[-1]
+        totals["reveal"] += ledger.add("reveal (last: closes reveals)" if last else "reveal", res.gas_used)
     assert coord.epoch_status(run_id, epoch).phase == Phase.AUDITING
-    # the first startAudit schedules the seed (settling and list upkeep), one in a later block fixes it
+    # a first startAudit schedules the seed (this block's hash), a second in a later block fixes it
     totals["seed"] += ledger.add("startAudit (schedules seed)", coord.start_audit(run_id, epoch).gas_used)
     totals["seed"] += ledger.add("startAudit (fixes seed)", coord.start_audit(run_id, epoch).gas_used)
     seed = coord.fix_audit_seed(run_id, epoch, tries=0)
@@ -132,29 +140,29 @@ def play_epoch(ledger: Ledger, coord: Chain, trainers: list[Chain], verifiers: M
     res = coord.finalize(run_id, epoch, MODEL_CID, keccak(b"model %d" % epoch), [t.sender for t in trainers])  # type: ignore[misc]
     totals["finalize"] += ledger.add(f"finalize ({len(trainers)} trainers)", res.gas_used)
     totals["max_tx"] = max(totals["max_tx"], res.gas_used)
-    assert coord.epoch_status(run_id, epoch).phase == Phase.CONFIRMING
     committee = coord.model_committee(run_id, epoch)
-    for a in committee[: len(committee) // 2 + 1]:  # a majority confirms
-        res = verifiers[str(a)].attest_model(run_id, epoch, keccak(b"model %d" % epoch), MODEL_CID)
-        totals["attest"] += ledger.add("attestModel", res.gas_used)
+    for va in committee[: len(committee) // 2 + 1]:
+        att = verifiers[str(va)].attest_model(run_id, epoch, keccak(b"model %d" % epoch), MODEL_CID)
+        totals["attest"] += ledger.add("attestModel", att.gas_used)
     assert coord.epoch_status(run_id, epoch).phase == Phase.FINALIZED
     return dict(totals)
 
 
-def bench_count(url: str, address: str, ledger: Ledger, n: int) -> dict[str, Any]:
+def bench_count(url: str, address: str, ledger: Ledger, n: int, rewards: bool = False) -> dict[str, Any]:
     w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": 60}))
     accts = list(w3.eth.accounts)
     coord = Chain(w3, address, accts[0])
-    res = coord._transact("createRun", run_params(accts[0], n).to_abi())
+    pool = 5 * n * (REWARD_T + QUORUM * REWARD_V) if rewards else 0  # five epochs paid in full
+    res = coord._transact("createRun", run_params(accts[0], n, rewards).to_abi(), value=pool)
     ledger.add("createRun", res.gas_used)
     run_id = int(next(e for e in res.events if e.name == "RunCreated").args["runId"])
-    ledger.add("stakeCoordinator", coord.stake_coordinator(run_id).gas_used)
     trainers = [Chain(w3, address, a) for a in accts[1:1 + n]]
     verifiers: dict[str, Chain] = {str(a): Chain(w3, address, a) for a in accts[257:257 + VERIFIERS]}
     for t in trainers:
         ledger.add("joinTrainer", t.join_trainer(run_id).gas_used)
     for v in verifiers.values():
         ledger.add("joinVerifier", v.join_verifier(run_id).gas_used)
+    ledger.add("stakeCoordinator", coord.stake_coordinator(run_id).gas_used)
     # epochs 0-2 are the run's first use of each trainer's three rotating hash slots (cold storage);
     # from epoch 3 on every slot is reused: the steady state of a long run
     cold = play_epoch(ledger, coord, trainers, verifiers, run_id, 0, batched=True)
@@ -162,6 +170,8 @@ def bench_count(url: str, address: str, ledger: Ledger, n: int) -> dict[str, Any
     play_epoch(Ledger(), coord, trainers, verifiers, run_id, 2, batched=True)
     batched = play_epoch(ledger, coord, trainers, verifiers, run_id, 3, batched=True)
     single = play_epoch(ledger, coord, trainers, verifiers, run_id, 4, batched=False)
+    if rewards:
+        ledger.add("claim", trainers[0].claim().gas_used)  # five epochs of rewards
 
     def per_trainer(t: dict[str, int]) -> dict[str, float]:
         stages = {k: v / n for k, v in t.items() if k != "max_tx"}
@@ -180,12 +190,13 @@ def bench_count(url: str, address: str, ledger: Ledger, n: int) -> dict[str, Any
 
 
 def extra_calls(url: str, address: str, ledger: Ledger) -> None:
-    """startAudit, settle, leaveRun and withdraw, each measured once on a small run."""
+    """startAudit, settle, leaveRun, withdraw and claim, each measured once on a small run."""
     w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": 60}))
     a = list(w3.eth.accounts)
     coord = Chain(w3, address, a[0])
     p = run_params(a[0], 2)
     run_id = coord.create_run(p)
+    ledger.add("fundRun", coord.fund_run(run_id, 10**12).gas_used)
     t1, t2 = Chain(w3, address, a[1]), Chain(w3, address, a[2])
     for t in (t1, t2):
         t.join_trainer(run_id)
@@ -199,16 +210,17 @@ def extra_calls(url: str, address: str, ledger: Ledger) -> None:
     ledger.add("startAudit (schedules seed)", coord.start_audit(run_id, 0).gas_used)
     w3.provider.make_request("evm_increaseTime", [3 * 3600 + 1])  # type: ignore[arg-type]
     w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
-    # t2 never revealed (slashed, burned); t1's seed was scheduled after the window and never fixed,
-    # so its missing response is excused
-    ledger.add("settle (2 committed, 1 slashed)", Chain(w3, address, a[3]).settle(run_id, 0).gas_used)
+    ledger.add("settle (2 committed, 2 slashed)", Chain(w3, address, a[3]).settle(run_id, 0).gas_used)
     t3 = Chain(w3, address, a[4])
     t3.join_trainer(run_id)
     ledger.add("leaveRun", t3.leave(run_id).gas_used)
     w3.provider.make_request("evm_increaseTime", [61])  # type: ignore[arg-type]
     w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
     ledger.add("withdraw", t3.withdraw(run_id).gas_used)
-    ledger.add("withdraw", t2.withdraw(run_id).gas_used)  # slashed and removed at settle
+    t1.leave(run_id)  # it revealed and its seed was never fixed: excused, not slashed
+    w3.provider.make_request("evm_increaseTime", [61])  # type: ignore[arg-type]
+    w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
+    ledger.add("withdraw", t1.withdraw(run_id).gas_used)
 
 
 def versions() -> dict[str, str]:
@@ -290,6 +302,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="JSON result file (required unless --render)")
     ap.add_argument("--render", type=Path, help="print the Markdown tables of an existing result JSON and exit")
     ap.add_argument("--trainers", default="1,8,64,256", help="comma-separated trainer counts (max 256)")
+    ap.add_argument("--rewards", action="store_true", help="fund a reward pool that pays every epoch in full")
     args = ap.parse_args()
     if args.render:
         print(markdown(json.loads(args.render.read_text())))
@@ -306,7 +319,7 @@ def main() -> int:
         w3 = Web3(Web3.HTTPProvider(node.url))
         address = deploy(w3, w3.eth.accounts[0])
         for n in counts:
-            per_count[str(n)] = bench_count(node.url, address, ledger, n)
+            per_count[str(n)] = bench_count(node.url, address, ledger, n, args.rewards)
             print(f"  {n} trainers: {per_count[str(n)]['batched']['total']:,.0f} gas/trainer/epoch", file=sys.stderr)
         extra_calls(node.url, address, ledger)
     fin = {int(k.split("(")[1].split()[0]): v["mean"] for k, v in summarize(ledger).items() if k.startswith("finalize (")}
@@ -320,7 +333,7 @@ def main() -> int:
         "machine": machine(),
         "versions": versions(),
         "settings": {"leaves": LEAVES, "audit_steps": STEPS, "final_check_bps": 10_000, "quorum": QUORUM,
-                     "verifiers": VERIFIERS, "block_gas_limit": BLOCK_GAS, "target_per_trainer_epoch": TARGET},
+                     "verifiers": VERIFIERS, "rewards": args.rewards, "block_gas_limit": BLOCK_GAS, "target_per_trainer_epoch": TARGET},
         "per_call": summarize(ledger),
         "gas_per_trainer_per_epoch": {k: round(v["batched"]["total"]) for k, v in per_count.items()},
         "gas_per_trainer_per_epoch_unbatched_verdicts": {k: round(v["unbatched"]["total"]) for k, v in per_count.items()},

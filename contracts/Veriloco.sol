@@ -202,7 +202,7 @@ contract Veriloco is VerilocoBase {
         ep.modelCid = modelCid;
         ep.modelDigest = modelDigest;
         emit EpochFinalized(runId, epoch, modelCid, modelDigest, includedTrainers.length);
-        _slashAll(runId, epoch, r, ep);
+        _slashAll(runId, epoch, r, ep, true);
         if (_needed(r, ep) == 0) _confirm(runId, epoch, ep, false, 0); // no committee: nobody passed, nothing to check
     }
 

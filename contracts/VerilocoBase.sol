@@ -44,6 +44,9 @@ abstract contract VerilocoBase is VerilocoAudit {
         uint16 slashBps;
         uint128 trainerStake;
         uint128 verifierStake;
+        // rewards out of the run's pool, per finalized epoch (0: none); at most 2^96-1 wei each
+        uint128 trainerReward; // per included trainer
+        uint128 verifierReward; // per verdict cast with the majority on a decided trainer
     }
 
     struct Run {
@@ -53,6 +56,7 @@ abstract contract VerilocoBase is VerilocoAudit {
         uint32 nextEpoch; // epochs [0, nextEpoch) are opened
         uint32 activeTrainers;
         uint32 trainerSlots; // high-water mark of slots; a withdrawn trainer's slot is handed out again
+        uint256 pool; // reward pool left (wei, < 2^128): funded by createRun and fundRun, paid out at finalize
     }
 
     struct Epoch {
@@ -136,6 +140,8 @@ abstract contract VerilocoBase is VerilocoAudit {
     uint256 public totalCredits;
     /// @notice Slashed stake nobody earned (missing reveals or responses, outvoted verifiers, rounding): locked forever.
     uint256 public totalBurned;
+    /// @notice Sum of all runs' reward pools not yet paid out.
+    uint256 public totalPools;
     /// @notice Claimable balance per account (pull payment).
     mapping(address => uint256) public credits;
 
@@ -239,6 +245,8 @@ abstract contract VerilocoBase is VerilocoAudit {
     error ConflictOfInterest(uint256 runId, address account);
     /// @notice The caller has no active stake in the run that would answer for a wrong model.
     error NotStaked(uint256 runId, address account);
+    /// @notice fundRun needs a positive value, and a run's pool stays below 2^128 wei (`maximum`).
+    error BadFunding(uint256 runId, uint256 amount, uint256 pool, uint256 maximum);
     /// @notice A state-changing call re-entered the contract.
     error Reentrancy();
 
@@ -287,6 +295,11 @@ abstract contract VerilocoBase is VerilocoAudit {
     event VerifierSlashed(uint256 indexed runId, uint256 indexed epoch, address indexed verifier, address trainer, uint256 amount);
     /// @notice A trainer lost `amount` of its stake for `reason` (SLASH_*); it is also removed from the run.
     event Slashed(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, uint256 amount, uint8 reason);
+    /// @notice `amount` wei was added to a run's reward pool, which now holds `pool`.
+    event RunFunded(uint256 indexed runId, address indexed funder, uint256 amount, uint256 pool);
+    /// @notice A finalized epoch paid `paid` wei of rewards (credits) to `trainers` included trainers
+    ///         and for `votes` majority verdicts, pro rata when the pool could not cover it all.
+    event RewardsPaid(uint256 indexed runId, uint256 indexed epoch, uint256 trainers, uint256 votes, uint256 paid, uint256 poolLeft);
     /// @notice A member withdrew its remaining stake.
     event Withdrawn(uint256 indexed runId, address indexed account, uint256 amount);
     /// @notice An account claimed its credits (bounties).
@@ -586,14 +599,16 @@ abstract contract VerilocoBase is VerilocoAudit {
         ep.settled = true;
         if (ep.doneAt == 0) ep.doneAt = tooFew ? cc : uint64(_finalizeDeadline(runId, r, epoch));
         emit EpochSettled(runId, epoch);
-        if (!tooFew) _slashAll(runId, epoch, r, ep);
+        if (!tooFew) _slashAll(runId, epoch, r, ep, false); // aborted: nothing is paid
     }
 
     /// @dev Slash every committed trainer that did not reveal, did not respond (when its seed was fixed
     ///      in time to answer) or failed its audit by majority, and every assigned verifier whose vote
     ///      went against a majority verdict. A failed trainer's stake goes to the verifiers that failed
-    ///      it; the rest is burned, so nobody who can cause a slash profits from it.
-    function _slashAll(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep) internal {
+    ///      it; the rest is burned, so nobody who can cause a slash profits from it. With `pay` (a
+    ///      finalize, never an aborted epoch) the same scan collects who earns a reward: every passed
+    ///      trainer but the creator and coordinator, and every majority vote on a decided trainer.
+    function _slashAll(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, bool pay) internal {
         uint256 words = (uint256(r.trainerSlots) + 3) >> 2;
         uint256 q = _needed(r, ep);
         uint256 need = q / 2 + 1;
@@ -601,6 +616,13 @@ abstract contract VerilocoBase is VerilocoAudit {
         uint256 paid = 0;
         // a seed fixed with less than half the response window left excuses a missing response
         bool responseDue = ep.seeded && uint256(ep.seededAt) + r.p.responseWindow / 2 <= _revealsClose(runId, r, epoch) + r.p.responseWindow;
+        Payout memory po;
+        if (pay && r.pool != 0) {
+            po.trainerReward = r.p.trainerReward;
+            po.verifierReward = r.p.verifierReward;
+            if (po.trainerReward != 0) po.trainers = new address[](ep.passed);
+            if (po.verifierReward != 0) po.votes = new uint256[](ep.verifierCount);
+        }
         mapping(uint256 => uint256) storage ws = lanes[runId][epoch];
         address[] storage list = verifierList[runId];
         for (uint256 w = 0; w < words; w++) {
@@ -618,10 +640,16 @@ abstract contract VerilocoBase is VerilocoAudit {
                     uint16 passes = uint16(lane >> 32);
                     uint16 fails = uint16(lane >> 48);
                     bool failed = _popcount16(fails) >= need;
-                    uint16 against = failed ? passes : (_popcount16(passes) >= need ? fails : 0);
-                    if (against == 0 && !failed) continue; // an honest trainer costs one lane read
+                    bool passed = !failed && _popcount16(passes) >= need;
+                    uint16 against = failed ? passes : (passed ? fails : 0);
+                    bool countVotes = po.votes.length != 0 && (passed || failed);
+                    // without rewards an honest trainer costs one lane read
+                    if (against == 0 && !failed && !countVotes && po.trainers.length == 0) continue;
                     address t = slotTrainer[runId][(w << 2) | k];
+                    if (passed && po.trainers.length != 0 && t != r.creator && t != r.p.coordinator) po.trainers[po.nTrainers++] = t;
+                    if (against == 0 && !failed && !countVotes) continue;
                     uint256[] memory idx = _assigned(ep.seed, t, q, ep.verifierCount);
+                    if (countVotes) po.nVotes += _countVotes(po.votes, idx, failed ? fails : passes);
                     if (against != 0) slashed += _slashVerifiers(runId, epoch, r, list, idx, t, against);
                     if (failed) {
                         uint256 amount = _slashOne(runId, epoch, r, t, SLASH_FAILED_AUDIT);
@@ -632,6 +660,55 @@ abstract contract VerilocoBase is VerilocoAudit {
             }
         }
         _settlePayout(slashed, paid);
+        if (po.nTrainers != 0 || po.nVotes != 0) _reward(runId, epoch, r, list, po);
+    }
+
+    /// @dev Who earns what from a finalized epoch, gathered by _slashAll's scan (memory only).
+    struct Payout {
+        uint256 trainerReward;
+        uint256 verifierReward;
+        address[] trainers; // the passed trainers that earn, first nTrainers entries
+        uint256 nTrainers;
+        uint256[] votes; // majority votes per verifier-list index
+        uint256 nVotes;
+    }
+
+    /// @dev Add one per set bit of `mask` to votes[idx[j]]; returns the number of bits.
+    function _countVotes(uint256[] memory votes, uint256[] memory idx, uint16 mask) internal pure returns (uint256 n) {
+        for (uint256 j = 0; mask != 0; j++) {
+            if (mask & 1 == 1) {
+                votes[idx[j]] += 1;
+                n++;
+            }
+            mask >>= 1;
+        }
+    }
+
+    /// @dev Credit the epoch's rewards out of the run's pool: in full while it lasts, else every
+    ///      earner gets the same fraction (pool / owed) of its due, so nobody is favoured by slot or
+    ///      list order; what rounding leaves stays in the pool. Never reverts: pool < 2^128 and
+    ///      every due < 2^128 (rewards < 2^96, votes < 2^32), so due * pool fits in 256 bits.
+    function _reward(uint256 runId, uint256 epoch, Run storage r, address[] storage list, Payout memory po) internal {
+        uint256 pool = r.pool;
+        uint256 owed = po.nTrainers * po.trainerReward + po.nVotes * po.verifierReward;
+        uint256 paid = 0;
+        uint256 share = owed <= pool ? po.trainerReward : (po.trainerReward * pool) / owed;
+        if (share != 0) {
+            for (uint256 i = 0; i < po.nTrainers; i++) credits[po.trainers[i]] += share;
+            paid = share * po.nTrainers;
+        }
+        for (uint256 i = 0; i < po.votes.length; i++) {
+            if (po.votes[i] == 0) continue;
+            uint256 due = po.votes[i] * po.verifierReward;
+            if (owed > pool) due = (due * pool) / owed;
+            if (due == 0) continue;
+            credits[list[i]] += due;
+            paid += due;
+        }
+        r.pool = pool - paid;
+        totalPools -= paid;
+        totalCredits += paid;
+        emit RewardsPaid(runId, epoch, po.nTrainers, po.nVotes, paid, pool - paid);
     }
 
     /// @dev Credit `amount` in equal shares to the committee members (list[idx[j]]) set in `mask`;

@@ -9,10 +9,11 @@ import {VerilocoBase} from "./VerilocoBase.sol";
 ///      withdrawn there). No immutables, so its code is the same in every deployment and clients can
 ///      check it (protocol/chain.py). Documented with Veriloco in docs/contract.md.
 contract VerilocoModule is VerilocoBase {
-    /// @notice Create a run; the caller becomes its creator (it may not verify in it).
+    /// @notice Create a run; the caller becomes its creator (it may not verify in it, nor earn from the
+    ///         pool). The value sent funds the run's reward pool.
     /// @param p The enforced config fields; the full config is the canonical JSON behind p.configCid.
     /// @return runId The new run's id (1-based).
-    function createRun(RunParams calldata p) external returns (uint256 runId) {
+    function createRun(RunParams calldata p) external payable returns (uint256 runId) {
         if (p.coordinator == address(0)) revert InvalidParams("coordinator");
         if (p.minTrainers == 0 || p.maxTrainers < p.minTrainers) revert InvalidParams("minTrainers/maxTrainers");
         if (p.maxVerifiers == 0) revert InvalidParams("maxVerifiers");
@@ -26,11 +27,28 @@ contract VerilocoModule is VerilocoBase {
         if (p.trainerStake == 0 || p.verifierStake == 0 || p.trainerStake > type(uint96).max || p.verifierStake > type(uint96).max) {
             revert InvalidParams("stakes must be in 1..2^96-1 wei");
         }
+        if (p.trainerReward > type(uint96).max || p.verifierReward > type(uint96).max) revert InvalidParams("rewards must be < 2^96 wei");
+        if (msg.value > type(uint128).max) revert BadFunding(runCount + 1, msg.value, 0, type(uint128).max);
         runId = ++runCount;
         Run storage r = runs[runId];
         r.p = p;
         r.creator = msg.sender;
         emit RunCreated(runId, msg.sender, p.coordinator, p.configCid, p.configDigest);
+        if (msg.value != 0) {
+            r.pool = msg.value;
+            totalPools += msg.value;
+            emit RunFunded(runId, msg.sender, msg.value, msg.value);
+        }
+    }
+
+    /// @notice Add the value sent to a run's reward pool (anyone may; it is paid out, never refunded).
+    function fundRun(uint256 runId) external payable {
+        Run storage r = _run(runId);
+        uint256 pool = r.pool + msg.value;
+        if (msg.value == 0 || pool > type(uint128).max) revert BadFunding(runId, msg.value, r.pool, type(uint128).max);
+        r.pool = pool;
+        totalPools += msg.value;
+        emit RunFunded(runId, msg.sender, msg.value, pool);
     }
 
     /// @notice Join a run as a trainer by sending exactly trainerStake; the trainer gets a free slot.
@@ -276,14 +294,14 @@ contract VerilocoModule is VerilocoBase {
         return _run(runId).p;
     }
 
-    /// @notice The mutable state of a run.
+    /// @notice The mutable state of a run; `pool` is the reward pool left (wei).
     function runState(uint256 runId)
         external
         view
-        returns (address creator, uint32 nextEpoch, uint32 activeTrainers, uint32 trainerSlots, uint32 verifierCount)
+        returns (address creator, uint32 nextEpoch, uint32 activeTrainers, uint32 trainerSlots, uint32 verifierCount, uint256 pool)
     {
         Run storage r = _run(runId);
-        return (r.creator, r.nextEpoch, r.activeTrainers, r.trainerSlots, uint32(verifierList[runId].length));
+        return (r.creator, r.nextEpoch, r.activeTrainers, r.trainerSlots, uint32(verifierList[runId].length), r.pool);
     }
 
     /// @notice A member's record; role 0 none, 1 trainer, 2 verifier; leaveEpoch is 2^32-1 while active.

@@ -124,7 +124,10 @@ class Phase(IntEnum):
 class RunParams:
     """The run-config fields the contract enforces (RunConfig.to_run_params() produces this).
 
-    Windows and the unbonding delay are seconds; stakes are wei; *_bps are basis points of 10 000.
+    Windows and the unbonding delay are seconds; stakes and rewards are wei; *_bps are basis points
+    of 10 000. Rewards are paid per finalized epoch out of the run's pool (Chain.create_run's
+    reward_pool, Chain.fund_run): trainer_reward per included trainer, verifier_reward per verdict
+    cast with the majority; 0 pays nothing.
     """
 
     config_cid: Cid
@@ -147,6 +150,8 @@ class RunParams:
     slash_bps: int = 5_000
     trainer_stake: Wei = 10**18  # type: ignore[assignment]
     verifier_stake: Wei = 10**18  # type: ignore[assignment]
+    trainer_reward: Wei = 0  # type: ignore[assignment]
+    verifier_reward: Wei = 0  # type: ignore[assignment]
 
     def to_abi(self) -> tuple[Any, ...]:
         values = [getattr(self, f.name) for f in fields(self)]
@@ -170,6 +175,7 @@ class RunInfo:
     active_trainers: int
     trainer_slots: int
     verifier_count: int
+    pool: Wei = 0  # type: ignore[assignment]  # reward pool left
 
 
 @dataclass(frozen=True)
@@ -581,13 +587,17 @@ class Chain:
 
     # -------------------------------------------------------------- transactions
 
-    def create_run(self, params: RunParams) -> RunId:
-        """Create a run; returns its id."""
-        res = self._transact("createRun", params.to_abi())
+    def create_run(self, params: RunParams, reward_pool: int = 0) -> RunId:
+        """Create a run funding its reward pool with `reward_pool` wei; returns its id."""
+        res = self._transact("createRun", params.to_abi(), value=reward_pool)
         for e in res.events:
             if e.name == "RunCreated":
                 return RunId(int(e.args["runId"]))
         raise ChainError("createRun succeeded but emitted no RunCreated event")
+
+    def fund_run(self, run_id: int, amount: int) -> TxResult:
+        """Add `amount` wei to a run's reward pool (anyone may; never refunded)."""
+        return self._transact("fundRun", run_id, value=amount)
 
     def join_trainer(self, run_id: int, stake: int | None = None) -> TxResult:
         """Stake and join as a trainer (stake defaults to the run's trainer stake)."""
@@ -698,8 +708,8 @@ class Chain:
 
     def run_info(self, run_id: int) -> RunInfo:
         params = RunParams.from_abi(self._call("runParams", run_id))
-        creator, nxt, active, slots, vcount = self._call("runState", run_id)
-        return RunInfo(RunId(run_id), params, Address(to_checksum_address(creator)), nxt, active, slots, vcount)
+        creator, nxt, active, slots, vcount, pool = self._call("runState", run_id)
+        return RunInfo(RunId(run_id), params, Address(to_checksum_address(creator)), nxt, active, slots, vcount, Wei(pool))
 
     def submission(self, run_id: int, epoch: int, trainer: str) -> SubmissionInfo:
         c, tr, lc, st, pv, fv, ok = self._call("submission", run_id, epoch, to_checksum_address(trainer))
@@ -729,8 +739,12 @@ class Chain:
         return [Address(to_checksum_address(t)) for t in ts], [Address(to_checksum_address(v)) for v in vs]
 
     def totals(self) -> tuple[Wei, Wei]:
-        """(total staked, total claimable credits); with total_burned(), they make up the contract balance."""
+        """(total staked, total claimable credits); with total_burned() and total_pools(), they make up the contract balance."""
         return Wei(int(self._call("totalStaked"))), Wei(int(self._call("totalCredits")))
+
+    def total_pools(self) -> Wei:
+        """Reward pools of all runs not yet paid out; part of the contract balance."""
+        return Wei(int(self._call("totalPools")))
 
     def total_burned(self) -> Wei:
         """Slashed stake nobody earned, locked in the contract for good."""

@@ -298,6 +298,12 @@ class NotStaked(ContractRevert):
     fields = ("run_id", "account")
 
 
+class BadFunding(ContractRevert):
+    """fundRun needs a positive value, and a run's reward pool must stay below 2^128 wei (`maximum`)."""
+
+    fields = ("run_id", "amount", "pool", "maximum")
+
+
 REVERT_CLASSES: dict[str, type[ContractRevert]] = {
     cls.__name__: cls for cls in ContractRevert.__subclasses__()
 }

@@ -118,6 +118,15 @@ class StakeSection:
 
 
 @dataclass(frozen=True)
+class RewardSection:
+    """Wei paid out of the run's pool per finalized epoch (docs/contract.md, "Rewards")."""
+
+    trainer_wei: int = 0  # per included trainer
+    verifier_wei: int = 0  # per verdict cast with the majority on a decided trainer
+    pool_wei: int = 0  # what the creator funds the pool with at createRun (anyone may top it up)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Everything a run's participants agree on. Sections mirror the TOML tables."""
 
@@ -131,6 +140,7 @@ class RunConfig:
     audit: AuditSection = field(default_factory=AuditSection)
     windows: WindowSection = field(default_factory=WindowSection)
     stakes: StakeSection = field(default_factory=StakeSection)
+    rewards: RewardSection = field(default_factory=RewardSection)
 
     def __post_init__(self) -> None:
         problems = _check(self)
@@ -149,8 +159,8 @@ class RunConfig:
         return keccak(self.to_json())
 
     def to_run_params(self, config_cid: str, init_model_cid: str, init_model_digest: bytes, coordinator: str) -> RunParams:
-        """The fields the contract enforces, for `Chain.create_run`."""
-        w, a, st = self.windows, self.audit, self.stakes
+        """The fields the contract enforces, for `Chain.create_run` (whose reward_pool is rewards.pool_wei)."""
+        w, a, st, rw = self.windows, self.audit, self.stakes, self.rewards
         return RunParams(
             config_cid=Cid(config_cid), config_digest=self.digest(),
             init_model_cid=Cid(init_model_cid), init_model_digest=Digest(init_model_digest),
@@ -160,6 +170,7 @@ class RunConfig:
             verdict_window=w.verdict_s, finalize_window=w.finalize_s, unbonding_delay=w.unbonding_s,
             audit_steps=a.steps, final_check_bps=a.final_check_bps, quorum=a.quorum, slash_bps=st.slash_bps,
             trainer_stake=Wei(st.trainer_wei), verifier_stake=Wei(st.verifier_wei),
+            trainer_reward=Wei(rw.trainer_wei), verifier_reward=Wei(rw.verifier_wei),
         )
 
 
@@ -191,6 +202,13 @@ def _check(cfg: RunConfig) -> list[str]:
         p.append("need 1 <= stakes.min_trainers <= stakes.max_trainers")
     if not (cfg.outer.clip == 0 or cfg.outer.clip >= 1):
         p.append(f"outer.clip must be 0 (off) or at least 1 (1 caps every norm at the median), got {cfg.outer.clip}")
+    rw = cfg.rewards
+    if not (0 <= rw.trainer_wei < 2**96 and 0 <= rw.verifier_wei < 2**96):
+        p.append(f"rewards.trainer_wei and rewards.verifier_wei must be within 0..2^96-1 (the contract's limit), got {rw.trainer_wei}, {rw.verifier_wei}")
+    if not 0 <= rw.pool_wei < 2**128:
+        p.append(f"rewards.pool_wei must be within 0..2^128-1 (the contract's limit), got {rw.pool_wei}")
+    if rw.pool_wei > 0 and rw.trainer_wei == rw.verifier_wei == 0:
+        p.append("rewards.pool_wei is funded but rewards.trainer_wei and verifier_wei are 0: the pool would never pay out")
     if cfg.data.batch_size < 1 or cfg.data.seq_len < 1:
         p.append("data.batch_size and data.seq_len must be positive")
     return p

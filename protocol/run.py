@@ -79,7 +79,7 @@ def publish_run(chain: Chain, store: Store, cfg: RunConfig, coordinator: str | N
     if who is None:
         raise RunError("creating a run needs a coordinator address or a signing key")
     params = cfg.to_run_params(config_cid, g0_cid, state_digest(g0), who)
-    return chain.create_run(params), cfg
+    return chain.create_run(params, reward_pool=cfg.rewards.pool_wei), cfg
 
 
 def open_run(chain: Chain, store: Store, run_id: int) -> RunContext:

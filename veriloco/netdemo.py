@@ -79,6 +79,8 @@ class DemoOptions:
                    "mode": "tolerant" if self.stages > 1 else "exact"},
             windows={"commit_s": w, "reveal_s": w, "response_s": w, "verdict_s": w, "finalize_s": w},
             stakes={"min_trainers": 1},
+            # a small pool, so rewards show: 0.001 ETH per included trainer and 0.0001 per majority verdict
+            rewards={"trainer_wei": 10**15, "verifier_wei": 10**14, "pool_wei": 10**17},
         )
 
 
@@ -360,6 +362,7 @@ def _summarize(chain: Chain, store: Any, run_id: int, cfg: RunConfig, nodes: lis
     slashes += [{"account": ev.args["verifier"], "epoch": ev.args["epoch"], "reason": "outvoted"}
                 for ev in chain.events(["VerifierSlashed"], run_id=run_id)]
     slashed = sorted({s["account"] for s in slashes})
+    rewards = sum(int(ev.args["paid"]) for ev in chain.events(["RewardsPaid"], run_id=run_id))
     trainers = [n for n in nodes if n.role == "trainer"]
     payload_bytes: dict[str, list[int]] = {}
     steps_total = 0
@@ -388,6 +391,8 @@ def _summarize(chain: Chain, store: Any, run_id: int, cfg: RunConfig, nodes: lis
         "slashed": slashed,
         "slashes": slashes,  # one entry per slash: every offence is slashed once
         "verdicts": {"pass": verdicts.get("pass", 0), "fail": verdicts.get("fail", 0)},
+        "rewards_paid_wei": rewards,
+        "reward_pool_left_wei": int(chain.run_info(run_id).pool),
         "bytes_per_trainer": round(sum(honest) / max(1, len({n.address for n in trainers if n.cheat is None}))),
         # ring AllReduce of fp32 gradients every inner step, per worker: 2 (K-1)/K * 4 bytes * params * steps
         "allreduce_bytes_equivalent": round(2 * (k - 1) / k * 4 * params * steps_total),
@@ -402,6 +407,7 @@ def _print_summary(s: dict[str, Any], say: Any) -> None:
     say(f"  eval loss             {s['initial_eval_loss']} -> {s['final_eval_loss']}")
     say(f"  verdicts              {s['verdicts']['pass']} pass, {s['verdicts']['fail']} fail")
     say(f"  slashed               {', '.join(s['slashed']) or 'nobody'}")
+    say(f"  rewards paid          {s['rewards_paid_wei'] / 1e18:g} ETH (pool left {s['reward_pool_left_wei'] / 1e18:g} ETH)")
     if s["cheaters"]:
         say(f"  cheaters              {', '.join(f'{a} ({k})' for a, k in s['cheaters'].items())}")
     ratio = s["allreduce_bytes_equivalent"] / max(1, s["bytes_per_trainer"])

@@ -52,6 +52,9 @@ def test_honest_network_learns_and_nobody_is_slashed(tmp_path: Path) -> None:
     assert s["slashed"] == []
     assert s["final_eval_loss"] < s["initial_eval_loss"] - 0.5
     assert all(len(v) == 3 for v in included.values())
+    # the demo's pool pays 0.001 ETH per included trainer and 0.0001 ETH per (quorum-1, so decisive) verdict
+    paid = sum(len(v) for v in included.values()) * 10**15 + s["verdicts"]["pass"] * 10**14
+    assert s["rewards_paid_wei"] == paid and s["reward_pool_left_wei"] == 10**17 - paid
     assert (tmp_path / "report" / "summary.json").exists() and (tmp_path / "report" / "loss.png").exists()
 
 

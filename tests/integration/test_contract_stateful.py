@@ -2,8 +2,9 @@
 
 Any action may be invalid at the time it is tried; the contract must then revert with one of its
 custom errors (never anything else), and after every step these invariants hold:
-- the contract's balance equals stakes held plus claimable slashed funds (credits), and the stakes
-  held equal the sum of the members' stakes;
+- the contract's balance equals stakes held plus claimable credits (bounties and rewards) plus
+  burned stake plus the reward pools, the run's pool is what the pools total, and the stakes held
+  equal the sum of the members' stakes;
 - an epoch's phase never goes back (NotStarted < Committing < Revealing < Auditing < Finalized|Aborted);
 - a finalized epoch included exactly the trainers with a passing verdict quorum (no failed or
   unverified trainer included, no passing one omitted);
@@ -31,8 +32,9 @@ EPOCHS = st.integers(-1, 1)  # offset from the current epoch: where the action i
 _NET: PyEvmNet | None = None
 _ORDER = {
     Phase.NOT_STARTED: 0, Phase.COMMITTING: 1, Phase.REVEALING: 2, Phase.AUDITING: 3,
-    Phase.FINALIZED: 4, Phase.ABORTED: 4,
+    Phase.CONFIRMING: 4, Phase.FINALIZED: 5, Phase.ABORTED: 5,
 }
+POOL = 10**16  # pays a few epochs in full, then runs dry (pro rata, then nothing)
 
 
 def net() -> PyEvmNet:
@@ -50,7 +52,8 @@ class ContractMachine(RuleBasedStateMachine):
         self.coord = self.net.chain(0)
         self.run_id = self.coord.create_run(
             params(self.net.accounts[0], min_trainers=2, max_trainers=4, quorum=2, final_check_bps=5_000,
-                   unbonding_delay=50)
+                   unbonding_delay=50, trainer_reward=10**15, verifier_reward=3 * 10**14),
+            reward_pool=POOL,
         )
         self.trainers = [Trainer(self.net.chain(i), self.run_id, leaves=5) for i in TRAINERS]
         self.verifiers = [self.net.chain(i) for i in VERIFIERS]
@@ -58,13 +61,14 @@ class ContractMachine(RuleBasedStateMachine):
             t.chain.join_trainer(self.run_id)
         for v in self.verifiers:
             v.join_verifier(self.run_id)
+        self.coord.stake_coordinator(self.run_id)
         self.phases: dict[int, Phase] = {}
 
     def teardown(self) -> None:
         if hasattr(self, "snap"):
             try:
                 staked, _ = self.coord.totals()
-                held = sum(self.coord.member(self.run_id, self.net.accounts[k]).stake for k in TRAINERS + VERIFIERS)
+                held = sum(self.coord.member(self.run_id, self.net.accounts[k]).stake for k in [0] + TRAINERS + VERIFIERS)
                 assert held == staked, "stakes held differ from the sum of the members' stakes"
             finally:
                 self.net.revert(self.snap)
@@ -137,12 +141,14 @@ class ContractMachine(RuleBasedStateMachine):
         passing = {a for a, s in subs.items() if s.passed}
         included = {"passing": passing, "all": set(subs), "none": set(), "first": set(list(subs)[:1])}[mode]
         try:
-            self.coord.finalize(self.run_id, epoch, "bafkreimodel", keccak(b"m%d" % epoch), sorted(included))
+            res = self.coord.finalize(self.run_id, epoch, "bafkreimodel", keccak(b"m%d" % epoch), sorted(included))
         except ce.ContractRevert:
             return
+        if any(e.name == "RewardsPaid" for e in res.events):
+            event("finalize paid rewards")
         assert included == passing, "finalize accepted an included set other than exactly the passing trainers"
         event(f"finalized with {len(passing)} passing")
-        assert self.coord.epoch_status(self.run_id, epoch).phase == Phase.FINALIZED
+        assert self.coord.epoch_status(self.run_id, epoch).phase in (Phase.FINALIZED, Phase.CONFIRMING)
 
     @rule(epoch=EPOCHS)
     def settle(self, epoch: int) -> None:
@@ -176,12 +182,19 @@ class ContractMachine(RuleBasedStateMachine):
         except ce.ContractRevert:
             pass
 
-    @rule()
-    def claim(self) -> None:
+    @rule(k=st.integers(0, 7))
+    def claim(self, k: int) -> None:
         try:
-            self.coord.claim()
+            self.net.chain(([0] + TRAINERS + VERIFIERS)[k]).claim()
         except ce.ContractRevert:
             pass
+
+    @rule(wei=st.integers(0, 3 * 10**15))
+    def fund(self, wei: int) -> None:
+        try:
+            self.net.chain(8).fund_run(self.run_id, wei)
+        except ce.ContractRevert:
+            assert wei == 0, "fundRun refused a positive amount"
 
     @rule(seconds=st.integers(1, 160))
     def wait(self, seconds: int) -> None:
@@ -218,7 +231,9 @@ class ContractMachine(RuleBasedStateMachine):
         if not hasattr(self, "coord"):
             return
         staked, credits = self.coord.totals()
-        assert self.coord.balance() == staked + credits
+        pools = self.coord.total_pools()
+        assert self.coord.balance() == staked + credits + self.coord.total_burned() + pools
+        assert self.coord.run_info(self.run_id).pool == pools
 
     @invariant()
     def phases_never_go_back(self) -> None:
@@ -228,7 +243,7 @@ class ContractMachine(RuleBasedStateMachine):
             ph = self.coord.epoch_status(self.run_id, e).phase
             old = self.phases.get(e, Phase.NOT_STARTED)
             assert _ORDER[ph] >= _ORDER[old], f"epoch {e} went back from {old.name} to {ph.name}"
-            if _ORDER[old] == 4:
+            if _ORDER[old] == 5:
                 assert ph == old, f"epoch {e} left terminal phase {old.name}"
             self.phases[e] = ph
 

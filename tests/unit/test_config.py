@@ -60,3 +60,32 @@ def test_tolerant_mode_stays_in_the_calibrated_range() -> None:
     RunConfig().replace(audit={"mode": "tolerant", "segment": 16})
     with pytest.raises(ConfigError, match="calibrated range"):
         RunConfig().replace(audit={"mode": "tolerant", "segment": 32})
+
+
+def test_rewards_section_reaches_run_params_and_canonical_json(tmp_path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text("[rewards]\ntrainer_wei = 1000\nverifier_wei = 100\npool_wei = 1000000000000000000000\n")
+    cfg = load_toml(path)
+    raw = cfg.to_json()
+    assert b'"rewards":{"pool_wei":1000000000000000000000,"trainer_wei":1000,"verifier_wei":100}' in raw
+    assert from_json(raw) == cfg and cfg.digest() != RunConfig().digest()
+    p = cfg.to_run_params("bafyc", "bafym", b"\x00" * 32, "0x" + "11" * 20)
+    assert (p.trainer_reward, p.verifier_reward) == (1000, 100)
+    # no [rewards] table: nothing is paid, the run needs no pool
+    d = RunConfig().to_run_params("bafyc", "bafym", b"\x00" * 32, "0x" + "11" * 20)
+    assert (d.trainer_reward, d.verifier_reward, RunConfig().rewards.pool_wei) == (0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    "rewards, message",
+    [
+        ({"trainer_wei": 2**96}, "rewards.trainer_wei and rewards.verifier_wei must be within 0..2^96-1"),
+        ({"verifier_wei": -1}, "rewards.trainer_wei and rewards.verifier_wei must be within 0..2^96-1"),
+        ({"trainer_wei": 1, "pool_wei": 2**128}, "rewards.pool_wei must be within 0..2^128-1"),
+        ({"pool_wei": 10}, "the pool would never pay out"),
+        ({"pool_wei": "10"}, "rewards.pool_wei must be an integer"),
+    ],
+)
+def test_bad_rewards_are_named(rewards: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("^", r"\^").replace(".", r"\.")):
+        RunConfig().replace(rewards=rewards)

@@ -618,3 +618,94 @@ def test_finalize_cost_does_not_grow_with_departed_trainers(fresh: PyEvmNet) -> 
     base = _finalize_gas(fresh, 0)
     grown = _finalize_gas(fresh, 8)
     assert grown - base < 1_000, f"8 departed trainers add {grown - base} gas to every finalize of the run"
+
+
+# ---------------------------------------------------------------- V3: lazy verifiers
+
+
+def test_a_lazy_verifier_is_slashed_even_when_everyone_is_honest(fresh: PyEvmNet) -> None:
+    """V3, q = 3: every trainer is honest and every vote is "pass", but one verifier posts a witness
+    it did not compute (zero). The majority witness convicts it: slashed, no bounty, off the list."""
+    r = make_run(fresh, n_trainers=2, n_verifiers=3, quorum=3)
+    a, b = r.trainers
+    r.open_epoch(0)
+    lazy = r.assigned(0, a)[1].sender
+    for t in (a, b):
+        assigned = [v.sender for v in r.assigned(0, t)]
+        r.judge(0, t, [True] * 3, [bytes(32) if v == lazy else r.witness(0, t) for v in assigned])
+    r.reveal_verdicts(0)
+    assert r.coord.submission(r.run_id, 0, a.address).passed  # its vote agrees: it still counts as cast
+    assert r.finalize(0, [a, b]) == {}
+    slashes = [e.args["verifier"] for e in r.coord.events(["VerifierSlashed"], run_id=r.run_id, epoch=0)]
+    assert slashes == [lazy, lazy]  # once per trainer it pretended to replay
+    assert r.coord.member(r.run_id, lazy).stake == VSTAKE // 4 and r.coord.member(r.run_id, lazy).leave_epoch == 1
+    assert r.coord.totals()[1] == 0  # burned, nobody credited
+    for v in r.verifiers:
+        if v.sender != lazy:
+            assert r.coord.member(r.run_id, v.sender).stake == VSTAKE
+    r.open_epoch(1)
+    assert lazy not in r.coord.participants(r.run_id)[1]
+
+
+def test_a_lying_reference_witness_is_outvoted_by_the_two_that_agree(fresh: PyEvmNet) -> None:
+    """V3: the first revealed witness is only the first group; with q = 3 a liar that reveals first
+    is the odd one when the other two agree with each other, and it alone is slashed."""
+    r = make_run(fresh, n_trainers=1, n_verifiers=3, quorum=3)
+    t = r.trainers[0]
+    rid = r.run_id
+    r.open_epoch(0)
+    liar, h1, h2 = r.assigned(0, t)
+    good = r.witness(0, t)
+    votes = {liar.sender: [(t.address, True, keccak(b"made up"), "l")]}
+    votes |= {v.sender: [(t.address, True, good, "h")] for v in (h1, h2)}
+    for v in (liar, h1, h2):
+        v.commit_verdicts(rid, 0, votes[v.sender], SALT)
+    for v in (liar, h1, h2):  # the liar's witness becomes the first (reference) group
+        v.submit_verdicts(rid, 0, votes[v.sender], SALT)
+    assert r.finalize(0, [t]) == {}
+    assert _verifier_slashes(r, 0) == {liar.sender: t.address}
+
+
+def test_a_witness_minority_that_fails_an_honest_trainer_earns_no_bounty(fresh: PyEvmNet) -> None:
+    """V3 with a cheater: the two honest verifiers fail it with the majority witness and share its
+    stake; a third that also fails it without replaying (zero witness) is slashed and paid nothing."""
+    r = make_run(fresh, n_trainers=2, n_verifiers=3, quorum=3)
+    honest, cheat = r.trainers
+    r.open_epoch(0)
+    lazy = r.assigned(0, cheat)[2].sender
+    r.judge(0, honest, [True] * 3)
+    r.judge(0, cheat, [False] * 3, [r.witness(0, cheat)] * 2 + [bytes(32)])
+    r.reveal_verdicts(0)
+    assert r.finalize(0, [honest]) == {cheat.address: FAILED_AUDIT}
+    assert _verifier_slashes(r, 0) == {lazy: cheat.address}
+    paid = [v.sender for v in r.assigned(0, cheat)[:2]]
+    assert all(r.coord.credits(v) == STAKE // 4 for v in paid) and r.coord.credits(lazy) == 0
+
+
+def test_verdict_reveals_wait_for_every_commitment_or_half_the_window(fresh: PyEvmNet) -> None:
+    """Reveals open when every verifier of the frozen list committed (an unassigned one commits an
+    empty list) or at responseDeadline + verdictWindow / 2; the commitment is the pure helper's."""
+    r = make_run(fresh, n_trainers=1, n_verifiers=3, quorum=2)
+    t = r.trainers[0]
+    rid = r.run_id
+    r.open_epoch(0)
+    v1, v2 = r.assigned(0, t)
+    idle = next(v for v in r.verifiers if v.sender not in (v1.sender, v2.sender))
+    mine = [(t.address, True, r.witness(0, t), "e")]
+    v1.commit_verdicts(rid, 0, mine, SALT)
+    v2.commit_verdicts(rid, 0, mine, SALT)
+    with pytest.raises(ce.VerdictsNotOpen) as no:
+        v1.submit_verdicts(rid, 0, mine, SALT)
+    assert (no.value.commits, no.value.verifier_count) == (2, 3)
+    with pytest.raises(ce.RevealMismatch) as rm:  # checked only once open: so open it by time
+        fresh.advance(WINDOW + WINDOW // 2 + 1)  # past the response deadline + half the verdict window
+        v1.submit_verdicts(rid, 0, mine, keccak(b"another salt"))
+    assert rm.value.actual == v1.verdict_commitment_for(rid, 0, mine, keccak(b"another salt"))
+    assert int.from_bytes(rm.value.expected, "big") == int.from_bytes(v1.verdict_commitment_for(rid, 0, mine, SALT)[4:], "big")
+    with pytest.raises(ce.VerdictCommitsClosed):
+        idle.commit_verdicts(rid, 0, [], SALT)
+    v1.submit_verdicts(rid, 0, mine, SALT)
+    v2.submit_verdicts(rid, 0, mine, SALT)
+    assert r.coord.submission(rid, 0, t.address).passed
+    with pytest.raises(ce.NotCommitted):
+        idle.submit_verdicts(rid, 0, [], SALT)

@@ -117,16 +117,18 @@ def play_epoch(ledger: Ledger, coord: Chain, trainers: list[Chain], verifiers: M
         for va in coord.assignment(run_id, epoch, t.sender).verifiers:  # type: ignore[arg-type]
             jobs[str(va)].append(t.sender)  # type: ignore[arg-type]
     evidence = "bafkreievidenceevidenceevidenceevidenceevidenceevidenceevide"
-    for v, ts in jobs.items():
-        if batched:
-            res = verifiers[v].submit_verdicts(run_id, epoch, [(a, True, evidence) for a in ts])
-            totals["verdicts"] += ledger.add(f"submitVerdicts ({len(ts)} verdicts)" if len(ts) > 1 else "submitVerdicts (1 verdict)", res.gas_used)
-            totals["max_tx"] = max(totals["max_tx"], res.gas_used)
-            ledger.add("submitVerdicts per verdict", res.gas_used // len(ts))
-        else:
-            for a in ts:
-                res = verifiers[v].submit_verdict(run_id, epoch, a, True, evidence)
-                totals["verdicts"] += ledger.add("submitVerdict", res.gas_used)
+    # verdicts are committed (every verifier of the frozen list, once) and then revealed with their
+    # replay witnesses; there is no single-verdict form any more, so `batched` no longer changes anything
+    salt = keccak(b"verdict salt %d" % epoch)
+    batches = {v: [(a, True, keccak(b"witness " + bytes.fromhex(a[2:])), evidence) for a in ts] for v, ts in jobs.items()}
+    for v in coord.frozen_verifiers(run_id, epoch):
+        res = verifiers[v].commit_verdicts(run_id, epoch, batches.get(v, []), salt)
+        totals["verdict_commits"] += ledger.add("commitVerdicts", res.gas_used)
+    for v, vs in batches.items():
+        res = verifiers[v].submit_verdicts(run_id, epoch, vs, salt)
+        totals["verdicts"] += ledger.add(f"submitVerdicts ({len(vs)} verdicts)" if len(vs) > 1 else "submitVerdicts (1 verdict)", res.gas_used)
+        totals["max_tx"] = max(totals["max_tx"], res.gas_used)
+        ledger.add("submitVerdicts per verdict", res.gas_used // len(vs))
     res = coord.finalize(run_id, epoch, MODEL_CID, keccak(b"model %d" % epoch), [t.sender for t in trainers])  # type: ignore[misc]
     totals["finalize"] += ledger.add(f"finalize ({len(trainers)} trainers)", res.gas_used)
     totals["max_tx"] = max(totals["max_tx"], res.gas_used)

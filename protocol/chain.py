@@ -39,6 +39,7 @@ from web3.exceptions import TimeExhausted
 
 from protocol.chain_audit import (
     AuditResponse,
+    Verdict,
     assigned_verifiers,
     audit_seed,
     build_response,
@@ -47,10 +48,9 @@ from protocol.chain_audit import (
     final_check,
     pair_proof,
     response_indices,
+    verdict_commitment,
     verify_pair,
     verify_response,
-    Verdict,
-    verdict_commitment,
 )
 from protocol.chain_errors import (
     REVERT_CLASSES,

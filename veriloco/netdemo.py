@@ -63,6 +63,7 @@ class DemoOptions:
     timeout_s: float = 900.0
     windows_s: int = 60  # every chain window; the contract advances early when everyone has acted
     stages: int = 1  # pipeline stages per trainer (> 1 switches the run to tolerant audits)
+    quorum: int = 1  # verifiers assigned to each trainer (witness accountability needs 3)
 
     def config(self) -> RunConfig:
         w = self.windows_s
@@ -74,7 +75,7 @@ class DemoOptions:
             outer={"lr": 0.7, "momentum": 0.5},
             schedule={"epochs": self.epochs, "h_initial": self.steps, "h_min": max(1, self.steps // 2),
                       "h_max": self.steps * 2},
-            audit={"steps": 3, "final_check_bps": 10_000, "quorum": 1,
+            audit={"steps": 3, "final_check_bps": 10_000, "quorum": self.quorum,
                    "mode": "tolerant" if self.stages > 1 else "exact"},
             windows={"commit_s": w, "reveal_s": w, "response_s": w, "verdict_s": w, "finalize_s": w},
             stakes={"min_trainers": 1},

@@ -103,7 +103,8 @@ def play_epoch(ledger: Ledger, coord: Chain, trainers: list[Chain], verifiers: M
         last = t is trainers[-1]
         totals["reveal"] += ledger.add("reveal (last: schedules seed)" if last else "reveal", res.gas_used)
     assert coord.epoch_status(run_id, epoch).phase == Phase.AUDITING
-    # the closing reveal scheduled the seed; one startAudit in a later block fixes it
+    # the first startAudit schedules the seed (the closing reveal no longer does); one in a later block fixes it
+    totals["seed"] += ledger.add("startAudit (schedules seed)", coord.start_audit(run_id, epoch).gas_used)
     totals["seed"] += ledger.add("startAudit (fixes seed)", coord.start_audit(run_id, epoch).gas_used)
     seed = coord.fix_audit_seed(run_id, epoch, tries=0)
     assert seed is not None
@@ -132,6 +133,10 @@ def play_epoch(ledger: Ledger, coord: Chain, trainers: list[Chain], verifiers: M
     res = coord.finalize(run_id, epoch, MODEL_CID, keccak(b"model %d" % epoch), [t.sender for t in trainers])  # type: ignore[misc]
     totals["finalize"] += ledger.add(f"finalize ({len(trainers)} trainers)", res.gas_used)
     totals["max_tx"] = max(totals["max_tx"], res.gas_used)
+    committee = coord.model_committee(run_id, epoch)  # the model counts once a committee majority attests it
+    for m in committee[: len(committee) // 2 + 1]:
+        res = verifiers[m].attest_model(run_id, epoch, keccak(b"model %d" % epoch), MODEL_CID)
+        totals["attest"] += ledger.add("attestModel", res.gas_used)
     assert coord.epoch_status(run_id, epoch).phase == Phase.FINALIZED
     return dict(totals)
 
@@ -149,6 +154,7 @@ def bench_count(url: str, address: str, ledger: Ledger, n: int) -> dict[str, Any
         ledger.add("joinTrainer", t.join_trainer(run_id).gas_used)
     for v in verifiers.values():
         ledger.add("joinVerifier", v.join_verifier(run_id).gas_used)
+    ledger.add("stakeCoordinator", coord.stake_coordinator(run_id).gas_used)  # finalize needs it
     # epochs 0-2 are the run's first use of each trainer's three rotating hash slots (cold storage);
     # from epoch 3 on every slot is reused: the steady state of a long run
     cold = play_epoch(ledger, coord, trainers, verifiers, run_id, 0, batched=True)

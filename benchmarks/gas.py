@@ -122,8 +122,8 @@ def play_epoch(ledger: Ledger, coord: Chain, trainers: list[Chain], verifiers: M
     # replay witnesses; there is no single-verdict form any more, so `batched` no longer changes anything
     salt = keccak(b"verdict salt %d" % epoch)
     batches = {v: [(a, True, keccak(b"witness " + bytes.fromhex(a[2:])), evidence) for a in ts] for v, ts in jobs.items()}
-    for v in coord.frozen_verifiers(run_id, epoch):
-        res = verifiers[v].commit_verdicts(run_id, epoch, batches.get(v, []), salt)
+    for addr in coord.frozen_verifiers(run_id, epoch):
+        res = verifiers[addr].commit_verdicts(run_id, epoch, batches.get(addr, []), salt)
         totals["verdict_commits"] += ledger.add("commitVerdicts", res.gas_used)
     for v, vs in batches.items():
         res = verifiers[v].submit_verdicts(run_id, epoch, vs, salt)

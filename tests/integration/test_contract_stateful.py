@@ -130,7 +130,7 @@ class ContractMachine(RuleBasedStateMachine):
         epoch = self._epoch(epoch)
         t = self.trainers[i].address
         w = bytes(32) if lazy else keccak(b"witness %d " % epoch + t.encode())
-        self.queued.setdefault((self.verifiers[j].sender, epoch), []).append((t, ok, w, "bafkreie"))
+        self.queued.setdefault((str(self.verifiers[j].sender), epoch), []).append((t, ok, w, "bafkreie"))
 
     @rule(j=st.integers(0, 2), epoch=EPOCHS, reveal=st.booleans())
     def send_verdicts(self, j: int, epoch: int, reveal: bool) -> None:
@@ -225,13 +225,13 @@ class ContractMachine(RuleBasedStateMachine):
                     except (ce.ContractRevert, ValueError):
                         pass
                 if self.coord.submission(self.run_id, epoch, t.address).state == 3:
-                    for v in self.coord.assignment(self.run_id, epoch, t.address).verifiers:
+                    for a in self.coord.assignment(self.run_id, epoch, t.address).verifiers:
                         w = keccak(b"witness %d " % epoch + t.address.encode())
-                        self.queued.setdefault((str(v), epoch), []).append((t.address, True, w, "e"))
-            for v in self.verifiers:
-                self._send(v, epoch, reveal=False)
-            for v in self.verifiers:
-                self._send(v, epoch, reveal=True)
+                        self.queued.setdefault((str(a), epoch), []).append((t.address, True, w, "e"))
+            for chain in self.verifiers:
+                self._send(chain, epoch, reveal=False)
+            for chain in self.verifiers:
+                self._send(chain, epoch, reveal=True)
             self.finalize(epoch, "passing", offset=False)
 
     # ------------------------------------------------------------ invariants

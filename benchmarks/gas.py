@@ -3,14 +3,11 @@
     .venv/bin/python benchmarks/gas.py --out benchmarks/results/gas.json [--trainers 1,8,64,256] [--rewards]
 
 For each trainer count T the script creates a run on a fresh anvil (npm @foundry-rs/anvil, started
-on a free loopback port and stopped by PID), lets T trainers and V verifiers join, and plays two
-five full epochs through the Python binding:
-- batched: each verifier judges all its trainers in one `submitVerdicts` transaction;
-- unbatched (baseline): one `submitVerdict` transaction per verdict.
+on a free loopback port and stopped by PID), lets T trainers and V verifiers join, and plays four
+full epochs through the Python binding, each verifier committing its epoch's verdicts once and
+revealing them (with replay witnesses) in one `submitVerdicts` transaction. Epochs 0-2 are the
+first use of each trainer's three rotating hash slots; epoch 3 is the steady state (the headline).
 Every transaction's gasUsed comes from its receipt (21k intrinsic gas and calldata included).
-Epochs 0-2 are the first use of each trainer's three rotating hash slots; epoch 3 (batched
-verdicts, the headline) and epoch 4 (one transaction per verdict, the baseline) are the steady
-state. Per-call numbers mix all measured epochs (0, 3, 4).
 
 gas per trainer per epoch = (all commits + reveals + the two startAudit calls that schedule and fix
 the seed + audit responses + verdict transactions + finalize + the attestation committee's
@@ -95,7 +92,7 @@ MODEL_CID = "bafkreidvbhs33ighmljlvr7zbv2ywwzcmp5adtf4kqvlly67cy56bdtmve"
 
 
 def play_epoch(ledger: Ledger, coord: Chain, trainers: list[Chain], verifiers: Mapping[str, Chain], run_id: int,
-               epoch: int, batched: bool) -> dict[str, int]:
+               epoch: int) -> dict[str, int]:
     """One full epoch; returns gas totals by stage."""
     totals: dict[str, int] = defaultdict(int)
     material = {}
@@ -127,16 +124,18 @@ def play_epoch(ledger: Ledger, coord: Chain, trainers: list[Chain], verifiers: M
         for va in coord.assignment(run_id, epoch, t.sender).verifiers:  # type: ignore[arg-type]
             jobs[str(va)].append(t.sender)  # type: ignore[arg-type]
     evidence = "bafkreievidenceevidenceevidenceevidenceevidenceevidenceevide"
-    for v, ts in jobs.items():
-        if batched:
-            res = verifiers[v].submit_verdicts(run_id, epoch, [(a, True, evidence) for a in ts])
-            totals["verdicts"] += ledger.add(f"submitVerdicts ({len(ts)} verdicts)" if len(ts) > 1 else "submitVerdicts (1 verdict)", res.gas_used)
-            totals["max_tx"] = max(totals["max_tx"], res.gas_used)
-            ledger.add("submitVerdicts per verdict", res.gas_used // len(ts))
-        else:
-            for a in ts:
-                res = verifiers[v].submit_verdict(run_id, epoch, a, True, evidence)
-                totals["verdicts"] += ledger.add("submitVerdict", res.gas_used)
+    # verdicts are committed (every verifier of the frozen list, once) and then revealed with their
+    # replay witnesses (one reveal transaction per verifier)
+    salt = keccak(b"verdict salt %d" % epoch)
+    batches = {v: [(a, True, keccak(b"witness " + bytes.fromhex(a[2:])), evidence) for a in ts] for v, ts in jobs.items()}
+    for addr in coord.frozen_verifiers(run_id, epoch):
+        res = verifiers[addr].commit_verdicts(run_id, epoch, batches.get(addr, []), salt)
+        totals["verdict_commits"] += ledger.add("commitVerdicts", res.gas_used)
+    for v, vs in batches.items():
+        res = verifiers[v].submit_verdicts(run_id, epoch, vs, salt)
+        totals["verdicts"] += ledger.add(f"submitVerdicts ({len(vs)} verdicts)" if len(vs) > 1 else "submitVerdicts (1 verdict)", res.gas_used)
+        totals["max_tx"] = max(totals["max_tx"], res.gas_used)
+        ledger.add("submitVerdicts per verdict", res.gas_used // len(vs))
     res = coord.finalize(run_id, epoch, MODEL_CID, keccak(b"model %d" % epoch), [t.sender for t in trainers])  # type: ignore[misc]
     totals["finalize"] += ledger.add(f"finalize ({len(trainers)} trainers)", res.gas_used)
     totals["max_tx"] = max(totals["max_tx"], res.gas_used)
@@ -165,11 +164,10 @@ def bench_count(url: str, address: str, ledger: Ledger, n: int, rewards: bool = 
     ledger.add("stakeCoordinator", coord.stake_coordinator(run_id).gas_used)
     # epochs 0-2 are the run's first use of each trainer's three rotating hash slots (cold storage);
     # from epoch 3 on every slot is reused: the steady state of a long run
-    cold = play_epoch(ledger, coord, trainers, verifiers, run_id, 0, batched=True)
-    play_epoch(Ledger(), coord, trainers, verifiers, run_id, 1, batched=True)
-    play_epoch(Ledger(), coord, trainers, verifiers, run_id, 2, batched=True)
-    batched = play_epoch(ledger, coord, trainers, verifiers, run_id, 3, batched=True)
-    single = play_epoch(ledger, coord, trainers, verifiers, run_id, 4, batched=False)
+    cold = play_epoch(ledger, coord, trainers, verifiers, run_id, 0)
+    play_epoch(Ledger(), coord, trainers, verifiers, run_id, 1)
+    play_epoch(Ledger(), coord, trainers, verifiers, run_id, 2)
+    batched = play_epoch(ledger, coord, trainers, verifiers, run_id, 3)
     if rewards:
         ledger.add("claim", trainers[0].claim().gas_used)  # five epochs of rewards
 
@@ -182,7 +180,6 @@ def bench_count(url: str, address: str, ledger: Ledger, n: int, rewards: bool = 
         "trainers": n,
         "verifiers": VERIFIERS,
         "batched": per_trainer(batched),
-        "unbatched": per_trainer(single),
         "first_epoch": per_trainer(cold),
         "epoch_total_gas": sum(v for k, v in batched.items() if k != "max_tx"),
         "largest_tx_gas": batched["max_tx"],
@@ -273,14 +270,14 @@ def collapse_batches(per_call: dict[str, dict[str, int]]) -> dict[str, dict[str,
 
 
 def markdown(result: dict[str, Any]) -> str:
-    rows = ["| trainers | commit | reveal | seed | respond | verdicts | finalize | attest | **total / trainer / epoch** | vs 300k target | unbatched verdicts | batched / unbatched | first epoch (cold storage) |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| trainers | commit | reveal | seed | respond | verdict commits | verdict reveals | finalize | attest | **total / trainer / epoch** | vs 300k target | first epoch (cold storage) |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for n, r in result["per_count"].items():
-        b, u = r["batched"], r["unbatched"]
+        b = r["batched"]
         rows.append(
-            f"| {n} | {b['commit']:,.0f} | {b['reveal']:,.0f} | {b.get('seed', 0):,.0f} | {b['respond']:,.0f} | {b['verdicts']:,.0f} | "
-            f"{b['finalize']:,.0f} | {b.get('attest', 0):,.0f} | **{b['total']:,.0f}** | {b['total'] / TARGET:.2f}× | {u['total']:,.0f} | "
-            f"{b['total'] / u['total']:.2f}× | {r['first_epoch']['total']:,.0f} |"
+            f"| {n} | {b['commit']:,.0f} | {b['reveal']:,.0f} | {b.get('seed', 0):,.0f} | {b['respond']:,.0f} | "
+            f"{b.get('verdict_commits', 0):,.0f} | {b['verdicts']:,.0f} | {b['finalize']:,.0f} | {b.get('attest', 0):,.0f} | "
+            f"**{b['total']:,.0f}** | {b['total'] / TARGET:.2f}× | {r['first_epoch']['total']:,.0f} |"
         )
     calls = ["| call | mean gas | min | max | n |", "|---|---:|---:|---:|---:|"]
     for name, s in sorted(collapse_batches(result["per_call"]).items()):
@@ -336,7 +333,6 @@ def main() -> int:
                      "verifiers": VERIFIERS, "rewards": args.rewards, "block_gas_limit": BLOCK_GAS, "target_per_trainer_epoch": TARGET},
         "per_call": summarize(ledger),
         "gas_per_trainer_per_epoch": {k: round(v["batched"]["total"]) for k, v in per_count.items()},
-        "gas_per_trainer_per_epoch_unbatched_verdicts": {k: round(v["unbatched"]["total"]) for k, v in per_count.items()},
         "finalize_slope_per_trainer": slope,
         "per_count": per_count,
         "wall_s": round(time.time() - t0, 1),

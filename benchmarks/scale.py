@@ -73,7 +73,7 @@ QUORUM = 2
 STEPS = 2
 FINAL_BPS = 10_000
 SEED_TRIES = 5
-PHASES = ("commit", "reveal", "seed", "respond", "verdicts", "finalize", "attest")
+PHASES = ("commit", "reveal", "seed", "respond", "verdict-commits", "verdicts", "finalize", "attest")
 
 PAYLOAD_CID = "bafkreibm6jg3ux5qumhcn2b3flc3tyu6dmlb4xa7u5bf44yegnrjhc4yeq"  # realistic 59-char CIDv1s
 MANIFEST_CID = "bafkreimanifestmanifestmanifestmanifestmanifestmanifestmani"
@@ -218,11 +218,11 @@ def play_epoch(
     unknown = set(jobs) - set(verifiers)
     if unknown:
         raise ScaleFailure(f"epoch {epoch}: assignment names verifiers that never joined: {sorted(unknown)}")
-    ph.run(
-        "verdicts",
-        lambda v: verifiers[v].chain.submit_verdicts(run_id, epoch, [(a, True, EVIDENCE_CID) for a in jobs[v]]),
-        sorted(jobs),
-    )
+    # every verifier of the frozen list commits (an empty list if it has no trainer), then each reveals
+    salt = keccak(b"verdict salt %d" % epoch)
+    batch = {v: [(a, True, keccak(b"witness " + a.encode()), EVIDENCE_CID) for a in jobs.get(v, [])] for v in verifiers}
+    ph.run("verdict-commits", lambda v: verifiers[v].chain.commit_verdicts(run_id, epoch, batch[v], salt), sorted(verifiers))
+    ph.run("verdicts", lambda v: verifiers[v].chain.submit_verdicts(run_id, epoch, batch[v], salt), sorted(jobs))
 
     # the coordinator includes exactly the trainers the contract says passed
     passed = ph.run("finalize", lambda t: coord.submission(run_id, epoch, t.address).passed, trainers)

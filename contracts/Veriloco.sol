@@ -147,23 +147,65 @@ contract Veriloco is VerilocoBase {
         emit Responded(runId, epoch, msg.sender, manifestCid);
     }
 
-    /// @notice Judge one trainer: only its assigned verifiers, once each, after it responded.
-    function submitVerdict(uint256 runId, uint256 epoch, address trainer, bool passed, string calldata evidenceCid) external {
+    /// @notice Commit to this epoch's verdicts before anyone reveals (docs/protocol.md §5.2): every
+    ///         verifier of the frozen list (index < verifierCount) once, an empty list if nothing is
+    ///         assigned to it. Reveals open when all have committed or at the middle of the verdict window.
+    /// @param commitment keccak(abi.encode(VERDICT_TAG, chainid, this, runId, epoch, verifier,
+    ///        keccak(abi.encode(address[] trainers, bool[] passed, bytes32[] witnesses)), salt)).
+    function commitVerdicts(uint256 runId, uint256 epoch, bytes32 commitment) external {
         Run storage r = _run(runId);
         Epoch storage ep = _verdictEpoch(runId, r, epoch);
-        _verdict(runId, epoch, r, ep, trainer, passed, evidenceCid);
+        if (uint224(uint256(commitment)) == 0) revert ZeroCommitment();
+        if (!ep.seeded) revert AuditSeedPending(runId, epoch, uint256(ep.seed));
+        uint32 vs = members[runId][msg.sender].slot;
+        if (members[runId][msg.sender].role != ROLE_VERIFIER || vs == 0 || vs > ep.verifierCount) revert NotVerifier(runId, msg.sender);
+        uint32 n = ep.verdictCommits;
+        uint256 opens = _verdictRevealsOpen(runId, r, epoch);
+        if (n == ep.verifierCount || block.timestamp >= opens) revert VerdictCommitsClosed(runId, epoch, n, opens);
+        mapping(uint256 => uint256) storage slots = verdictCommits[runId][msg.sender];
+        if (slots[epoch % HASH_SLOTS] >> 224 == epoch + 1) revert AlreadyCommitted(runId, epoch, msg.sender);
+        slots[epoch % HASH_SLOTS] = ((epoch + 1) << 224) | uint224(uint256(commitment));
+        ep.verdictCommits = n + 1;
+        emit VerdictsCommitted(runId, epoch, msg.sender, commitment);
     }
 
-    /// @notice Judge several trainers in one transaction (same rules as submitVerdict).
-    function submitVerdicts(uint256 runId, uint256 epoch, address[] calldata trainers, bool[] calldata passed, string[] calldata evidenceCids) external {
-        if (trainers.length != passed.length || trainers.length != evidenceCids.length) {
-            revert BadResponseLength(trainers.length, passed.length, evidenceCids.length, trainers.length);
+    /// @notice Reveal the committed verdicts: for each trainer pass/fail and the replay witness (zero in
+    ///         tolerant audits), checked against the commitment; only assigned verifiers, once each,
+    ///         after the trainer responded. A witness that differs from its trainer's majority witness
+    ///         is slashed at finalize or settle like an outvoted vote.
+    function submitVerdicts(
+        uint256 runId,
+        uint256 epoch,
+        address[] calldata trainers,
+        bool[] calldata passed,
+        bytes32[] calldata witnesses,
+        string[] calldata evidenceCids,
+        bytes32 salt
+    ) external {
+        if (trainers.length != passed.length || trainers.length != witnesses.length || trainers.length != evidenceCids.length) {
+            revert BadResponseLength(trainers.length, passed.length, evidenceCids.length, witnesses.length);
         }
         Run storage r = _run(runId);
         Epoch storage ep = _verdictEpoch(runId, r, epoch);
+        _openVerdict(runId, epoch, r, ep, keccak256(abi.encode(trainers, passed, witnesses)), salt);
         for (uint256 i = 0; i < trainers.length; i++) {
-            _verdict(runId, epoch, r, ep, trainers[i], passed[i], evidenceCids[i]);
+            _verdict(runId, epoch, r, ep, trainers[i], passed[i], witnesses[i], evidenceCids[i]);
         }
+    }
+
+    /// @dev Check the caller's reveal against its commitment and mark it revealed.
+    function _openVerdict(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, bytes32 body, bytes32 salt) internal {
+        if (ep.verdictCommits < ep.verifierCount) {
+            uint256 opens = _verdictRevealsOpen(runId, r, epoch);
+            if (block.timestamp < opens) revert VerdictsNotOpen(runId, epoch, ep.verdictCommits, ep.verifierCount, opens);
+        }
+        mapping(uint256 => uint256) storage slots = verdictCommits[runId][msg.sender];
+        uint256 s = slots[epoch % HASH_SLOTS];
+        if (s >> 224 != epoch + 1) revert NotCommitted(runId, epoch, msg.sender);
+        if (uint224(s) == 0) revert AlreadyRevealed(runId, epoch, msg.sender);
+        bytes32 c = _verdictCommitment(runId, epoch, msg.sender, body, salt);
+        if (uint224(uint256(c)) != uint224(s)) revert RevealMismatch(runId, epoch, msg.sender, c, bytes32(uint256(uint224(s))));
+        slots[epoch % HASH_SLOTS] = (epoch + 1) << 224;
     }
 
     /// @notice Propose the epoch's aggregate. Every included trainer must have a passing verdict

@@ -87,6 +87,7 @@ abstract contract VerilocoBase is VerilocoAudit {
         bool confirmed;
         // slot D
         uint64 seededAt; // when the audit seed was fixed (a seed fixed late excuses missing responses)
+        uint32 verdictCommits; // verifiers of the frozen list that committed their verdicts (reveals open at verifierCount)
     }
 
     /// @dev One slot per member.
@@ -125,6 +126,8 @@ abstract contract VerilocoBase is VerilocoAudit {
 
     bytes32 public constant COMMIT_TAG = keccak256("veriloco.commit.v1");
     bytes32 public constant AUDIT_TAG = keccak256("veriloco.audit.v1");
+    bytes32 public constant VERDICT_TAG = keccak256("veriloco.verdict.v1");
+    uint256 internal constant MASK16 = 0xFFFF;
 
     uint64 internal constant NEVER = type(uint64).max;
     uint32 internal constant NEVER_EPOCH = type(uint32).max;
@@ -162,6 +165,15 @@ abstract contract VerilocoBase is VerilocoAudit {
     mapping(uint256 => address[]) internal pendingVerifierRemovals;
     /// @dev run => epoch => model digest => mask of attestation-committee indices that attested it.
     mapping(uint256 => mapping(uint256 => mapping(bytes32 => uint256))) internal modelVotes;
+    /// @dev run => verifier => epoch % HASH_SLOTS => (epoch + 1) << 224 | the low 224 bits of its
+    ///      verdict commitment (those bits zero once revealed). The epoch tag tells a live slot from
+    ///      one left three epochs ago, so one word per verifier is reused forever.
+    mapping(uint256 => mapping(address => mapping(uint256 => uint256))) internal verdictCommits;
+    /// @dev run => trainer => epoch % HASH_SLOTS => group g => the high 240 bits of keccak(abi.encode(
+    ///      epoch, W)) | 16-bit mask of the assignment indices that revealed witness W. Groups fill a
+    ///      prefix in reveal order; the live prefix is the one whose masks add up to the trainer's
+    ///      votes (a lane of this epoch), so stale groups of epoch - 3 are never read.
+    mapping(uint256 => mapping(address => mapping(uint256 => mapping(uint256 => uint256)))) internal witnessGroups;
 
     uint256 private locked = 1;
 
@@ -247,6 +259,11 @@ abstract contract VerilocoBase is VerilocoAudit {
     error NotStaked(uint256 runId, address account);
     /// @notice fundRun needs a positive value, and a run's pool stays below 2^128 wei (`maximum`).
     error BadFunding(uint256 runId, uint256 amount, uint256 pool, uint256 maximum);
+    /// @notice Verdict reveals open once all `verifierCount` verifiers of the frozen list committed
+    ///         (`commits` did) or at `opensAt`; a commitment comes before that, never after.
+    error VerdictsNotOpen(uint256 runId, uint256 epoch, uint256 commits, uint256 verifierCount, uint256 opensAt);
+    /// @notice Verdict reveals are open (since `openedAt`, or all verifiers committed): too late to commit.
+    error VerdictCommitsClosed(uint256 runId, uint256 epoch, uint256 commits, uint256 openedAt);
     /// @notice A state-changing call re-entered the contract.
     error Reentrancy();
 
@@ -277,8 +294,10 @@ abstract contract VerilocoBase is VerilocoAudit {
     event AuditStarted(uint256 indexed runId, uint256 indexed epoch, bytes32 seed, uint256 verifierCount);
     /// @notice A trainer answered its audit; the proven leaf digests are in the manifest (and the calldata).
     event Responded(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, string manifestCid);
+    /// @notice A verifier of the epoch's frozen list committed to its verdicts (docs/protocol.md §5.2).
+    event VerdictsCommitted(uint256 indexed runId, uint256 indexed epoch, address indexed verifier, bytes32 commitment);
     /// @notice A verifier judged a trainer.
-    event VerdictSubmitted(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, address verifier, bool passed, string evidenceCid);
+    event VerdictSubmitted(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, address verifier, bool passed, bytes32 witness, string evidenceCid);
     /// @notice The coordinator's new model was accepted.
     event EpochFinalized(uint256 indexed runId, uint256 indexed epoch, string modelCid, bytes32 modelDigest, uint256 included);
     /// @notice The run's coordinator staked; its stake answers for the models it finalizes.
@@ -551,7 +570,50 @@ abstract contract VerilocoBase is VerilocoAudit {
         ep = epochs[runId][epoch];
     }
 
-    function _verdict(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, address trainer, bool passed, string calldata evidenceCid) internal {
+    /// @dev docs/protocol.md §5.2: keccak(abi.encode(VERDICT_TAG, chainid, this, runId, epoch, verifier,
+    ///      keccak(abi.encode(trainers, passed, witnesses)), salt)).
+    function _verdictCommitment(uint256 runId, uint256 epoch, address verifier, bytes32 body, bytes32 salt) internal view returns (bytes32) {
+        return keccak256(abi.encode(VERDICT_TAG, block.chainid, address(this), runId, epoch, verifier, body, salt));
+    }
+
+    /// @dev When verdict reveals open if not every verifier of the frozen list has committed.
+    function _verdictRevealsOpen(uint256 runId, Run storage r, uint256 epoch) internal view returns (uint256) {
+        return _revealsClose(runId, r, epoch) + r.p.responseWindow + r.p.verdictWindow / 2;
+    }
+
+    /// @dev File witness `w` of assignment index j on `trainer` into its witness groups; `voted` is
+    ///      the mask of the indices that revealed before (their groups are the live prefix).
+    function _witness(uint256 runId, uint256 epoch, address trainer, uint16 voted, uint256 j, bytes32 w) internal {
+        uint256 h = uint256(keccak256(abi.encode(epoch, w))) & ~MASK16;
+        mapping(uint256 => uint256) storage gs = witnessGroups[runId][trainer][epoch % HASH_SLOTS];
+        uint256 n = _popcount16(voted);
+        uint256 g = 0;
+        for (uint256 seen = 0; seen < n; g++) {
+            uint256 v = gs[g];
+            if (v & ~MASK16 == h) {
+                gs[g] = v | (uint256(1) << j);
+                return;
+            }
+            seen += _popcount16(uint16(v));
+        }
+        gs[g] = h | (uint256(1) << j);
+    }
+
+    /// @dev The voters (mask over assignment indices) whose witness differs from the one a majority of
+    ///      the q assigned verifiers revealed; 0 when no witness has a majority (nobody is blamed then).
+    function _witnessOutliers(uint256 runId, uint256 epoch, address trainer, uint16 voted, uint256 q) internal view returns (uint16) {
+        mapping(uint256 => uint256) storage gs = witnessGroups[runId][trainer][epoch % HASH_SLOTS];
+        uint256 n = _popcount16(voted);
+        for (uint256 g = 0; n > 0; g++) {
+            uint16 m = uint16(gs[g]);
+            uint256 c = _popcount16(m);
+            if (c > q / 2) return voted & ~m;
+            n -= c;
+        }
+        return 0;
+    }
+
+    function _verdict(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, address trainer, bool passed, bytes32 witness, string calldata evidenceCid) internal {
         uint32 sp = slotPlusOne[runId][trainer];
         uint256 lane = sp == 0 ? 0 : _lane(runId, epoch, sp - 1);
         if (uint8(lane >> 24) != SUB_RESPONDED) revert NotResponded(runId, epoch, trainer);
@@ -566,6 +628,7 @@ abstract contract VerilocoBase is VerilocoAudit {
         uint256 passBit = uint256(1) << (32 + j);
         uint256 failBit = uint256(1) << (48 + j);
         if (lane & (passBit | failBit) != 0) revert AlreadyVoted(runId, epoch, trainer, msg.sender);
+        _witness(runId, epoch, trainer, uint16(lane >> 32) | uint16(lane >> 48), j, witness);
         // decided the moment one side reaches a majority of the q assigned verifiers
         if (passed) {
             lane |= passBit;
@@ -575,7 +638,7 @@ abstract contract VerilocoBase is VerilocoAudit {
             if (_popcount16(uint16(lane >> 48)) == q / 2 + 1) ep.failedVerdicts += 1;
         }
         _setLane(runId, epoch, sp - 1, lane);
-        emit VerdictSubmitted(runId, epoch, trainer, msg.sender, passed, evidenceCid);
+        emit VerdictSubmitted(runId, epoch, trainer, msg.sender, passed, witness, evidenceCid);
     }
 
     function _checkIncluded(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, address[] calldata included) internal view {
@@ -643,18 +706,20 @@ abstract contract VerilocoBase is VerilocoAudit {
                     bool passed = !failed && _popcount16(passes) >= need;
                     uint16 against = failed ? passes : (passed ? fails : 0);
                     bool countVotes = po.votes.length != 0 && (passed || failed);
-                    // without rewards an honest trainer costs one lane read
-                    if (against == 0 && !failed && !countVotes && po.trainers.length == 0) continue;
+                    // without rewards an honest trainer costs its lane and its witness word
                     address t = slotTrainer[runId][(w << 2) | k];
+                    // a verifier whose replay witness is not the majority's did not replay (or lied about it)
+                    uint16 wrong = _witnessOutliers(runId, epoch, t, passes | fails, q);
                     if (passed && po.trainers.length != 0 && t != r.creator && t != r.p.coordinator) po.trainers[po.nTrainers++] = t;
-                    if (against == 0 && !failed && !countVotes) continue;
+                    if (against == 0 && wrong == 0 && !failed && !countVotes) continue;
                     uint256[] memory idx = _assigned(ep.seed, t, q, ep.verifierCount);
-                    if (countVotes) po.nVotes += _countVotes(po.votes, idx, failed ? fails : passes);
-                    if (against != 0) slashed += _slashVerifiers(runId, epoch, r, list, idx, t, against);
+                    // rewards go to majority votes backed by the majority witness
+                    if (countVotes) po.nVotes += _countVotes(po.votes, idx, (failed ? fails : passes) & ~wrong);
+                    if (against | wrong != 0) slashed += _slashVerifiers(runId, epoch, r, list, idx, t, against | wrong);
                     if (failed) {
                         uint256 amount = _slashOne(runId, epoch, r, t, SLASH_FAILED_AUDIT);
                         slashed += amount;
-                        paid += _pay(list, idx, fails, amount);
+                        if (fails & ~wrong != 0) paid += _pay(list, idx, fails & ~wrong, amount); // no bounty without the work
                     }
                 }
             }

@@ -39,6 +39,7 @@ from web3.exceptions import TimeExhausted
 
 from protocol.chain_audit import (
     AuditResponse,
+    Verdict,
     assigned_verifiers,
     audit_seed,
     build_response,
@@ -47,6 +48,7 @@ from protocol.chain_audit import (
     final_check,
     pair_proof,
     response_indices,
+    verdict_commitment,
     verify_pair,
     verify_response,
 )
@@ -663,16 +665,22 @@ class Chain:
         """Post the audit response (build it with build_response from the epoch's trace)."""
         return self._transact("respond", run_id, epoch, manifest_cid, list(response.leaves), list(response.proofs))
 
-    def submit_verdict(self, run_id: int, epoch: int, trainer: str, passed: bool, evidence_cid: str) -> TxResult:
-        return self._transact("submitVerdict", run_id, epoch, to_checksum_address(trainer), passed, evidence_cid)
+    def verdict_commitment_for(self, run_id: int, epoch: int, verdicts: Sequence[Verdict], salt: bytes) -> Digest:
+        """The §5.2 verdict commitment of this account (computed locally)."""
+        if self.sender is None:
+            raise ChainError("verdict_commitment_for needs an account")
+        return verdict_commitment(self.chain_id, self.address, run_id, epoch, self.sender, verdicts, salt)
 
-    def submit_verdicts(
-        self, run_id: int, epoch: int, verdicts: Sequence[tuple[str, bool, str]]
-    ) -> TxResult:
-        """Several (trainer, passed, evidence_cid) verdicts in one transaction."""
+    def commit_verdicts(self, run_id: int, epoch: int, verdicts: Sequence[Verdict], salt: bytes) -> TxResult:
+        """Commit to (trainer, passed, witness, evidence CID) verdicts (possibly none) before reveals open."""
+        return self._transact("commitVerdicts", run_id, epoch, self.verdict_commitment_for(run_id, epoch, verdicts, salt))
+
+    def submit_verdicts(self, run_id: int, epoch: int, verdicts: Sequence[Verdict], salt: bytes) -> TxResult:
+        """Reveal the committed verdicts, same order, same salt (contract: VerdictsNotOpen until all committed)."""
         return self._transact(
             "submitVerdicts", run_id, epoch,
-            [to_checksum_address(t) for t, _, _ in verdicts], [p for _, p, _ in verdicts], [c for _, _, c in verdicts],
+            [to_checksum_address(t) for t, _, _, _ in verdicts], [bool(p) for _, p, _, _ in verdicts],
+            [bytes(w) for _, _, w, _ in verdicts], [c for _, _, _, c in verdicts], bytes(salt),
         )
 
     def finalize(self, run_id: int, epoch: int, model_cid: str, model_digest: bytes, included: Sequence[str]) -> TxResult:
@@ -718,6 +726,10 @@ class Chain:
     def assignment(self, run_id: int, epoch: int, trainer: str) -> Assignment:
         steps, fin, vs = self._call("assignment", run_id, epoch, to_checksum_address(trainer))
         return Assignment(tuple(int(s) for s in steps), bool(fin), tuple(Address(to_checksum_address(v)) for v in vs))
+
+    def frozen_verifiers(self, run_id: int, epoch: int) -> list[Address]:
+        """The epoch's frozen verifier list (the first verifierCount at scheduling): who must commit verdicts."""
+        return self.participants(run_id)[1][: self.epoch_times(run_id, epoch).verifier_count]
 
     def model_committee(self, run_id: int, epoch: int) -> list[Address]:
         """The epoch's attestation committee: assigned like a trainer's verifiers, with the contract's

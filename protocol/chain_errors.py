@@ -304,6 +304,18 @@ class BadFunding(ContractRevert):
     fields = ("run_id", "amount", "pool", "maximum")
 
 
+class VerdictsNotOpen(ContractRevert):
+    """Verdict reveals open once every verifier of the frozen list committed, or at `opens_at`."""
+
+    fields = ("run_id", "epoch", "commits", "verifier_count", "opens_at")
+
+
+class VerdictCommitsClosed(ContractRevert):
+    """Verdict reveals are open (every verifier committed, or since `opened_at`): too late to commit."""
+
+    fields = ("run_id", "epoch", "commits", "opened_at")
+
+
 REVERT_CLASSES: dict[str, type[ContractRevert]] = {
     cls.__name__: cls for cls in ContractRevert.__subclasses__()
 }

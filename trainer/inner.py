@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -232,13 +232,18 @@ def train_step(
     batch: tuple[Tensor, Tensor],
     model_cfg: GPTConfig,
     inner_cfg: InnerConfig,
+    on_grads: Callable[[Params], None] | None = None,
 ) -> tuple[State, float]:
     """One inner step: gradients on ``batch``, clip, AdamW. Returns (new state, loss before the step).
 
     The state is validated first (it may come from an untrusted trainer): TrainerError, not a crash.
+    ``on_grads`` sees the raw gradients (before clipping) and nothing else: a verifier digests them
+    into its replay witness (docs/protocol.md §5.2); the step's result does not depend on it.
     """
     check_state(state, model_cfg)
     grads, loss = compute_grads(section(state, PARAM), batch, model_cfg)
+    if on_grads is not None:
+        on_grads(grads)
     if not math.isfinite(loss):
         raise TrainerError(
             f"loss is {loss} at step {step_of(state)}; lower the learning rate or check the data"

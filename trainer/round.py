@@ -99,9 +99,13 @@ class Trace:
         return len(self.digests)
 
 
-def replay_step(state: Mapping[str, Tensor], spec: RoundSpec, corpus: Corpus, epoch: int, slot: int, k: int) -> tuple[State, float]:
-    """Transition k → k+1 of an epoch: exactly what the trainer ran and what a verifier re-runs."""
-    return train_step(state, epoch_batch(spec, corpus, epoch, slot, k), spec.model, spec.inner)
+def replay_step(
+    state: Mapping[str, Tensor], spec: RoundSpec, corpus: Corpus, epoch: int, slot: int, k: int,
+    on_grads: Callable[[Mapping[str, Tensor]], None] | None = None,
+) -> tuple[State, float]:
+    """Transition k → k+1 of an epoch: exactly what the trainer ran and what a verifier re-runs
+    (``on_grads`` lets the verifier digest the unpublished gradients into its witness)."""
+    return train_step(state, epoch_batch(spec, corpus, epoch, slot, k), spec.model, spec.inner, on_grads)
 
 
 def train_epoch(

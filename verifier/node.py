@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,12 +52,14 @@ from trainer.round import RoundSpec, start_state
 from trainer.schedule import Schedule
 from verifier.keeper import Keeper
 from verifier.replay import (
+    NO_WITNESS,
     Finding,
     check_final,
     check_leaf_count,
     check_payload,
     check_start,
     check_step,
+    replay_witness,
 )
 
 Log = Callable[..., None]
@@ -159,27 +162,68 @@ class VerifierNode:
     # ------------------------------------------------------------------ audits
 
     def _audit_epoch(self, e: int) -> None:
+        """Judge the trainers assigned to us, commit to all the verdicts at once, reveal them when
+        reveals open (docs/protocol.md §5.2). Salt, verdicts and witnesses go to the ledger before the
+        commitment is sent, so a restarted node reveals what it committed."""
         if self.chain.epoch_status(self.run_id, e).phase is not Phase.AUDITING:
             return
         done = self._done()
-        for ev in self.chain.events(["VerdictSubmitted"], run_id=self.run_id, epoch=e):
-            key = f"{e}:{ev.args['trainer']}"
-            if ev.args["verifier"] == self.me and key not in done:  # sent before a crash, not yet recorded
-                self._record(key, {"passed": ev.args["passed"], "evidence": ev.args["evidenceCid"]})
-                done[key] = True
-        verdicts: list[tuple[str, bool, str]] = []
-        for ev in self.chain.events(["Responded"], run_id=self.run_id, epoch=e):
-            t = ev.args["trainer"]
+        batch = done.get(f"verdicts:{e}")
+        if batch is None:
+            if not self.chain.epoch_times(self.run_id, e).seeded or self.me not in self.chain.frozen_verifiers(self.run_id, e):
+                return
+            batch = self._judge_epoch(e, done)
+            if batch is None:
+                return
+            self._record(f"verdicts:{e}", batch)
+        verdicts = [(t, bool(p), bytes.fromhex(w), c) for t, p, w, c in batch["verdicts"]]
+        salt = bytes.fromhex(batch["salt"])
+        if not batch.get("committed"):
+            mine = [ev for ev in self.chain.events(["VerdictsCommitted"], run_id=self.run_id, epoch=e)
+                    if ev.args["verifier"] == self.me]  # sent before a crash, not yet recorded
+            if not mine:
+                try:
+                    tx = self.chain.commit_verdicts(self.run_id, e, verdicts, salt)
+                except ChainUnavailable:
+                    raise
+                except ChainError as exc:  # too late (reveals open without us): nothing more to do
+                    self._once(f"commit:{e}", "verdict-commit-failed", epoch=e, error=str(exc))
+                    return
+                self.log("verdicts-committed", epoch=e, count=len(verdicts), gas=tx.gas_used)
+            batch = {**batch, "committed": True}
+            self._record(f"verdicts:{e}", batch)
+        if batch.get("revealed") or not verdicts:
+            return
+        try:
+            tx = self.chain.submit_verdicts(self.run_id, e, verdicts, salt)
+        except ChainUnavailable:
+            raise  # not a refusal: the caller waits the outage out and tries again
+        except ChainError as exc:  # not open yet (others still judging), or already revealed before a crash
+            self._once(f"reveal:{e}:{type(exc).__name__}", "verdict-failed", epoch=e, error=str(exc))
+            if any(ev.args["verifier"] == self.me
+                   for ev in self.chain.events(["VerdictSubmitted"], run_id=self.run_id, epoch=e)):
+                self._record(f"verdicts:{e}", {**batch, "revealed": True})
+            return
+        self._record(f"verdicts:{e}", {**batch, "revealed": True})
+        self.log("verdicts", epoch=e, count=len(verdicts), gas=tx.gas_used)
+
+    def _judge_epoch(self, e: int, done: dict[str, Any]) -> dict[str, Any] | None:
+        """Verify every responded trainer assigned to us (each result kept in the ledger); the batch
+        to commit once every revealed trainer assigned to us responded or the response window is
+        over, else None (not ready: a later round continues)."""
+        assigned = [t for t in (ev.args["trainer"] for ev in self.chain.revealed(self.run_id, e))
+                    if self.me in self.chain.assignment(self.run_id, e, t).verifiers]
+        responded = {ev.args["trainer"]: ev.args["manifestCid"]
+                     for ev in self.chain.events(["Responded"], run_id=self.run_id, epoch=e)}
+        for t in assigned:
             key = f"{e}:{t}"
-            if key in done:
-                continue
-            a = self.chain.assignment(self.run_id, e, t)
-            if self.me not in a.verifiers:
-                self._record(key, "not-assigned")
+            if t not in responded or key in done:
                 continue
             t0, cpu0 = time.monotonic(), time.process_time()
-            findings = self.verify(e, t, ev.args["manifestCid"])
+            steps: list[bytes] = []
+            findings = self.verify(e, t, responded[t], steps)
             passed = all(f.passed for f in findings)
+            witness = replay_witness(steps) if self.ctx.config.audit.mode == "exact" else NO_WITNESS
             fetched = self._fetched.pop(key, None)
             if passed and fetched is not None:
                 try:  # before the vote: a pass vouches that we can produce the payload
@@ -193,32 +237,27 @@ class VerifierNode:
                 "format": EVIDENCE_FORMAT, "run_id": self.run_id, "epoch": e, "trainer": t, "verifier": self.me,
                 "passed": passed, "findings": [f.to_json() for f in findings],
             })
-            verdicts.append((t, passed, self.store.put(evidence)))
+            done[key] = [t, passed, witness.hex(), self.store.put(evidence)]
+            self._record(key, done[key])
             self.log("verified", epoch=e, trainer=t, passed=passed, seconds=round(time.monotonic() - t0, 3),
                      cpu_s=round(time.process_time() - cpu0, 3),
                      failed=[f"{f.check}: {f.detail}" for f in findings if not f.passed])
-        if verdicts:
-            try:
-                tx = self.chain.submit_verdicts(self.run_id, e, verdicts)
-            except ChainUnavailable:
-                raise  # not a refusal: the caller waits the outage out and tries again
-            except ChainError as exc:
-                self.log("verdict-failed", epoch=e, error=str(exc))
-                return
-            for t, passed, cid in verdicts:
-                self._record(f"{e}:{t}", {"passed": passed, "evidence": cid})
-            self.log("verdicts", epoch=e, count=len(verdicts), gas=tx.gas_used)
+        over = self.chain.now() >= self.chain.epoch_times(self.run_id, e).response_deadline
+        if not over and any(f"{e}:{t}" not in done for t in assigned):
+            return None
+        return {"salt": os.urandom(32).hex(), "verdicts": [done[f"{e}:{t}"] for t in assigned if f"{e}:{t}" in done]}
 
-    def verify(self, e: int, trainer: str, manifest_cid: str) -> list[Finding]:
+    def verify(self, e: int, trainer: str, manifest_cid: str, steps: list[bytes] | None = None) -> list[Finding]:
         """Every check for one trainer's epoch; failures to fetch or parse are failed findings.
 
         An unreachable chain or store is our problem, not the trainer's: that propagates, and the
         audit is retried once the endpoint is back. Content that cannot be fetched in time is the
-        trainer's problem (withheld or never published): that fails.
+        trainer's problem (withheld or never published): that fails. `steps` receives the gradient
+        digest of every replayed step (the replay witness's input, exact audits only).
         """
         findings: list[Finding] = []
         try:
-            self._verify(e, trainer, Cid(manifest_cid), findings)
+            self._verify(e, trainer, Cid(manifest_cid), findings, steps)
         except StoreTimeout as exc:
             findings.append(Finding("fetch", False, f"content not retrievable in time: {exc}"))
         except TRANSIENT:
@@ -239,7 +278,7 @@ class VerifierNode:
             raise TrainerError(f"state {cid} does not hash to its committed leaf digest")
         return state
 
-    def _verify(self, e: int, t: str, manifest_cid: Cid, findings: list[Finding]) -> None:
+    def _verify(self, e: int, t: str, manifest_cid: Cid, findings: list[Finding], grads: list[bytes] | None = None) -> None:
         run, spec = self.run_id, self.spec
         sub = self.chain.submission(run, e, t)
         slot = self.chain.member(run, t).slot
@@ -269,6 +308,7 @@ class VerifierNode:
                 states[k], k, end.digest, spec, self.ctx.corpus, e, slot, steps=end.leaf_index - k,
                 mode=audit.mode, tolerance=audit.tolerance,
                 next_state=self._state(end.cid, end.digest) if audit.mode == "tolerant" else None,
+                grad_digests=grads if audit.mode == "exact" else None,
             ))
         if m.final:
             last = states[m.leaf_count - 1]

@@ -8,8 +8,9 @@ conjunction as its verdict with the findings as evidence.
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -61,22 +62,49 @@ def max_rel_error(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> float:
     return worst
 
 
+WITNESS_TAG = b"veriloco.witness.v1"
+NO_WITNESS = bytes(32)  # tolerant audits: no bitwise replay, so no witness (majority-only accountability)
+
+
+def gradient_digest(grads: Mapping[str, Tensor]) -> bytes:
+    """sha256 over each parameter's gradient as contiguous little-endian fp32, parameters in name
+    order: the per-step input of the replay witness (docs/protocol.md §5.2)."""
+    h = hashlib.sha256()
+    for n in sorted(grads):
+        h.update(grads[n].detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4").tobytes())
+    return h.digest()
+
+
+def replay_witness(step_digests: Sequence[bytes]) -> bytes:
+    """W = keccak(WITNESS_TAG || gradient_digest of each replayed step, in manifest order).
+
+    Only a bitwise replay produces it (the trainer never publishes gradients), and every honest
+    verifier of the same trainer produces the same W, so a verdict that commits to W proves work.
+    No replayed step (a failed fetch, a bad manifest) gives NO_WITNESS.
+    """
+    if not step_digests:
+        return NO_WITNESS
+    return keccak(WITNESS_TAG + b"".join(step_digests))
+
+
 def check_step(
     state_k: Mapping[str, Tensor], k: int, end_digest: Digest, spec: RoundSpec, corpus: Corpus,
     epoch: int, slot: int, *, steps: int = 1, mode: str = "exact", tolerance: float = 0.0,
-    next_state: Mapping[str, Tensor] | None = None,
+    next_state: Mapping[str, Tensor] | None = None, grad_digests: list[bytes] | None = None,
 ) -> Finding:
     """Replay inner steps k → k+steps on the trainer's own batches; compare with its committed leaf.
 
     exact: the replayed digest must equal the leaf. tolerant: the published end state `next_state` (whose digest
     is the leaf) must lie within `tolerance` of the replay, which absorbs float differences between
-    machines while a forged state still fails.
+    machines while a forged state still fails. `grad_digests`, when given, receives the
+    gradient_digest of every replayed step (the witness's input; exact mode only).
     """
     name = f"step {k}->{k + steps}"
+    on_grads = None if grad_digests is None else (lambda g: grad_digests.append(gradient_digest(g)))
     try:
         replayed = dict(state_k)
         for j in range(k, k + steps):
-            replayed, _ = replay_step(replayed, spec, corpus, epoch, slot, j)
+            replayed, _ = replay_step(replayed, spec, corpus, epoch, slot, j, on_grads)
     except Exception as exc:  # noqa: BLE001 - any failure on a trainer's data is a failed check
         return _fail(name, exc)
     if state_digest(replayed) == end_digest:

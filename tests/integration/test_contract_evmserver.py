@@ -39,7 +39,9 @@ def test_binding_over_the_pyevm_rpc_server() -> None:
         t.commit(0)
         t.reveal(0)
         t.respond(0)
-        v.submit_verdict(run_id, 0, t.address, True, "bafkreievidence")
+        verdicts = [(t.address, True, bytes(32), "bafkreievidence")]
+        v.commit_verdicts(run_id, 0, verdicts, b"\x01" * 32)  # the only verifier: reveals open at once
+        v.submit_verdicts(run_id, 0, verdicts, b"\x01" * 32)
         coord.finalize(run_id, 0, "bafkreimodel1", b"\x02" * 32, [t.address])
         assert coord.model_committee(run_id, 0) == [v.sender]
         v.attest_model(run_id, 0, b"\x02" * 32, "bafkreimodel1")

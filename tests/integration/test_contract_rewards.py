@@ -77,6 +77,7 @@ def test_finalize_pays_included_trainers_and_majority_voters(fresh: PyEvmNet) ->
     r.judge(0, t1, [True, True, True])
     r.judge(0, t2, [False, False, False])  # failed: its voters earn the reward and the bounty
     dissenter = r.assigned(0, t0)[2].sender
+    r.reveal_verdicts(0)
     before = credits(r)
     res = c.finalize(rid, 0, "bafkreimodel", b"\x11" * 32, [t0.address, t1.address])
     paid_ev = [e.args for e in res.events if e.name == "RewardsPaid"]

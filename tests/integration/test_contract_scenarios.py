@@ -27,7 +27,7 @@ from protocol.chain import (
     revert_data,
 )
 from protocol.digest import keccak
-from tests.fixtures.chain import STAKE, VSTAKE, AnvilNet, PyEvmNet, Run, params
+from tests.fixtures.chain import SALT, STAKE, VSTAKE, AnvilNet, PyEvmNet, Run, params
 from tests.fixtures.chain import make_run as fixture_run
 
 pytestmark = pytest.mark.integration
@@ -208,11 +208,11 @@ def test_cheaters_are_slashed_and_omissions_rejected(fresh: Any) -> None:
     st = c.epoch_status(rid, 0)
     assert (st.passed, st.failed) == (1, 2)  # liar (failed verdict) + silent (no reveal); lazy undecided
     outsider = fresh.chain(OUTSIDER)
-    with pytest.raises(ce.NotAssigned):
-        outsider.submit_verdict(rid, 0, honest.address, True, "x")
+    with pytest.raises(ce.NotVerifier):
+        outsider.commit_verdicts(rid, 0, [(honest.address, True, bytes(32), "x")], SALT)
     v = c.assignment(rid, 0, honest.address).verifiers[0]
-    with pytest.raises(ce.AlreadyVoted):
-        r.verifier(v).submit_verdict(rid, 0, honest.address, True, "x")
+    with pytest.raises(ce.AlreadyRevealed):  # one reveal per verifier per epoch
+        r.verifier(v).submit_verdicts(rid, 0, [(honest.address, True, bytes(32), "x")], SALT)
     with pytest.raises(ce.NotCoordinator) as nc:
         honest.chain.finalize(rid, 0, "m", keccak(b"m"), [honest.address])
     assert nc.value.coordinator == to_checksum_address(fresh.accounts[COORD])
@@ -469,9 +469,13 @@ def test_audit_deadlines_and_single_use_errors(fresh: Any) -> None:
         a.reveal(0)  # reveals closed the moment both revealed
     assert wp.value.actual == Phase.AUDITING
     c.fix_audit_seed(rid, 0)
-    v = r.verifier(c.assignment(rid, 0, a.address).verifiers[0])
+    assigned = c.assignment(rid, 0, a.address).verifiers
+    v = r.verifier(assigned[0])
+    mine = [(a.address, True, keccak(b"witness"), "e")]
+    for addr in c.frozen_verifiers(rid, 0):  # committed before `a` answered: allowed, revealing is not
+        r.verifier(addr).commit_verdicts(rid, 0, mine if addr in assigned else [], SALT)
     with pytest.raises(ce.NotResponded):
-        v.submit_verdict(rid, 0, a.address, True, "e")
+        v.submit_verdicts(rid, 0, mine, SALT)
     a.respond(0)
     with pytest.raises(ce.AlreadyResponded):
         a.respond(0)
@@ -480,11 +484,12 @@ def test_audit_deadlines_and_single_use_errors(fresh: Any) -> None:
     with pytest.raises(ce.DeadlinePassed) as dp:
         b.respond(0)
     assert dp.value.deadline == times.response_deadline and dp.value.now_ts >= dp.value.deadline
-    r.judge_all(0)  # verdicts are still open for the trainer that responded
+    for addr in assigned:  # verdicts are still open for the trainer that responded: the same reveal now lands
+        r.verifier(addr).submit_verdicts(rid, 0, mine, SALT)
     assert c.epoch_status(rid, 0).passed == 1
     r.net.advance(times.verdict_deadline - c.now() + 1)
     with pytest.raises(ce.DeadlinePassed):
-        v.submit_verdict(rid, 0, b.address, True, "e")
+        v.submit_verdicts(rid, 0, [(b.address, True, bytes(32), "e")], SALT)
     with pytest.raises(ce.NothingToWithdraw):
         fresh.chain(OUTSIDER).claim()
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from protocol import chain_errors as ce
-from protocol.chain import AuditResponse, Phase
+from protocol.chain import AuditResponse, Chain, Phase, Verdict
 from protocol.digest import keccak
 from tests.fixtures.chain import PyEvmNet, Trainer, params
 
@@ -63,6 +63,8 @@ class ContractMachine(RuleBasedStateMachine):
             v.join_verifier(self.run_id)
         self.coord.stake_coordinator(self.run_id)
         self.phases: dict[int, Phase] = {}
+        self.queued: dict[tuple[str, int], list[Verdict]] = {}  # verdicts a verifier will commit
+        self.committed: dict[tuple[str, int], list[Verdict]] = {}  # what it committed (to reveal)
 
     def teardown(self) -> None:
         if hasattr(self, "snap"):
@@ -126,11 +128,29 @@ class ContractMachine(RuleBasedStateMachine):
         assert not tamper, "a tampered audit response was accepted"
         event("responded")
 
-    @rule(j=st.integers(0, 2), i=st.integers(0, 3), epoch=EPOCHS, ok=st.booleans())
-    def verdict(self, j: int, i: int, epoch: int, ok: bool) -> None:
+    @rule(j=st.integers(0, 2), i=st.integers(0, 3), epoch=EPOCHS, ok=st.booleans(), lazy=st.booleans())
+    def verdict(self, j: int, i: int, epoch: int, ok: bool, lazy: bool) -> None:
+        """Queue a verdict (with the shared witness, or a lazy zero one) for verifier j's commitment."""
         epoch = self._epoch(epoch)
+        t = self.trainers[i].address
+        w = bytes(32) if lazy else keccak(b"witness %d " % epoch + t.encode())
+        self.queued.setdefault((str(self.verifiers[j].sender), epoch), []).append((t, ok, w, "bafkreie"))
+
+    @rule(j=st.integers(0, 2), epoch=EPOCHS, reveal=st.booleans())
+    def send_verdicts(self, j: int, epoch: int, reveal: bool) -> None:
+        """Commit verifier j's queued verdicts, or reveal what it committed."""
+        self._send(self.verifiers[j], self._epoch(epoch), reveal)
+
+    def _send(self, v: Chain, epoch: int, reveal: bool) -> None:
+        key = (str(v.sender), epoch)
+        salt = keccak(b"salt %d" % epoch)
         try:
-            self.verifiers[j].submit_verdict(self.run_id, epoch, self.trainers[i].address, ok, "bafkreie")
+            if reveal and key in self.committed:
+                v.submit_verdicts(self.run_id, epoch, self.committed[key], salt)
+                event("verdicts revealed")
+            elif not reveal:
+                v.commit_verdicts(self.run_id, epoch, self.queued.get(key, []), salt)
+                self.committed[key] = self.queued.pop(key, [])
         except ce.ContractRevert:
             pass
 
@@ -217,11 +237,14 @@ class ContractMachine(RuleBasedStateMachine):
                         t.respond(epoch)
                     except (ce.ContractRevert, ValueError):
                         pass
-                for v in self.coord.assignment(self.run_id, epoch, t.address).verifiers:
-                    try:
-                        self.net.chain(self.net.accounts.index(v)).submit_verdict(self.run_id, epoch, t.address, True, "e")
-                    except ce.ContractRevert:
-                        pass
+                if self.coord.submission(self.run_id, epoch, t.address).state == 3:
+                    for a in self.coord.assignment(self.run_id, epoch, t.address).verifiers:
+                        w = keccak(b"witness %d " % epoch + t.address.encode())
+                        self.queued.setdefault((str(a), epoch), []).append((t.address, True, w, "e"))
+            for chain in self.verifiers:
+                self._send(chain, epoch, reveal=False)
+            for chain in self.verifiers:
+                self._send(chain, epoch, reveal=True)
             self.finalize(epoch, "passing", offset=False)
 
     # ------------------------------------------------------------ invariants

@@ -2,6 +2,7 @@
 
     python -m tests.security.adversary_node trainer --run ID --devnet FILE --account N --workdir DIR --behaviour forge-final
     python -m tests.security.adversary_node coordinator --run ID --devnet FILE --account N --workdir DIR [--scale 1e30]
+    python -m tests.security.adversary_node verifier --run ID --devnet FILE --account N --workdir DIR --behaviour lazy
 
 `trainer` runs the ordinary TrainerNode with a Behaviour from trainer/adversaries.py; for
 `planted-start` the node subclass `NODE_ADVERSARIES` names (docs/security.md T16), and for
@@ -9,6 +10,8 @@
 its audit (T17). `coordinator` runs a coordinator that finalizes exactly the passing trainers (so
 the contract accepts it) but a model nudged away from the true aggregate, or with --scale the true
 aggregate times a factor (1e30: finite, but nobody can train on it) (docs/security.md C1).
+`verifier --behaviour lazy` passes every trainer assigned to it without fetching or replaying
+anything, so it can only commit a made-up (zero) replay witness (docs/security.md V3).
 The demo's CLI only knows the cheats of trainer/cheats.py, so the test swaps these commands in.
 """
 
@@ -32,6 +35,8 @@ from protocol.run import passing_trainers
 from protocol.store import LocalStore
 from trainer.adversaries import ADVERSARIES, NODE_ADVERSARIES
 from trainer.node import TrainerNode
+from verifier.node import VerifierNode
+from verifier.replay import Finding
 from veriloco.nodes import json_logger, open_chain
 from veriloco.settings import add_connection_args, open_store, resolve
 
@@ -95,17 +100,28 @@ class WithholdingTrainer(TrainerNode):
             self.log("withholding", epoch=e, payload=cid)
 
 
+class LazyVerifier(VerifierNode):
+    """Passes everyone it is assigned without fetching or replaying: no gradients, no witness."""
+
+    def verify(self, e: int, trainer: str, manifest_cid: str, steps: list[bytes] | None = None) -> list[Finding]:
+        return [Finding("lazy", True, "not replayed")]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="adversary_node", description=__doc__)
-    p.add_argument("role", choices=["trainer", "coordinator"])
+    p.add_argument("role", choices=["trainer", "coordinator", "verifier"])
     p.add_argument("--run", type=int, required=True)
     add_connection_args(p, workdir=True)
-    p.add_argument("--behaviour", choices=sorted({*ADVERSARIES, *NODE_ADVERSARIES, "withhold"}), default="forge-final")
+    p.add_argument("--behaviour", choices=sorted({*ADVERSARIES, *NODE_ADVERSARIES, "withhold", "lazy"}), default="forge-final")
     p.add_argument("--scale", type=float, help="coordinator: finalize the true aggregate times this factor")
     args = p.parse_args(argv)
     s = resolve(args)
     chain = open_chain(s)
-    if args.role == "trainer" and args.behaviour in NODE_ADVERSARIES:
+    if args.role == "verifier":
+        if args.behaviour != "lazy":
+            p.error(f"verifier behaviour must be lazy, got {args.behaviour}")
+        LazyVerifier(chain, open_store(s), args.run, s.workdir / f"verifier-{chain.sender}", log=json_logger("verifier")).run()
+    elif args.role == "trainer" and args.behaviour in NODE_ADVERSARIES:
         NODE_ADVERSARIES[args.behaviour](chain, open_store(s), args.run, s.workdir / f"trainer-{chain.sender}",
                                          log=json_logger("trainer")).run()
     elif args.role == "trainer" and args.behaviour == "withhold":

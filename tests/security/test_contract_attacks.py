@@ -28,7 +28,7 @@ from protocol.chain import (
     revert_data,
 )
 from protocol.digest import keccak
-from tests.fixtures.chain import STAKE, VSTAKE, PyEvmNet, Run, Trainer, params
+from tests.fixtures.chain import SALT, STAKE, VSTAKE, PyEvmNet, Run, Trainer, params
 from tests.fixtures.chain import make_run as fixture_run
 
 pytestmark = pytest.mark.integration
@@ -75,6 +75,7 @@ def test_copied_commitment_cannot_be_revealed(fresh: PyEvmNet) -> None:
     for t in (victim, other):
         t.respond(0)
         r.judge(0, t, [True, True])
+    r.reveal_verdicts(0)
     assert r.finalize(0, [victim, other]) == {copier.address: NO_REVEAL}
     assert r.coord.member(rid, copier.address).stake == STAKE // 2
 
@@ -139,6 +140,7 @@ def test_late_reveal_is_rejected_and_no_reveal_is_slashed(fresh: PyEvmNet) -> No
     r.coord.start_audit(rid, 0)
     honest.respond(0)
     r.judge(0, honest, [True, True])
+    r.reveal_verdicts(0)
     assert r.finalize(0, [honest]) == {late.address: NO_REVEAL}
     info = r.coord.member(rid, late.address)
     assert info.stake == STAKE // 2 and info.leave_epoch == 1  # removed from the run from epoch 1 on
@@ -151,6 +153,7 @@ def test_withholding_challenged_states_is_slashed(fresh: PyEvmNet) -> None:
     honest, silent = r.trainers
     r.open_epoch(0, trainers=[honest])
     r.judge(0, honest, [True, True])
+    r.reveal_verdicts(0)
     with pytest.raises(ce.NotReady):  # the withholder is undecided until its response window closes
         r.finalize(0, [honest])
     r.net.advance(WINDOW + 1)
@@ -220,6 +223,7 @@ def test_a_lying_verifier_cannot_fail_an_honest_trainer_and_is_slashed(fresh: Py
     r.open_epoch(0)
     r.judge(0, honest, [True, True, True])
     r.judge(0, victim, [True, True, False])  # the third assigned verifier lies
+    r.reveal_verdicts(0)
     sub = r.coord.submission(r.run_id, 0, victim.address)
     assert (sub.pass_votes, sub.fail_votes, sub.passed) == (2, 1, True)
     liar = r.assigned(0, victim)[2].sender
@@ -241,6 +245,7 @@ def test_an_expired_epoch_still_slashes_the_outvoted_verifier(fresh: PyEvmNet) -
     r.open_epoch(0)
     r.judge(0, honest, [True, True, True])
     r.judge(0, victim, [True, True, False])
+    r.reveal_verdicts(0)
     liar = r.assigned(0, victim)[2]
     fresh.advance(3 * WINDOW + 1)  # past the finalize deadline
     assert r.coord.epoch_status(r.run_id, 0).phase == Phase.ABORTED
@@ -265,6 +270,7 @@ def test_a_split_vote_leaves_the_trainer_out_and_slashes_nobody(fresh: PyEvmNet)
     r.open_epoch(0)
     r.judge(0, honest, [True, True])
     r.judge(0, victim, [True, False])
+    r.reveal_verdicts(0)
     assert not r.coord.submission(r.run_id, 0, victim.address).passed
     with pytest.raises(ce.NotReady):  # undecided: finalize waits for the verdict deadline
         r.finalize(0, [honest])
@@ -283,6 +289,7 @@ def test_passing_a_cheater_needs_a_majority_of_its_verifiers(fresh: PyEvmNet) ->
     r.open_epoch(0)
     r.judge(0, caught, [True, False, False])  # one corrupt verifier passes, the honest two fail it
     r.judge(0, lucky, [True, True, False])  # two corrupt verifiers out of three
+    r.reveal_verdicts(0)
     assert not r.coord.submission(r.run_id, 0, caught.address).passed
     assert r.coord.submission(r.run_id, 0, lucky.address).passed
     # the assignment is a function of the audit seed, fixed after every reveal: nobody picks it
@@ -294,18 +301,36 @@ def test_passing_a_cheater_needs_a_majority_of_its_verifiers(fresh: PyEvmNet) ->
     assert _verifier_slashes(r, 0) == outvoted
 
 
-def test_a_copied_verdict_counts_like_a_replayed_one(fresh: PyEvmNet) -> None:
-    """Known gap: verdicts are public as soon as they land, and the contract cannot tell a copy."""
+def test_a_copied_verdict_is_impossible_once_verdicts_are_committed(fresh: PyEvmNet) -> None:
+    """V3: verdicts are committed before any is revealed, and reveals open only once every verifier of
+    the frozen list committed: a verifier that waits to copy a witness has nothing to copy, and after
+    the reveals open it can no longer commit (nor reveal anything but what it committed)."""
     r = make_run(fresh, n_trainers=1, n_verifiers=2, quorum=2)
     t = r.trainers[0]
+    rid = r.run_id
     r.open_epoch(0)
     first, copier = r.assigned(0, t)
-    first.submit_verdict(r.run_id, 0, t.address, True, "bafkreiworkdone")
-    seen = r.coord.events(["VerdictSubmitted"], run_id=r.run_id, trainer=t.address)[-1].args
-    copier.submit_verdict(r.run_id, 0, t.address, seen["passed"], seen["evidenceCid"])
-    assert r.coord.submission(r.run_id, 0, t.address).passed
-    cids = [e.args["evidenceCid"] for e in r.coord.events(["VerdictSubmitted"], run_id=r.run_id, trainer=t.address)]
-    assert cids == ["bafkreiworkdone"] * 2  # the copy is visible: two verifiers, one piece of evidence
+    work = [(t.address, True, r.witness(0, t), "bafkreiworkdone")]
+    first.commit_verdicts(rid, 0, work, SALT)
+    with pytest.raises(ce.VerdictsNotOpen) as no:  # the copier has not committed: nothing is public yet
+        first.submit_verdicts(rid, 0, work, SALT)
+    assert (no.value.commits, no.value.verifier_count) == (1, 2)
+    with pytest.raises(ce.AlreadyCommitted):
+        first.commit_verdicts(rid, 0, work, SALT)
+    guess = [(t.address, True, bytes(32), "bafkreiguess")]
+    copier.commit_verdicts(rid, 0, guess, SALT)  # committed blind: it never replayed
+    with pytest.raises(ce.VerdictCommitsClosed):  # reveals are open: no second commitment
+        copier.commit_verdicts(rid, 0, work, SALT)
+    first.submit_verdicts(rid, 0, work, SALT)
+    with pytest.raises(ce.RevealMismatch) as rm:  # the witness it has now seen is not what it committed
+        copier.submit_verdicts(rid, 0, [(t.address, True, r.witness(0, t), "bafkreiworkdone")], SALT)
+    assert rm.value.actual != rm.value.expected
+    copier.submit_verdicts(rid, 0, guess, SALT)
+    with pytest.raises(ce.AlreadyRevealed):
+        copier.submit_verdicts(rid, 0, guess, SALT)
+    assert r.coord.submission(rid, 0, t.address).passed
+    # q = 2, one witness each: no majority witness, nobody is blamed (witness accountability needs q >= 3)
+    assert r.finalize(0, [t]) == {} and _verifier_slashes(r, 0) == {}
 
 
 def test_a_silent_verifier_delays_but_does_not_slash(fresh: PyEvmNet) -> None:
@@ -314,12 +339,14 @@ def test_a_silent_verifier_delays_but_does_not_slash(fresh: PyEvmNet) -> None:
     r.open_epoch(0)
     r.judge(0, honest, [True, True])
     r.judge(0, stalled, [True])  # its second verifier never answers
+    r.reveal_verdicts(0)
     with pytest.raises(ce.NotReady) as nr:
         r.finalize(0, [honest])
     assert (nr.value.decided, nr.value.committed) == (1, 2)
     r.net.advance(2 * WINDOW + 1)  # response and verdict windows over
+    late = r.assigned(0, stalled)[1]
     with pytest.raises(ce.DeadlinePassed):
-        r.assigned(0, stalled)[1].submit_verdict(r.run_id, 0, stalled.address, True, "late")
+        late.submit_verdicts(r.run_id, 0, [(stalled.address, True, r.witness(0, stalled), "late")], SALT)
     assert r.finalize(0, [honest]) == {}  # left out of the aggregate, but not slashed
     assert r.coord.member(r.run_id, stalled.address).stake == STAKE
 
@@ -337,6 +364,7 @@ def test_coordinator_cannot_choose_who_is_aggregated(fresh: PyEvmNet) -> None:
     r.judge(0, a, [True, True])
     r.judge(0, b, [True, True])
     r.judge(0, failed, [False, False])
+    r.reveal_verdicts(0)
     with pytest.raises(ce.PassingOmitted) as po:  # leaving out a passing trainer
         r.finalize(0, [a])
     assert (po.value.included, po.value.passed) == (1, 2)
@@ -362,6 +390,7 @@ def test_coordinator_past_its_deadline_is_settled_without_a_model(fresh: PyEvmNe
     t = r.trainers[0]
     r.open_epoch(0)
     r.judge(0, t, [True, True])
+    r.reveal_verdicts(0)
     r.net.advance(3 * WINDOW + 1)
     with pytest.raises(ce.WrongPhase) as wp:
         r.finalize(0, [t])
@@ -377,6 +406,7 @@ def test_contract_accepts_any_model_digest(fresh: PyEvmNet) -> None:
     t = r.trainers[0]
     r.open_epoch(0)
     r.judge(0, t, [True, True])
+    r.reveal_verdicts(0)
     r.coord.finalize(r.run_id, 0, "bafkreinotthemean", keccak(b"whatever the coordinator likes"), [t.address])
     assert r.coord.epoch_times(r.run_id, 0).model_digest == keccak(b"whatever the coordinator likes")
 
@@ -413,8 +443,8 @@ def test_calls_out_of_phase_are_rejected(fresh: PyEvmNet) -> None:
         a.respond(0)  # b has not revealed: the audit has not started
     assert rp.value.actual == Phase.REVEALING
     b.reveal(0)
-    with pytest.raises(ce.NotResponded):
-        v.submit_verdict(rid, 0, a.address, True, "x")
+    with pytest.raises(ce.AuditSeedPending):  # nothing to judge before the seed: no verdict commitment
+        v.commit_verdicts(rid, 0, [(a.address, True, bytes(32), "x")], SALT)
     a.respond(0)
     with pytest.raises(ce.AlreadyResponded):
         a.respond(0)
@@ -486,6 +516,7 @@ def test_leaving_does_not_dodge_a_slash(fresh: PyEvmNet) -> None:
     assert ns.value.epoch == 0
     r.judge(0, honest, [True, True])
     r.judge(0, cheat, [False, False])
+    r.reveal_verdicts(0)
     assert r.finalize(0, [honest]) == {cheat.address: FAILED_AUDIT}
     res = cheat.chain.withdraw(rid)
     assert [e.args["amount"] for e in res.events if e.name == "Withdrawn"] == [STAKE // 2]
@@ -559,7 +590,9 @@ def _finalize_gas(net: PyEvmNet, idle: int) -> int:
     t.commit(0)
     t.reveal(0)
     t.respond(0)
-    v.submit_verdict(rid, 0, t.address, True, "bafkreie")
+    verdicts = [(t.address, True, keccak(b"witness"), "bafkreie")]
+    v.commit_verdicts(rid, 0, verdicts, SALT)
+    v.submit_verdicts(rid, 0, verdicts, SALT)
     assert coord.run_info(rid).trainer_slots == 1  # each passer's slot went back to the free list
     return coord.finalize(rid, 0, "m", keccak(b"m"), [t.address]).gas_used
 
@@ -570,3 +603,94 @@ def test_finalize_cost_does_not_grow_with_departed_trainers(fresh: PyEvmNet) -> 
     base = _finalize_gas(fresh, 0)
     grown = _finalize_gas(fresh, 8)
     assert grown - base < 1_000, f"8 departed trainers add {grown - base} gas to every finalize of the run"
+
+
+# ---------------------------------------------------------------- V3: lazy verifiers
+
+
+def test_a_lazy_verifier_is_slashed_even_when_everyone_is_honest(fresh: PyEvmNet) -> None:
+    """V3, q = 3: every trainer is honest and every vote is "pass", but one verifier posts a witness
+    it did not compute (zero). The majority witness convicts it: slashed, no bounty, off the list."""
+    r = make_run(fresh, n_trainers=2, n_verifiers=3, quorum=3)
+    a, b = r.trainers
+    r.open_epoch(0)
+    lazy = r.assigned(0, a)[1].sender
+    for t in (a, b):
+        assigned = [v.sender for v in r.assigned(0, t)]
+        r.judge(0, t, [True] * 3, [bytes(32) if v == lazy else r.witness(0, t) for v in assigned])
+    r.reveal_verdicts(0)
+    assert r.coord.submission(r.run_id, 0, a.address).passed  # its vote agrees: it still counts as cast
+    assert r.finalize(0, [a, b]) == {}
+    slashes = [e.args["verifier"] for e in r.coord.events(["VerifierSlashed"], run_id=r.run_id, epoch=0)]
+    assert slashes == [lazy, lazy]  # once per trainer it pretended to replay
+    assert r.coord.member(r.run_id, lazy).stake == VSTAKE // 4 and r.coord.member(r.run_id, lazy).leave_epoch == 1
+    assert r.coord.totals()[1] == 0  # burned, nobody credited
+    for v in r.verifiers:
+        if v.sender != lazy:
+            assert r.coord.member(r.run_id, v.sender).stake == VSTAKE
+    r.open_epoch(1)
+    assert lazy not in r.coord.participants(r.run_id)[1]
+
+
+def test_a_lying_reference_witness_is_outvoted_by_the_two_that_agree(fresh: PyEvmNet) -> None:
+    """V3: the first revealed witness is only the first group; with q = 3 a liar that reveals first
+    is the odd one when the other two agree with each other, and it alone is slashed."""
+    r = make_run(fresh, n_trainers=1, n_verifiers=3, quorum=3)
+    t = r.trainers[0]
+    rid = r.run_id
+    r.open_epoch(0)
+    liar, h1, h2 = r.assigned(0, t)
+    good = r.witness(0, t)
+    votes = {liar.sender: [(t.address, True, keccak(b"made up"), "l")]}
+    votes |= {v.sender: [(t.address, True, good, "h")] for v in (h1, h2)}
+    for v in (liar, h1, h2):
+        v.commit_verdicts(rid, 0, votes[v.sender], SALT)
+    for v in (liar, h1, h2):  # the liar's witness becomes the first (reference) group
+        v.submit_verdicts(rid, 0, votes[v.sender], SALT)
+    assert r.finalize(0, [t]) == {}
+    assert _verifier_slashes(r, 0) == {liar.sender: t.address}
+
+
+def test_a_witness_minority_that_fails_an_honest_trainer_earns_no_bounty(fresh: PyEvmNet) -> None:
+    """V3 with a cheater: the two honest verifiers fail it with the majority witness and share its
+    stake; a third that also fails it without replaying (zero witness) is slashed and paid nothing."""
+    r = make_run(fresh, n_trainers=2, n_verifiers=3, quorum=3)
+    honest, cheat = r.trainers
+    r.open_epoch(0)
+    lazy = r.assigned(0, cheat)[2].sender
+    r.judge(0, honest, [True] * 3)
+    r.judge(0, cheat, [False] * 3, [r.witness(0, cheat)] * 2 + [bytes(32)])
+    r.reveal_verdicts(0)
+    assert r.finalize(0, [honest]) == {cheat.address: FAILED_AUDIT}
+    assert _verifier_slashes(r, 0) == {lazy: cheat.address}
+    paid = [v.sender for v in r.assigned(0, cheat)[:2]]
+    assert all(r.coord.credits(v) == STAKE // 4 for v in paid) and r.coord.credits(lazy) == 0
+
+
+def test_verdict_reveals_wait_for_every_commitment_or_half_the_window(fresh: PyEvmNet) -> None:
+    """Reveals open when every verifier of the frozen list committed (an unassigned one commits an
+    empty list) or at responseDeadline + verdictWindow / 2; the commitment is the pure helper's."""
+    r = make_run(fresh, n_trainers=1, n_verifiers=3, quorum=2)
+    t = r.trainers[0]
+    rid = r.run_id
+    r.open_epoch(0)
+    v1, v2 = r.assigned(0, t)
+    idle = next(v for v in r.verifiers if v.sender not in (v1.sender, v2.sender))
+    mine = [(t.address, True, r.witness(0, t), "e")]
+    v1.commit_verdicts(rid, 0, mine, SALT)
+    v2.commit_verdicts(rid, 0, mine, SALT)
+    with pytest.raises(ce.VerdictsNotOpen) as no:
+        v1.submit_verdicts(rid, 0, mine, SALT)
+    assert (no.value.commits, no.value.verifier_count) == (2, 3)
+    with pytest.raises(ce.RevealMismatch) as rm:  # checked only once open: so open it by time
+        fresh.advance(WINDOW + WINDOW // 2 + 1)  # past the response deadline + half the verdict window
+        v1.submit_verdicts(rid, 0, mine, keccak(b"another salt"))
+    assert rm.value.actual == v1.verdict_commitment_for(rid, 0, mine, keccak(b"another salt"))
+    assert int.from_bytes(rm.value.expected, "big") == int.from_bytes(v1.verdict_commitment_for(rid, 0, mine, SALT)[4:], "big")
+    with pytest.raises(ce.VerdictCommitsClosed):
+        idle.commit_verdicts(rid, 0, [], SALT)
+    v1.submit_verdicts(rid, 0, mine, SALT)
+    v2.submit_verdicts(rid, 0, mine, SALT)
+    assert r.coord.submission(rid, 0, t.address).passed
+    with pytest.raises(ce.NotCommitted):
+        idle.submit_verdicts(rid, 0, [], SALT)

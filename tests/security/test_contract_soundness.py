@@ -276,6 +276,7 @@ def test_a_late_seed_excuses_a_missing_response(fresh: PyEvmNet, fixed_after: in
         assert block_time(fresh, fixed) == rc + fixed_after and len(ev(fixed, "AuditStarted")) == 1
         answering.respond(0)
         r.judge(0, answering, [True, True])
+        r.reveal_verdicts(0)
         included = [answering]
     until(fresh, rc + WINDOW)  # the response window is over
     slashed = r.finalize(0, included)
@@ -398,6 +399,7 @@ def test_a_trainer_slashed_by_a_late_settle_cannot_pass_its_next_epoch_to_a_newc
     fresh.advance(WINDOW + 1)  # reveals close without the shirker
     a.respond(0)
     r.judge(0, a, [True, True])
+    r.reveal_verdicts(0)
     a.commit(1)
     shirker.commit(1)
     until(fresh, c.epoch_times(rid, 0).finalize_deadline + 1)  # epoch 0 expires, nobody settles it
@@ -412,6 +414,7 @@ def test_a_trainer_slashed_by_a_late_settle_cannot_pass_its_next_epoch_to_a_newc
     newcomer.chain.join_trainer(rid)
     a.respond(1)  # the shirker does not answer epoch 1
     r.judge(1, a, [True, True])
+    r.reveal_verdicts(1)
     until(fresh, c.epoch_times(rid, 1).response_deadline)
     slashed = r.finalize(1, [a])
     assert newcomer.address not in slashed

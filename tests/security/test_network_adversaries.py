@@ -185,3 +185,43 @@ def test_a_planted_start_state_is_slashed_in_epoch_0(tmp_path: Path, monkeypatch
     failed = [ev["failed"] for ev in events
               if ev.get("event") == "verified" and ev["trainer"] == planter and ev["epoch"] == 0]
     assert failed and all(len(f) == 1 and f[0].startswith("start:") for f in failed)
+
+
+def test_a_lazy_verifier_is_slashed_when_everyone_else_is_honest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """V3 as a network: two honest trainers, three verifiers at quorum 3, one of which passes everyone
+    without fetching or replaying anything. Its verdicts agree with the honest ones, but its replay
+    witness cannot: it is slashed (and removed) in epoch 0, every epoch finalizes, nobody else pays."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    swap = _swapper({"verifier2": ["--behaviour", "lazy"]})
+    seen: dict[str, Any] = {}
+
+    def inspect(chain: Chain, store: Any, run_id: int) -> None:
+        seen["verifier_slashes"] = [(e.args["verifier"], e.args["epoch"]) for e in chain.events(["VerifierSlashed"], run_id=run_id)]
+        seen["trainer_slashes"] = [e.args["trainer"] for e in chain.events(["Slashed"], run_id=run_id)]
+        seen["stakes"] = {a: chain.member(run_id, a).stake for a in chain.participants(run_id)[1]}
+        seen["list"] = chain.participants(run_id)[1]
+        seen["witnesses"] = {(e.args["epoch"], e.args["verifier"]): bytes(e.args["witness"])
+                             for e in chain.events(["VerdictSubmitted"], run_id=run_id)}
+
+    def note_and_swap(control: Control) -> None:
+        seen.setdefault("lazy", control.node("verifier2").address)
+        swap(control)
+
+    opts = DemoOptions(trainers=2, verifiers=3, quorum=3, epochs=2, steps=4, workdir=tmp_path / "demo", timeout_s=480)
+    log = io.StringIO()
+    try:
+        s = run_demo(opts, out=log, inspect=inspect, on_tick=note_and_swap)
+    except Exception:
+        print(log.getvalue())
+        raise
+    slashed_verifiers = {v for v, _ in seen["verifier_slashes"]}
+    assert s["epochs_finalized"] == 2, log.getvalue()
+    assert seen["trainer_slashes"] == [], log.getvalue()
+    assert len(slashed_verifiers) == 1 and {e for _, e in seen["verifier_slashes"]} == {0}, seen["verifier_slashes"]
+    (liar,) = slashed_verifiers
+    assert liar == seen["lazy"]
+    assert s["slashed"] == [liar]
+    assert seen["witnesses"][(0, liar)] == bytes(32)  # it had nothing else to show
+    assert liar not in seen["list"]  # removed when epoch 1's audit was scheduled
+    honest = [w for (e, v), w in seen["witnesses"].items() if e == 0 and v != liar]
+    assert honest and all(w != bytes(32) for w in honest)

@@ -104,3 +104,24 @@ def test_segment_replay_covers_every_step_it_spans(setup) -> None:
     spec, corpus, _, s0, trace = setup
     assert check_step(s0, 0, trace.digests[3], spec, corpus, 0, 1, steps=3).passed
     assert not check_step(s0, 0, trace.digests[2], spec, corpus, 0, 1, steps=3).passed  # wrong end leaf
+
+
+def test_replay_witness_is_reproducible_private_and_leaves_the_step_unchanged(setup) -> None:
+    """Two replays of the same steps give the same witness; the witness is none of the published
+    state digests; watching the gradients leaves the trainer's digests bit-identical."""
+    from verifier.replay import NO_WITNESS, replay_witness
+
+    spec, corpus, _, s0, trace = setup
+    runs = []
+    for _ in range(2):
+        digests: list[bytes] = []
+        f = check_step(s0, 0, trace.digests[2], spec, corpus, 0, 1, steps=2, grad_digests=digests)
+        assert f.passed, f.detail
+        runs.append(digests)
+    assert len(runs[0]) == 2 and runs[0] == runs[1]
+    w = replay_witness(runs[0])
+    assert len(w) == 32 and w != NO_WITNESS and w not in trace.digests
+    assert replay_witness([]) == NO_WITNESS
+    other: list[bytes] = []
+    check_step(s0, 0, trace.digests[1], spec, corpus, 0, slot=2, grad_digests=other)  # another shard
+    assert replay_witness(other) != replay_witness(runs[0][:1])

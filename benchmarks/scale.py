@@ -397,8 +397,8 @@ def _git(*args: str) -> str:
 def markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
     rows = [
-        "| epoch | status | included | latency s | commit | reveal | seed | respond | verdicts | finalize | attest | txs | gas total | **gas / trainer** | largest tx |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| epoch | status | included | latency s | commit | reveal | seed | respond | verdict commits | verdicts | finalize | attest | txs | gas total | **gas / trainer** | largest tx |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["per_epoch"]:
         p = r["phase_s"]

@@ -208,15 +208,10 @@ def test_a_lazy_verifier_is_slashed_when_everyone_else_is_honest(tmp_path: Path,
         swap(control)
 
     opts = DemoOptions(trainers=2, verifiers=3, quorum=3, epochs=2, steps=4, workdir=tmp_path / "demo", timeout_s=480)
-    log = io.StringIO()
-    try:
-        s = run_demo(opts, out=log, inspect=inspect, on_tick=note_and_swap)
-    except Exception:
-        print(log.getvalue())
-        raise
+    s, log = run_network(opts, inspect=inspect, on_tick=note_and_swap)
     slashed_verifiers = {v for v, _ in seen["verifier_slashes"]}
-    assert s["epochs_finalized"] == 2, log.getvalue()
-    assert seen["trainer_slashes"] == [], log.getvalue()
+    assert s["epochs_finalized"] == 2, log
+    assert seen["trainer_slashes"] == [], log
     assert len(slashed_verifiers) == 1 and {e for _, e in seen["verifier_slashes"]} == {0}, seen["verifier_slashes"]
     (liar,) = slashed_verifiers
     assert liar == seen["lazy"]

@@ -8,7 +8,6 @@ nothing to the creator or coordinator (docs/contract.md, "Rewards").
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,33 +26,10 @@ R_T = 10**15  # trainer reward (wei per epoch)
 R_V = 10**14  # verifier reward (wei per majority verdict)
 
 
-@pytest.fixture(scope="module")
-def net() -> Iterator[PyEvmNet]:
-    yield PyEvmNet()
-
-
-@pytest.fixture
-def fresh(net: PyEvmNet) -> Iterator[PyEvmNet]:
-    snap = net.snapshot()
-    try:
-        yield net
-    finally:
-        net.revert(snap)
-
-
 def rewarded_run(net: PyEvmNet, pool: int, **over: Any) -> Run:
     """Quorum 3 with 3 verifiers: every verifier judges every trainer, so the vote counts are fixed."""
-    c = net.chain(COORD)
-    run_id = c.create_run(params(net.accounts[COORD], quorum=3, trainer_reward=R_T, verifier_reward=R_V, **over),
-                          reward_pool=pool)
-    ts = [Trainer(net.chain(i), run_id) for i in TRAINERS]
-    vs = [net.chain(i) for i in VERIFIERS]
-    for t in ts:
-        t.chain.join_trainer(run_id)
-    for v in vs:
-        v.join_verifier(run_id)
-    c.stake_coordinator(run_id)
-    return Run(net, run_id, c, ts, vs)
+    return make_run(net, TRAINERS, VERIFIERS, COORD, reward_pool=pool, quorum=3, trainer_reward=R_T,
+                    verifier_reward=R_V, **over)
 
 
 def assert_accounted(c: Chain) -> None:

@@ -1,4 +1,4 @@
-"""Fixtures of the security suite's contract tests: one py-evm chain per module, reset per test."""
+"""Shared fixtures of the contract tests: one py-evm chain per module, reset per test (a module may define its own)."""
 
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ from eth_account import Account
 from protocol.chain import Chain, ChainEvent, Phase, connect, deploy
 from veriloco.settings import add_connection_args, open_store, resolve
 
-STATE_NAMES = {0: "-", 1: "committed", 2: "revealed", 3: "responded"}
-SLASH_REASONS = {1: "no reveal", 2: "no response", 3: "failed audit"}
+STATE_NAMES = {0: "-", 1: "committed", 2: "revealed", 3: "responded", 4: "unavailable"}
+SLASH_REASONS = {1: "no reveal", 2: "no response", 3: "failed audit", 4: "payload unavailable", 5: "false availability report"}
 
 
 def register(sub: Any) -> None:
@@ -165,7 +165,7 @@ def _trainer_row(chain: Chain, run_id: int, epoch: int, slot: int, addr: str, su
     responded = next((ev for ev in events if ev.name == "Responded"), None)
     slashed = next((ev for ev in events if ev.name == "Slashed"), None)
     verdicts = [
-        {"verifier": ev.args["verifier"], "passed": bool(ev.args["passed"]), "evidence_cid": ev.args["evidenceCid"]}
+        {"verifier": ev.args["verifier"], "passed": bool(ev.args["passed"])}
         for ev in events if ev.name == "VerdictSubmitted"
     ]
     assigned = chain.assignment(run_id, epoch, addr)

@@ -20,6 +20,7 @@ COMMANDS: list[str] = [
     "veriloco.netdemo",
     "veriloco.chaincmds",
     "veriloco.lifecycle",
+    "veriloco.keys",
     "veriloco.demo",
 ]
 
@@ -41,6 +42,7 @@ OWNER: dict[str, str] = {
     "leave": "veriloco.lifecycle",
     "withdraw": "veriloco.lifecycle",
     "claim": "veriloco.lifecycle",
+    "account": "veriloco.keys",
 }
 
 

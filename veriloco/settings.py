@@ -40,7 +40,10 @@ def add_connection_args(p: argparse.ArgumentParser, *, workdir: bool = False) ->
     g.add_argument("--devnet", type=Path, help=f"devnet file (default: $VERILOCO_DEVNET or {DEFAULT_DEVNET_FILE} if present)")
     g.add_argument("--rpc-url", help="Ethereum JSON-RPC endpoint ($VERILOCO_RPC_URL)")
     g.add_argument("--contract", help="veriloco contract address ($VERILOCO_CONTRACT)")
-    g.add_argument("--key", type=Path, help="file holding this node's hex private key ($VERILOCO_KEY)")
+    g.add_argument("--key", type=Path,
+                   help="this node's key file: a hex private key or an encrypted keystore ($VERILOCO_KEY)")
+    g.add_argument("--password-file", type=Path,
+                   help="the keystore's password, in a file ($VERILOCO_KEY_PASSWORD holds it otherwise; else a prompt)")
     g.add_argument("--account", type=non_negative, help="use the devnet file's account N as this node's key")
     g.add_argument("--store", choices=["local", "ipfs"], help="content store backend ($VERILOCO_STORE)")
     g.add_argument("--store-dir", type=Path, help="LocalStore directory ($VERILOCO_STORE_DIR)")
@@ -58,7 +61,7 @@ def _devnet(args: argparse.Namespace) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:
         raise SettingsError(f"devnet file {path} is unreadable ({exc}); restart `veriloco devnet`") from None
     if not isinstance(data, dict):
         raise SettingsError(f"devnet file {path} is not a JSON object")
@@ -81,15 +84,21 @@ def check_key(key: str, where: str) -> str:
     return "0x" + key[2:].lower()
 
 
-def _read_key(path: Path) -> str:
+def _read_key(path: Path, password_file: Path | None = None) -> str:
+    """The 0x-hex key in a plain key file, or decrypted from a keystore (veriloco/keys.py)."""
+    from veriloco.keys import decrypt_keystore, is_keystore
+
     try:
         raw = path.read_bytes()
     except OSError as exc:
         raise SettingsError(f"cannot read key file {path}: {exc.strerror or exc}") from None
+    if is_keystore(raw):
+        return check_key(decrypt_keystore(raw, path, password_file), f"keystore {path}")
     try:
         text = raw.decode("ascii")
     except UnicodeDecodeError:
-        raise SettingsError(f"key file {path} is not text; it must hold a 32-byte hex private key") from None
+        raise SettingsError(f"key file {path} is not text; it must hold a 32-byte hex private key "
+                            "or an encrypted keystore") from None
     return check_key(text, f"key file {path}")
 
 
@@ -121,6 +130,8 @@ def resolve(args: argparse.Namespace, *, need_key: bool = True, need_contract: b
     env = os.environ.get
     dev = _devnet(args)
     dev_store: dict[str, Any] = dev.get("store") or {}
+    if not isinstance(dev_store, dict):
+        raise SettingsError("the devnet file's store entry is not an object; restart `veriloco devnet`")
 
     def pick(flag: str, var: str, fallback: Any) -> Any:
         value = getattr(args, flag, None)
@@ -130,7 +141,7 @@ def resolve(args: argparse.Namespace, *, need_key: bool = True, need_contract: b
     contract = pick("contract", "VERILOCO_CONTRACT", dev.get("contract"))
     key: str | None = None
     if getattr(args, "key", None) is not None:
-        key = _read_key(args.key)
+        key = _read_key(args.key, getattr(args, "password_file", None))
     elif getattr(args, "account", None) is not None:
         accounts = dev.get("accounts") or []
         if not isinstance(accounts, list) or not 0 <= args.account < len(accounts):
@@ -141,7 +152,7 @@ def resolve(args: argparse.Namespace, *, need_key: bool = True, need_contract: b
             raise SettingsError(f"account {args.account} of the devnet file has no key; restart `veriloco devnet`")
         key = check_key(entry["key"], f"account {args.account} of the devnet file")
     elif env("VERILOCO_KEY"):
-        key = _read_key(Path(env("VERILOCO_KEY") or ""))
+        key = _read_key(Path(env("VERILOCO_KEY") or ""), getattr(args, "password_file", None))
     if not rpc_url:
         raise SettingsError("no RPC endpoint: pass --rpc-url, set VERILOCO_RPC_URL, or start `veriloco devnet`")
     rpc_url = check_rpc_url(str(rpc_url))

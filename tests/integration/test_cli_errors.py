@@ -112,7 +112,7 @@ def test_malformed_arguments_are_one_clean_line(offline: Path, capsys: pytest.Ca
 
 
 @pytest.mark.parametrize("content,phrase", [
-    (os.urandom(64) + b"\xff", "is not text"),
+    (b"\x00" + os.urandom(64) + b"\xff", "is not text"),
     (b"0x" + b"0" * 64, "holds zero"),
     (b"0x" + b"f" * 64, "too large"),
     (b"0x1234", "32-byte hex private key"),
@@ -190,3 +190,10 @@ def test_unknown_runs_and_epochs_are_named(online: Path, devnet: Any, capsys: py
     assert "no stake" in refused(capsys, "withdraw", "--run", str(rid), "--account", "3")
     assert "--account 9" in refused(capsys, "claim", "--account", "9")
     assert "no contract at" in refused(capsys, "runs", "--contract", "0x" + "22" * 20)
+
+
+def test_account_new_refuses_cleanly(offline: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "required" in refused(capsys, "account", "new")
+    assert "needs a password" in refused(capsys, "account", "new", "--out", "k.json")  # no terminal here
+    assert "cannot read password file" in refused(capsys, "account", "new", "--out", "k.json", "--password-file", "nope")
+    assert not (offline / "k.json").exists()

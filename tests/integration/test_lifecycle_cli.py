@@ -145,3 +145,15 @@ def test_a_runs_life_through_the_cli(devnet: Any, tmp_path: Path, monkeypatch: p
     assert coord.member(rid, net.accounts[1]).role == 0
     assert coord.w3.eth.get_balance(net.accounts[1]) > before - 10**16  # the stake came back (less the fee)
     assert "no stake" in refused(capsys, "withdraw", "--run", r, "--account", "1")
+
+
+def test_a_keystore_signs_for_its_account(devnet: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VERILOCO_DEVNET", str(devnet.config.devnet_file))
+    (tmp_path / "pw").write_text("s3cret\n")
+    made = json.loads(ok(capsys, "account", "new", "--out", "node.json", "--password-file", "pw", "--json"))
+    out = ok(capsys, "claim", "--key", "node.json", "--password-file", "pw")
+    assert out.startswith(f"nothing to claim: {made['address']} has no credits")
+    (tmp_path / "wrong").write_text("guess\n")
+    assert "wrong password" in refused(capsys, "claim", "--key", "node.json", "--password-file", "wrong")

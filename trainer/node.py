@@ -125,6 +125,8 @@ class TrainerNode:
         epochs = self.ctx.config.schedule.epochs
         if self.max_epochs is not None:
             epochs = min(epochs, member.join_epoch + self.max_epochs)
+        if member.leave_epoch is not None:  # it left (`veriloco leave`): it takes part in no epoch from then on
+            epochs = min(epochs, member.leave_epoch)
         e = max(member.join_epoch, self.chain.current_epoch(self.run_id))
         while self._dir(e).meta.get("status") in (COMMITTED, REVEALED, RESPONDED, CLOSED):
             e += 1  # resumed after a crash: that epoch is already in the chain's hands

@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     except VerilocoError as exc:
         print(f"veriloco {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the machine's own failures (permissions, a full disk): no traceback either
+        print(f"veriloco {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"veriloco {args.command}: interrupted", file=sys.stderr)
         return 130

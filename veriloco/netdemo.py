@@ -234,8 +234,6 @@ def check_options(opts: DemoOptions) -> None:
     for name in ("trainers", "verifiers", "epochs", "steps", "stages", "quorum", "windows_s"):
         if getattr(opts, name) < 1:
             raise DemoError(f"--{name.replace('_s', '')} must be at least 1, got {getattr(opts, name)}")
-    if opts.quorum > opts.verifiers:
-        raise DemoError(f"--quorum {opts.quorum} needs at least {opts.quorum} verifiers, got --verifiers {opts.verifiers}")
     if not opts.timeout_s > 0:
         raise DemoError(f"--timeout must be a positive number of seconds, got {opts.timeout_s}")
     n_cheat = sum(c for _, c in opts.cheats)

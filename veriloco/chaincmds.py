@@ -25,7 +25,7 @@ from protocol.statedir import check_run
 from veriloco.argtypes import address
 from veriloco.argtypes import epoch as epoch_arg
 from veriloco.argtypes import run_id as run_id_arg
-from veriloco.settings import add_connection_args, open_store, resolve
+from veriloco.settings import Settings, add_connection_args, open_store, resolve
 
 STATE_NAMES = {0: "-", 1: "committed", 2: "revealed", 3: "responded"}
 
@@ -98,7 +98,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     s = resolve(args, need_key=False, need_contract=True)
     chain = Chain(s.rpc_url, str(s.contract))
     check_run(chain, args.run)
-    report = status_report(chain, args.run, args.epoch, store=open_store(s))
+    report = status_report(chain, args.run, args.epoch, store=_config_store(s))
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0
 
@@ -106,7 +106,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_runs(args: argparse.Namespace) -> int:
     s = resolve(args, need_key=False, need_contract=True)
     chain = Chain(s.rpc_url, str(s.contract))
-    store = open_store(s)
+    store = _config_store(s)
     rows = []
     for rid in range(1, chain.run_count() + 1):
         info = chain.run_info(rid)
@@ -132,6 +132,18 @@ def cmd_runs(args: argparse.Namespace) -> int:
 TERMINAL = (Phase.FINALIZED, Phase.ABORTED)
 
 
+def _config_store(s: Settings) -> Any:
+    """The store, for reading run configs only: an unreachable IPFS node costs seconds, not minutes."""
+    if s.store == "ipfs":
+        from protocol.store import IpfsStore, StoreError
+
+        try:
+            return IpfsStore(s.ipfs_api, timeout=5.0, deadline=10.0)
+        except StoreError:
+            return None
+    return open_store(s)
+
+
 def run_epochs(info: RunInfo, store: Any) -> int | None:
     """The run's number of epochs, from its config (None when the store cannot serve it).
 
@@ -140,6 +152,8 @@ def run_epochs(info: RunInfo, store: Any) -> int | None:
     from protocol.config import from_json
     from protocol.digest import keccak
 
+    if store is None:
+        return None
     try:
         raw = store.get(info.params.config_cid, max_size=1 << 20)
         if keccak(raw) != info.params.config_digest:

@@ -8,6 +8,7 @@ verdicts: no training, so the test is quick); every question is asked through `v
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,10 @@ def test_a_runs_life_through_the_cli(devnet: Any, tmp_path: Path, monkeypatch: p
     rep = json.loads(ok(capsys, "status", "--run", r, "--json"))
     assert rep["run_state"] == "finished" and rep["trainers"][0]["outcome"] == "passed"
     assert json.loads(ok(capsys, "runs", "--json"))["runs"][0]["state"] == "finished"
+    # without the config (its store unreachable) status still answers, from the chain alone, in seconds
+    t0 = time.monotonic()
+    out = ok(capsys, "status", "--run", r, "--store", "ipfs", "--ipfs-api", "/ip4/127.0.0.1/tcp/9")
+    assert "FINALIZED" in out and "waiting for epoch 1 (epoch 0 finalized" in out and time.monotonic() - t0 < 30
 
     # rewards: 700 wei to the included trainer, 30 to the verifier whose verdict made the majority
     assert "claimed 7e-16 ETH" in ok(capsys, "claim", "--account", "1")

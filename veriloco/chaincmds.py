@@ -1,7 +1,8 @@
-"""`veriloco deploy`, `veriloco run create` and `veriloco status`: the contract from the command line.
+"""`veriloco deploy`, `run create`, `runs` and `status`: the contract from the command line.
 
     veriloco deploy --rpc-url URL --key FILE [--json]      deploy the committed Veriloco build
     veriloco run create --config run.toml [...]            publish the run's config + G_0, create it
+    veriloco runs [--json]                                 every run of the contract and its state
     veriloco status --run ID [--epoch N] [--json]          round status, as the contract derives it
 
 Connection settings come from flags, then VERILOCO_* variables, then a devnet file
@@ -28,11 +29,11 @@ from veriloco.argtypes import run_id as run_id_arg
 from veriloco.settings import Settings, add_connection_args, open_store, resolve
 
 STATE_NAMES = {0: "-", 1: "committed", 2: "revealed", 3: "responded"}
+SLASH_REASONS = {1: "no reveal", 2: "no response", 3: "failed audit"}
 
 
 class StatusError(VerilocoError):
     """A status query that names something the run does not have."""
-SLASH_REASONS = {1: "no reveal", 2: "no response", 3: "failed audit"}
 
 
 def register(sub: Any) -> None:
@@ -159,7 +160,7 @@ def run_epochs(info: RunInfo, store: Any) -> int | None:
         if keccak(raw) != info.params.config_digest:
             return None
         return int(from_json(raw).schedule.epochs)
-    except VerilocoError:
+    except (VerilocoError, OSError):
         return None
 
 

@@ -36,6 +36,7 @@ from protocol.formats import (
     save_state,
     spec_of,
 )
+from protocol.membership import check_joinable
 from protocol.outage import TRANSIENT, through_outages
 from protocol.run import (
     RunContext,
@@ -44,6 +45,7 @@ from protocol.run import (
     params_of,
     revealed_payload,
 )
+from protocol.statedir import run_dir
 from protocol.store import IntegrityError, NotFound, Store, StoreError, StoreTimeout
 from protocol.types import Cid, Digest
 from trainer.delay import StartRule
@@ -80,8 +82,7 @@ class VerifierNode:
         self.log: Log = log or (lambda event, **kv: None)
         self.poll_s, self.threads = poll_s, threads
         self._models: dict[bytes, dict[str, Tensor]] = {}
-        self.ledger = Path(workdir) / f"run-{run_id}" / "verdicts.json"
-        self.ledger.parent.mkdir(parents=True, exist_ok=True)
+        self.ledger = run_dir(chain, run_id, Path(workdir), self.log) / "verdicts.json"
         self.keeper = Keeper(self.ledger.parent / "kept", store)
         self._fetched: dict[str, tuple[Cid, bytes]] = {}  # "e:trainer" -> the payload `verify` checked
         self._said: set[str] = set()
@@ -113,6 +114,7 @@ class VerifierNode:
         if m.role == 1:
             raise TrainerError(f"{self.me} is a trainer in run {self.run_id}; a verifier needs its own key")
         if m.role == 0:
+            check_joinable(self.chain.run_info(self.run_id), self.ctx.config.schedule.epochs, "verifier")
             self.chain.join_verifier(self.run_id)
             self.log("joined")
         last = self.ctx.config.schedule.epochs - 1

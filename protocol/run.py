@@ -21,7 +21,7 @@ from protocol.data import Corpus, build_corpus
 from protocol.digest import keccak, state_digest
 from protocol.errors import VerilocoError
 from protocol.formats import load_state, save_state
-from protocol.model import init_params, preset
+from protocol.model import init_params, param_shapes
 from protocol.store import Store
 from protocol.types import Address, Cid, Digest, RunId
 
@@ -43,12 +43,12 @@ class RunContext:
 
     @property
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {n: tuple(t.shape) for n, t in init_params(preset(self.config.model.preset), 0).items()}
+        return param_shapes(self.config.model_config())
 
 
 def initial_model(cfg: RunConfig) -> dict[str, Tensor]:
     """G_0 as a state: `param/*` only, from the config's preset and init seed."""
-    return {PARAM + n: t for n, t in init_params(preset(cfg.model.preset), cfg.model.init_seed).items()}
+    return {PARAM + n: t for n, t in init_params(cfg.model_config(), cfg.model.init_seed).items()}
 
 
 def corpus_for(cfg: RunConfig, store: Store) -> Corpus:
@@ -153,7 +153,7 @@ def eval_model(ctx: RunContext, params: Mapping[str, Tensor], rows: int = 64) ->
     from protocol.data import eval_loss, val_batches
     from protocol.model import loss_fn
 
-    cfg = preset(ctx.config.model.preset)
+    cfg = ctx.config.model_config()
     batches = val_batches(ctx.corpus, ctx.config.data.seq_len, rows)
     with torch.no_grad():
         return eval_loss(lambda x, y: loss_fn(cfg, dict(params), x, y), batches)

@@ -16,10 +16,11 @@ pytestmark = pytest.mark.unit
 TRAINER = "0x" + "ab" * 20
 
 
-@pytest.fixture(scope="module")
-def setup():
+@pytest.fixture(scope="module", params=["tiny", "llama-tiny"])
+def setup(request):
+    """One honest epoch, for each architecture: every check below holds for GPT-2 and Llama alike."""
     configure_determinism(1)
-    cfg = RunConfig().replace(schedule={"h_initial": 8, "h_min": 4, "h_max": 16})
+    cfg = RunConfig().replace(schedule={"h_initial": 8, "h_min": 4, "h_max": 16}, model={"preset": request.param})
     spec = RoundSpec.from_config(cfg)
     corpus, _ = build_corpus(max_bytes=200_000)
     g0 = init_params(spec.model, 0)

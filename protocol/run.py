@@ -23,6 +23,8 @@ from protocol.errors import VerilocoError
 from protocol.formats import load_state, save_state
 from protocol.model import init_params, param_shapes
 from protocol.store import Store
+from protocol.tokenizer import Tokenizer, load_tokenizer
+from protocol.tokens import tokenizer_vocab_size
 from protocol.types import Address, Cid, Digest, RunId
 
 PARAM = "param/"
@@ -55,7 +57,9 @@ def corpus_for(cfg: RunConfig, store: Store) -> Corpus:
     """The run's corpus: fetched by CID when the config names one, else built locally; digest-checked."""
     want = bytes.fromhex(cfg.data.corpus_digest.removeprefix("0x")) if cfg.data.corpus_digest else None
     if cfg.data.corpus_cid:
-        corpus = Corpus(store.get(cfg.data.corpus_cid, digest=want))
+        corpus = Corpus(store.get(cfg.data.corpus_cid, digest=want), dtype=cfg.data.token_dtype)
+    elif cfg.data.token_dtype != "uint8":
+        raise RunError("a tokenized corpus cannot be built locally: the config must name data.corpus_cid")
     else:
         corpus = build_corpus(max_bytes=cfg.data.corpus_bytes)[0]
     if want is not None and corpus.digest != want:
@@ -63,15 +67,47 @@ def corpus_for(cfg: RunConfig, store: Store) -> Corpus:
             f"the locally built corpus has digest 0x{corpus.digest.hex()}, the run expects "
             f"{cfg.data.corpus_digest}; fetch the run's corpus (data.corpus_cid) instead"
         )
+    vocab = cfg.model_config().vocab_size
+    if corpus.max_token >= vocab:
+        raise RunError(
+            f"the corpus holds token id {corpus.max_token}, outside the model's vocabulary of {vocab}; "
+            "set model.vocab_size to the tokenizer's vocabulary"
+        )
     return corpus
 
 
+def tokenizer_for(cfg: RunConfig, store: Store) -> Tokenizer:
+    """The run's tokenizer, fetched and digest-checked; raises RunError for a byte-level run."""
+    if not cfg.data.tokenizer_cid:
+        raise RunError("this run has no tokenizer (it trains on bytes)")
+    want = bytes.fromhex(cfg.data.tokenizer_digest.removeprefix("0x"))
+    return load_tokenizer(store.get(cfg.data.tokenizer_cid, digest=want), want)
+
+
+def bind_corpus(cfg: RunConfig, store: Store, corpus: Corpus, tokenizer: bytes | None = None,
+                vocab_size: int = 0) -> RunConfig:
+    """Publish a corpus (and its tokenizer) and commit both in the config.
+
+    ``model.vocab_size`` defaults to ``vocab_size`` (the corpus directory's), else the tokenizer's.
+    """
+    data: dict[str, Any] = {"corpus_cid": store.put(corpus.tokens), "corpus_digest": "0x" + corpus.digest.hex(),
+                            "token_dtype": corpus.dtype}
+    model: dict[str, Any] = {}
+    if tokenizer is not None:
+        data |= {"tokenizer_cid": store.put(tokenizer), "tokenizer_digest": "0x" + keccak(tokenizer).hex()}
+        vocab_size = vocab_size or tokenizer_vocab_size(tokenizer)
+    if vocab_size and not cfg.model.vocab_size and (corpus.dtype != "uint8" or tokenizer is not None):
+        model["vocab_size"] = vocab_size
+    return cfg.replace(data=data, model=model)
+
+
 def publish_run(chain: Chain, store: Store, cfg: RunConfig, coordinator: str | None = None,
-                corpus: Corpus | None = None) -> tuple[RunId, RunConfig]:
+                corpus: Corpus | None = None, tokenizer: bytes | None = None,
+                vocab_size: int = 0) -> tuple[RunId, RunConfig]:
     """Publish the corpus, initial model and config, then create the run; returns (run id, final config)."""
     corpus = corpus or corpus_for(cfg, store)
-    cid = store.put(corpus.tokens)
-    cfg = cfg.replace(data={"corpus_cid": cid, "corpus_digest": "0x" + corpus.digest.hex()})
+    cfg = bind_corpus(cfg, store, corpus, tokenizer, vocab_size)
+    corpus_for(cfg, store)  # the published corpus must be servable: fetchable, in the vocabulary
     g0 = initial_model(cfg)
     g0_cid = store.put(save_state(g0))
     config_cid = store.put(cfg.to_json())

@@ -19,6 +19,7 @@ COMMANDS: list[str] = [
     "veriloco.netdemo",
     "veriloco.chaincmds",
     "veriloco.demo",
+    "veriloco.datacmd",
 ]
 
 
@@ -35,6 +36,7 @@ OWNER: dict[str, str] = {
     "deploy": "veriloco.chaincmds",
     "run": "veriloco.chaincmds",
     "status": "veriloco.chaincmds",
+    "data": "veriloco.datacmd",
 }
 
 

@@ -37,6 +37,8 @@ OWNER: dict[str, str] = {
     "run": "veriloco.chaincmds",
     "status": "veriloco.chaincmds",
     "data": "veriloco.datacmd",
+    "export": "veriloco.datacmd",
+    "sample": "veriloco.datacmd",
 }
 
 

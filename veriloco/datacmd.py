@@ -1,4 +1,4 @@
-"""`veriloco data prepare|import`: users' own data as a corpus directory a run can publish.
+"""`veriloco data prepare|import`, `export`, `sample`: users' own data in, the trained model out.
 
     veriloco data prepare notes/*.txt --vocab 8192 --out corpus/      # train a BPE here, tokenize
     veriloco data import train.bin --dtype uint16 --tokenizer tok.json --out corpus/   # nanoGPT file
@@ -11,6 +11,14 @@ downloaded), encodes every file as one document followed by <|endoftext|>, and w
 files the field already has (headerless nanoGPT files, llm.c shards, detected by their header) and
 the tokenizer JSON that made them. `run create --corpus` publishes both and commits their digests,
 width and vocabulary in the run config. Without --corpus a run trains on the stdlib byte corpus.
+
+    veriloco export --run 1 --out model/               # newest finalized global model, as HF checkpoint
+    veriloco export --state g.safetensors --config run.toml --out model/   # a state file you hold
+    veriloco sample model/ --prompt "def main(" --tokens 200
+
+`export` writes model.safetensors + config.json that transformers loads as GPT2LMHeadModel or
+LlamaForCausalLM (veriloco/export.py says how the tensors map), with the run's tokenizer.json.
+`sample` generates from such a directory with veriloco's own forward pass.
 """
 
 from __future__ import annotations
@@ -44,6 +52,27 @@ def register(sub: Any) -> None:
     i.add_argument("--vocab", type=int, help="vocabulary size (default: the tokenizer's)")
     i.add_argument("--out", type=Path, required=True, help="corpus directory to write")
     i.set_defaults(func=cmd_import)
+
+    from veriloco.settings import add_connection_args
+
+    e = sub.add_parser("export", help="write a global model as a Hugging Face (transformers) checkpoint")
+    src = e.add_mutually_exclusive_group(required=True)
+    src.add_argument("--run", type=int, help="run id: export its newest finalized model (needs chain + store)")
+    src.add_argument("--state", type=Path, help="a model or training state file (safetensors) instead")
+    e.add_argument("--epoch", type=int, help="with --run: the model epoch E finalized (default: the newest)")
+    e.add_argument("--config", type=Path, help="with --state: the run config (run.toml or its canonical JSON)")
+    e.add_argument("--tokenizer", type=Path, help="with --state: the run's tokenizer JSON, if it has one")
+    e.add_argument("--out", type=Path, required=True, help="directory to write")
+    add_connection_args(e)
+    e.set_defaults(func=cmd_export)
+    sm = sub.add_parser("sample", help="generate text from an exported model with the run's tokenizer")
+    sm.add_argument("model", type=Path, help="directory written by `veriloco export`")
+    sm.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    sm.add_argument("--tokens", type=int, default=200, help="tokens to generate")
+    sm.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    sm.add_argument("--top-k", type=int, default=40, help="sample among the k likeliest (0: all)")
+    sm.add_argument("--seed", type=int, default=0, help="sampling seed (same seed, same text)")
+    sm.set_defaults(func=cmd_sample)
 
 
 def prepare_corpus(docs: Sequence[str], vocab: int, out: Path, sources: Sequence[str] = ()) -> CorpusDir:
@@ -94,4 +123,69 @@ def cmd_import(args: argparse.Namespace) -> int:
     cd = write_corpus_dir(args.out, tokens, dtype, raw, vocab,
                           {"source": "veriloco data import", "files": [f.name for f in args.files]})
     _report(cd, args.out)
+    return 0
+
+
+def _run_model(args: argparse.Namespace) -> tuple[Any, dict[str, Any], bytes | None, dict[str, object]]:
+    """(run config, params, tokenizer JSON, provenance) of the model a run finalized, all digest-checked."""
+    from protocol.chain import Chain, Phase
+    from protocol.config import from_json
+    from protocol.digest import keccak
+    from protocol.model import param_shapes
+    from protocol.run import MAX_CONFIG_BYTES, RunError, load_model, params_of, tokenizer_for
+    from veriloco.settings import open_store, resolve
+
+    s = resolve(args, need_key=False, need_contract=True)
+    chain, store = Chain(s.rpc_url, str(s.contract)), open_store(s)
+    info = chain.run_info(args.run)
+    raw = store.get(info.params.config_cid, max_size=MAX_CONFIG_BYTES)
+    if keccak(raw) != info.params.config_digest:
+        raise RunError(f"run {args.run}'s config does not hash to the on-chain digest")
+    cfg = from_json(raw)
+    epochs = [args.epoch] if args.epoch is not None else range(info.next_epoch - 1, -1, -1)
+    for ep in epochs:
+        st = chain.epoch_status(args.run, ep)
+        if st.phase is Phase.FINALIZED:
+            digest = chain.epoch_times(args.run, ep).model_digest
+            state = load_model(store, st.model_cid, digest, param_shapes(cfg.model_config()))
+            tok = tokenizer_for(cfg, store).raw if cfg.data.tokenizer_cid else None
+            prov = {"run": args.run, "epoch": ep, "model_cid": st.model_cid, "model_digest": "0x" + bytes(digest).hex(),
+                    "config_digest": "0x" + bytes(info.params.config_digest).hex(), "contract": chain.address}
+            return cfg, params_of(state), tok, prov
+    raise RunError(f"run {args.run} has no finalized model" + (f" for epoch {args.epoch}" if args.epoch is not None else " yet"))
+
+
+def _state_model(args: argparse.Namespace) -> tuple[Any, dict[str, Any], bytes | None, dict[str, object]]:
+    from protocol.config import ConfigError, from_json, load_toml
+    from protocol.formats import load_state_file
+    from protocol.run import params_of
+
+    if args.config is None:
+        raise ConfigError("--state needs --config (the run config the state was trained under)")
+    cfg = load_toml(args.config) if args.config.suffix == ".toml" else from_json(args.config.read_bytes())
+    state = load_state_file(args.state)
+    params = params_of(state) or dict(state)
+    tok = args.tokenizer.read_bytes() if args.tokenizer else None
+    return cfg, params, tok, {"state": args.state.name}
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from veriloco.export import export_model
+
+    cfg, params, tok, prov = _run_model(args) if args.run is not None else _state_model(args)
+    model = cfg.model_config()
+    export_model(model, params, args.out, tok, {"source": prov, "preset": cfg.model.preset})
+    arch = "LlamaForCausalLM" if model.arch == "llama" else "GPT2LMHeadModel"
+    print(json.dumps({"out": str(args.out), "class": arch, "preset": cfg.model.preset, **prov}))
+    return 0
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from veriloco.export import decode_ids, encode_prompt, load_export, sample
+
+    cfg, params, tok = load_export(args.model)
+    prompt = encode_prompt(args.prompt, tok)
+    out = sample(cfg, params, prompt, args.tokens, args.temperature, args.top_k, args.seed,
+                 stop=tok.eot() if tok is not None else None)
+    print(args.prompt + decode_ids(out, tok))
     return 0

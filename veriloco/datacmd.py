@@ -127,32 +127,12 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def _run_model(args: argparse.Namespace) -> tuple[Any, dict[str, Any], bytes | None, dict[str, object]]:
-    """(run config, params, tokenizer JSON, provenance) of the model a run finalized, all digest-checked."""
-    from protocol.chain import Chain, Phase
-    from protocol.config import from_json
-    from protocol.digest import keccak
-    from protocol.model import param_shapes
-    from protocol.run import MAX_CONFIG_BYTES, RunError, load_model, params_of, tokenizer_for
+    from protocol.chain import Chain
+    from veriloco.export import finalized_model
     from veriloco.settings import open_store, resolve
 
     s = resolve(args, need_key=False, need_contract=True)
-    chain, store = Chain(s.rpc_url, str(s.contract)), open_store(s)
-    info = chain.run_info(args.run)
-    raw = store.get(info.params.config_cid, max_size=MAX_CONFIG_BYTES)
-    if keccak(raw) != info.params.config_digest:
-        raise RunError(f"run {args.run}'s config does not hash to the on-chain digest")
-    cfg = from_json(raw)
-    epochs = [args.epoch] if args.epoch is not None else range(info.next_epoch - 1, -1, -1)
-    for ep in epochs:
-        st = chain.epoch_status(args.run, ep)
-        if st.phase is Phase.FINALIZED:
-            digest = chain.epoch_times(args.run, ep).model_digest
-            state = load_model(store, st.model_cid, digest, param_shapes(cfg.model_config()))
-            tok = tokenizer_for(cfg, store).raw if cfg.data.tokenizer_cid else None
-            prov = {"run": args.run, "epoch": ep, "model_cid": st.model_cid, "model_digest": "0x" + bytes(digest).hex(),
-                    "config_digest": "0x" + bytes(info.params.config_digest).hex(), "contract": chain.address}
-            return cfg, params_of(state), tok, prov
-    raise RunError(f"run {args.run} has no finalized model" + (f" for epoch {args.epoch}" if args.epoch is not None else " yet"))
+    return finalized_model(Chain(s.rpc_url, str(s.contract)), open_store(s), args.run, args.epoch)
 
 
 def _state_model(args: argparse.Namespace) -> tuple[Any, dict[str, Any], bytes | None, dict[str, object]]:

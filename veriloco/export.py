@@ -27,8 +27,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from protocol.chain import Chain, Phase
+from protocol.config import RunConfig, from_json
+from protocol.digest import keccak
 from protocol.errors import VerilocoError
-from protocol.model import GPTConfig, check_params, forward
+from protocol.model import GPTConfig, check_params, forward, param_shapes
+from protocol.run import MAX_CONFIG_BYTES, RunError, load_model, params_of, tokenizer_for
+from protocol.store import Store
 from protocol.tokenizer import Tokenizer
 
 WEIGHTS, HF_CONFIG, OWN_CONFIG, TOKENIZER = "model.safetensors", "config.json", "veriloco.json", "tokenizer.json"
@@ -129,6 +134,29 @@ def load_export(path: Path) -> tuple[GPTConfig, dict[str, Tensor], Tokenizer | N
     check_params(cfg, params)
     tok_path = path / TOKENIZER
     return cfg, params, Tokenizer(tok_path.read_bytes()) if tok_path.exists() else None
+
+
+def finalized_model(chain: Chain, store: Store, run_id: int, epoch: int | None = None
+                    ) -> tuple[RunConfig, dict[str, Tensor], bytes | None, dict[str, object]]:
+    """(run config, params, tokenizer JSON or None, provenance) of the model ``epoch`` finalized (default:
+    the newest finalized one); config, model and tokenizer are each checked against their digests."""
+    info = chain.run_info(run_id)
+    raw = store.get(info.params.config_cid, max_size=MAX_CONFIG_BYTES)
+    if keccak(raw) != info.params.config_digest:
+        raise RunError(f"run {run_id}'s config does not hash to the on-chain digest")
+    cfg = from_json(raw)
+    for ep in [epoch] if epoch is not None else range(info.next_epoch - 1, -1, -1):
+        st = chain.epoch_status(run_id, ep)
+        if st.phase is Phase.FINALIZED:
+            digest = chain.epoch_times(run_id, ep).model_digest
+            state = load_model(store, st.model_cid, digest, param_shapes(cfg.model_config()))
+            tok = tokenizer_for(cfg, store).raw if cfg.data.tokenizer_cid else None
+            prov: dict[str, object] = {
+                "run": run_id, "epoch": ep, "model_cid": st.model_cid, "model_digest": "0x" + bytes(digest).hex(),
+                "config_digest": "0x" + bytes(info.params.config_digest).hex(), "contract": chain.address,
+            }
+            return cfg, params_of(state), tok, prov
+    raise RunError(f"run {run_id} has no finalized model" + (f" for epoch {epoch}" if epoch is not None else " yet"))
 
 
 @torch.no_grad()

@@ -183,6 +183,11 @@ class GPT(nn.Module):
     split the model into stages without renaming a parameter.
     """
 
+    wte: nn.Embedding
+    wpe: nn.Embedding
+    ln_f: nn.LayerNorm
+    lm_head: nn.Linear
+
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -272,7 +277,7 @@ class LlamaBlock(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         c = self.cfg
-        b, t, d = x.shape  # x: (B, T, D)
+        b, t, _ = x.shape  # x: (B, T, D)
         hd, rep = c.head_dim, c.n_head // c.kv_heads
         h = self.ln_1(x)
         q = self.attn_q(h).view(b, t, c.n_head, hd).transpose(1, 2)  # (B, nh, T, hd)
@@ -293,6 +298,10 @@ class Llama(nn.Module):
 
     Parameter names follow ``GPT`` where the role is the same (wte, blocks.i.ln_1, attn_proj, ...).
     """
+
+    wte: nn.Embedding
+    ln_f: RMSNorm
+    lm_head: nn.Linear
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -317,10 +326,10 @@ class Llama(nn.Module):
     def embed(self, idx: Tensor) -> Tensor:
         if idx.shape[1] > self.cfg.seq_len:
             raise ModelError(f"sequence length {idx.shape[1]} exceeds the model context {self.cfg.seq_len}")
-        return self.wte(idx)  # type: ignore[no-any-return]  # (B, T, D)
+        return self.wte(idx)  # (B, T, D)
 
     def head(self, x: Tensor) -> Tensor:
-        return self.lm_head(self.ln_f(x))  # type: ignore[no-any-return]  # (B, T, V)
+        return self.lm_head(self.ln_f(x))  # (B, T, V)
 
     def forward(self, idx: Tensor) -> Tensor:
         x = self.embed(idx)
@@ -329,7 +338,7 @@ class Llama(nn.Module):
         return self.head(x)
 
 
-def model_class(cfg: GPTConfig) -> type[GPT] | type[Llama]:
+def model_class(cfg: GPTConfig) -> type[GPT | Llama]:
     """The module class of ``cfg.arch``."""
     return Llama if cfg.arch == "llama" else GPT
 

@@ -59,7 +59,7 @@ class Tokenizer:
     def _tok(self) -> Any:
         try:
             return _lib().Tokenizer.from_str(self.raw.decode())
-        except Exception as exc:  # the library raises its own exception types for bad JSON
+        except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for bad JSON
             raise DataError(f"not a usable tokenizers JSON file: {exc}") from None
 
     @property

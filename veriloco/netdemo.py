@@ -30,7 +30,6 @@ from protocol.chain_errors import ChainUnavailable
 from protocol.config import RunConfig
 from protocol.errors import VerilocoError
 from protocol.model import n_params, preset
-from protocol.tokens import load_corpus_dir
 from protocol.run import (
     eval_model,
     initial_model,
@@ -40,6 +39,7 @@ from protocol.run import (
     params_of,
     publish_run,
 )
+from protocol.tokens import load_corpus_dir
 from veriloco.nodes import CHEAT_KINDS
 
 PHASES = {p: p.name.lower() for p in Phase}

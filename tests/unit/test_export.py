@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from protocol.model import GPTConfig, PRESETS, forward, init_params
+from protocol.model import PRESETS, GPTConfig, forward, init_params
 from veriloco.export import ExportError, export_model, hf_config, load_export, sample
 
 pytestmark = pytest.mark.unit
@@ -70,8 +70,8 @@ def test_cli_prepare_train_export_sample(tmp_path: Path, capsys: pytest.CaptureF
 
     from protocol.config import RunConfig
     from protocol.formats import save_state
-    from protocol.store import LocalStore
     from protocol.run import bind_corpus, corpus_for
+    from protocol.store import LocalStore
     from protocol.tokens import load_corpus_dir
     from trainer.inner import configure_determinism
     from trainer.round import RoundSpec, start_state, train_epoch

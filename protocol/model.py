@@ -27,7 +27,8 @@ llama-1b      llama  16     2048  32  8   8192   2048  974.19M      1104.2M
 
 ``llama-1b`` is the Llama-3.2-1B body (16 layers, d 2048, 32 query / 8 kv heads, d_ff 8192; that
 model ties its 128K-vocabulary embeddings); ``llama-125m`` is named, like ``gpt2-124m``, for its size
-with a BPE vocabulary. Sizes up to ``small`` are tested on CPU; the larger ones are defined for GPUs.
+with a BPE vocabulary. Bitwise replay is tested on CPU up to ``llama-125m``; ``llama-1b`` (16 GB of
+fp32 training state) is defined for GPUs, its shapes tested on the meta device.
 """
 
 from __future__ import annotations

@@ -131,3 +131,27 @@ def test_training_on_a_tokenizers_corpus_replays_bitwise(prepared, tmp_path: Pat
 
 def test_eot_constant_is_the_documented_separator() -> None:
     assert EOT == "<|endoftext|>"
+
+
+def test_cli_import_of_llmc_shards_with_their_tokenizer(prepared, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`veriloco data import` turns llm.c shards + tokenizer into the same corpus `prepare` made."""
+    import json
+
+    from veriloco.cli import main
+
+    out, cd = prepared
+    half = (cd.corpus.n_tokens // 2) * 2
+    write_llmc(tmp_path / "a.bin", cd.corpus.tokens[:half], "uint16")
+    write_llmc(tmp_path / "b.bin", cd.corpus.tokens[half:], "uint16")
+    args = ["data", "import", str(tmp_path / "a.bin"), str(tmp_path / "b.bin"),
+            "--tokenizer", str(out / "tokenizer.json"), "--out", str(tmp_path / "imp")]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["digest"] == "0x" + cd.corpus.digest.hex()
+    again = load_corpus_dir(tmp_path / "imp")
+    assert again.corpus.tokens == cd.corpus.tokens and again.tokenizer == cd.tokenizer and again.vocab_size == 384
+    assert main(["data", "import", str(tmp_path / "a.bin"), "--out", str(tmp_path / "x")]) == 2
+    assert "say the vocabulary" in capsys.readouterr().err
+    assert main(["data", "import", str(tmp_path / "a.bin"), "--vocab", "300", "--out", str(tmp_path / "y")]) == 2
+    assert "outside the vocabulary of 300" in capsys.readouterr().err
+    with pytest.raises(DataError, match="tokenizers JSON"):
+        Tokenizer(b'{"not": "a tokenizer"}').encode("x")

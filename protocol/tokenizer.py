@@ -45,6 +45,26 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> bytes:
     return tok.to_str().encode()  # type: ignore[no-any-return]
 
 
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte, the alphabet of ``tokenizers``' ByteLevel."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    extra = [b for b in range(256) if b not in keep]
+    return {**{b: chr(b) for b in keep}, **{b: chr(256 + i) for i, b in enumerate(extra)}}
+
+
+def byte_tokenizer() -> bytes:
+    """The byte-level runs' tokenizer as a ``tokenizers`` JSON: id = byte value, no merges.
+
+    Written into exports of byte-level runs, so their users load a tokenizer like any other.
+    """
+    tk = _lib()
+    vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
+    tok = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = tk.decoders.ByteLevel()
+    return tok.to_str().encode()  # type: ignore[no-any-return]
+
+
 @dataclass(frozen=True)
 class Tokenizer:
     """A tokenizer JSON file, identified by ``keccak`` of its bytes."""

@@ -11,9 +11,9 @@
 - Llama: names only (``blocks.i.attn_q`` -> ``model.layers.i.self_attn.q_proj``, ...); rotary
   embeddings use the same half-split layout as HF, so q/k need no permutation; untied LM head.
 
-Loading in ``transformers``: ``AutoModelForCausalLM.from_pretrained(DIR)`` and, for tokenized runs,
-``PreTrainedTokenizerFast(tokenizer_file=DIR + "/tokenizer.json")``. A byte-level run has no
-tokenizer file: its token ids are the UTF-8 bytes.
+Loading in ``transformers``: ``AutoModelForCausalLM.from_pretrained(DIR)`` and
+``AutoTokenizer.from_pretrained(DIR)`` (``tokenizer_config.json`` names ``PreTrainedTokenizerFast``).
+A byte-level run gets a byte tokenizer JSON (id = byte value, ``protocol.tokenizer.byte_tokenizer``).
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ from protocol.errors import VerilocoError
 from protocol.model import GPTConfig, check_params, forward, param_shapes
 from protocol.run import MAX_CONFIG_BYTES, RunError, load_model, params_of, tokenizer_for
 from protocol.store import Store
-from protocol.tokenizer import Tokenizer
+from protocol.tokenizer import EOT, Tokenizer, byte_tokenizer
 
 WEIGHTS, HF_CONFIG, OWN_CONFIG, TOKENIZER = "model.safetensors", "config.json", "veriloco.json", "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
 class ExportError(VerilocoError):
@@ -108,14 +109,18 @@ def hf_config(cfg: GPTConfig, eot: int | None = None) -> dict[str, object]:
 
 def export_model(cfg: GPTConfig, params: Mapping[str, Tensor], out: Path, tokenizer: bytes | None = None,
                  meta: Mapping[str, object] | None = None) -> Path:
-    """Write the export directory; returns it."""
+    """Write the export directory (a byte-level run, ``tokenizer=None``, gets the byte tokenizer); returns it."""
     out.mkdir(parents=True, exist_ok=True)
-    eot = Tokenizer(tokenizer).eot() if tokenizer is not None else None
+    tokenizer = tokenizer if tokenizer is not None else byte_tokenizer()
+    eot = Tokenizer(tokenizer).eot()
     save_file(hf_tensors(cfg, params), str(out / WEIGHTS), metadata={"format": "pt"})
     (out / HF_CONFIG).write_text(json.dumps(hf_config(cfg, eot), indent=1, sort_keys=True) + "\n")
     (out / OWN_CONFIG).write_text(json.dumps({"model": asdict(cfg), **(meta or {})}, indent=1, sort_keys=True) + "\n")
-    if tokenizer is not None:
-        (out / TOKENIZER).write_bytes(tokenizer)
+    (out / TOKENIZER).write_bytes(tokenizer)
+    tc: dict[str, object] = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.seq_len}
+    if eot is not None:
+        tc |= {"eos_token": EOT, "bos_token": EOT}
+    (out / TOKENIZER_CONFIG).write_text(json.dumps(tc, indent=1, sort_keys=True) + "\n")
     return out
 
 

@@ -29,7 +29,8 @@ def test_export_reads_back_bit_for_bit(cfg: GPTConfig, tmp_path: Path) -> None:
     p = _params(cfg)
     export_model(cfg, p, tmp_path, meta={"run": 1})
     cfg2, p2, tok = load_export(tmp_path)
-    assert cfg2 == cfg and tok is None and p2.keys() == p.keys()
+    assert cfg2 == cfg and p2.keys() == p.keys()
+    assert tok is not None and tok.encode("héllo\x00") == list("héllo\x00".encode())  # the byte tokenizer
     assert all(torch.equal(p[n], p2[n]) for n in p)
     assert json.loads((tmp_path / "config.json").read_text()) == hf_config(cfg)
     (tmp_path / "veriloco.json").unlink()
@@ -51,6 +52,8 @@ def test_transformers_computes_the_same_logits(cfg: GPTConfig, tmp_path: Path) -
         theirs = model(x).logits
     ours = forward(cfg, p, x)
     torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert hf_tok("héllo wörld\n")["input_ids"] == list("héllo wörld\n".encode())
 
 
 def test_sampling_is_reproducible_and_respects_the_context() -> None:
@@ -99,6 +102,13 @@ def test_cli_prepare_train_export_sample(tmp_path: Path, capsys: pytest.CaptureF
     cfg2, params, tok = load_export(tmp_path / "m")
     assert cfg2.vocab_size == 320 and tok is not None and tok.raw == cd.tokenizer
     assert torch.equal(params["wte.weight"], end["param/wte.weight"])
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        pass
+    else:  # transformers reads the run's BPE as the run does
+        text = 'import json\nprint(json.dumps({"a": 1}))\n'
+        assert AutoTokenizer.from_pretrained(str(tmp_path / "m"))(text)["input_ids"] == tok.encode(text)
     assert main(["sample", str(tmp_path / "m"), "--prompt", "import json", "--tokens", "12", "--seed", "3"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("import json") and len(text) > len("import json\n")

@@ -21,6 +21,7 @@ from protocol.chain import RunParams
 from protocol.digest import keccak
 from protocol.errors import VerilocoError
 from protocol.formats import FormatError, canonical_json, decode_canonical_json
+from protocol.model import GPTConfig, preset
 from protocol.types import Address, Cid, Digest, Wei
 
 FORMAT = "veriloco.run.v1"
@@ -30,10 +31,16 @@ class ConfigError(VerilocoError):
     """A run config that is malformed or inconsistent."""
 
 
+# Fields added after runs were first published carry this metadata: left out of the canonical JSON
+# while they hold their default, so every config written before them keeps its bytes and digest.
+_NEW = {"omit_default": True}
+
+
 @dataclass(frozen=True)
 class ModelSection:
-    preset: str = "tiny"  # a key of protocol.model.PRESETS
+    preset: str = "tiny"  # a key of protocol.model.PRESETS (gpt2: tiny, small, gpt2-124m; llama: llama-*)
     init_seed: int = 0
+    vocab_size: int = field(default=0, metadata=_NEW)  # 0: the preset's (256 bytes); a tokenized corpus sets its own
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,9 @@ class DataSection:
     seq_len: int = 64
     val_fraction: float = 0.05
     run_seed: int = 1
+    token_dtype: str = field(default="uint8", metadata=_NEW)  # uint8: bytes; uint16 / uint32: a tokenized corpus
+    tokenizer_digest: str = field(default="", metadata=_NEW)  # 0x-hex keccak of the tokenizer JSON; "": bytes
+    tokenizer_cid: str = field(default="", metadata=_NEW)  # where the tokenizer JSON can be fetched
 
 
 @dataclass(frozen=True)
@@ -158,6 +168,11 @@ class RunConfig:
     def digest(self) -> Digest:
         return keccak(self.to_json())
 
+    def model_config(self) -> GPTConfig:
+        """The model every participant builds: the preset, with the run's vocabulary when it sets one."""
+        base = preset(self.model.preset)
+        return dataclasses.replace(base, vocab_size=self.model.vocab_size) if self.model.vocab_size else base
+
     def to_run_params(self, config_cid: str, init_model_cid: str, init_model_digest: bytes, coordinator: str) -> RunParams:
         """The fields the contract enforces, for `Chain.create_run` (whose reward_pool is rewards.pool_wei)."""
         w, a, st, rw = self.windows, self.audit, self.stakes, self.rewards
@@ -211,6 +226,15 @@ def _check(cfg: RunConfig) -> list[str]:
         p.append("rewards.pool_wei is funded but rewards.trainer_wei and verifier_wei are 0: the pool would never pay out")
     if cfg.data.batch_size < 1 or cfg.data.seq_len < 1:
         p.append("data.batch_size and data.seq_len must be positive")
+    d = cfg.data
+    if d.token_dtype not in ("uint8", "uint16", "uint32"):
+        p.append(f"data.token_dtype must be uint8, uint16 or uint32, got {d.token_dtype!r}")
+    elif d.token_dtype != "uint8" and not cfg.model.vocab_size:
+        p.append("a tokenized corpus (data.token_dtype != uint8) needs model.vocab_size (its tokenizer's vocabulary)")
+    if not 0 <= cfg.model.vocab_size <= 2**32:
+        p.append(f"model.vocab_size must be within 0..2^32 (0: the preset's), got {cfg.model.vocab_size}")
+    if bool(d.tokenizer_cid) and not d.tokenizer_digest:
+        p.append("data.tokenizer_cid needs data.tokenizer_digest (the content is checked against it)")
     return p
 
 
@@ -224,6 +248,8 @@ def to_dict(obj: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in fields(obj):
         v = getattr(obj, f.name)
+        if f.metadata.get("omit_default") and v == f.default:
+            continue
         if dataclasses.is_dataclass(v):
             out[f.name] = to_dict(v)
         elif isinstance(v, float):

@@ -1,9 +1,10 @@
 """The training corpus and the shard function (docs/protocol.md §7).
 
-The corpus is byte-level text, by default the Python standard library sources of the running
+The default corpus is byte-level text, the Python standard library sources of the running
 interpreter: real text that ships everywhere, so nothing is downloaded. It is stored as one canonical
 token file (the raw bytes, i.e. uint8 tokens) plus JSON metadata; ``keccak(token file)`` identifies
-it. The split is deterministic: the token stream is cut into fixed blocks and every
+it. A tokenized corpus (``protocol.tokens``: nanoGPT / llm.c files, or ``veriloco data prepare``)
+has the same form with uint16 or uint32 little-endian tokens; the run config names the width. The split is deterministic: the token stream is cut into fixed blocks and every
 ``val_every``-th block goes to validation.
 
 ``batch(corpus, run_seed, epoch, slot, step, ...)`` is the shard function: anyone holding the corpus
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import torch
 from eth_abi import encode as abi_encode
 from torch import Tensor
@@ -46,35 +48,72 @@ class DataError(VerilocoError):
     """A corpus or batch request that cannot be served."""
 
 
+# token width -> (bytes per token, numpy little-endian dtype, tensor dtype that holds every value)
+TOKEN_DTYPES: dict[str, tuple[int, str, torch.dtype]] = {
+    "uint8": (1, "u1", torch.uint8),
+    "uint16": (2, "<u2", torch.int32),
+    "uint32": (4, "<u4", torch.int64),
+}
+
+
 @dataclass(frozen=True)
 class Corpus:
-    """Tokens in memory; ``tokens`` is the canonical byte string (one byte = one token)."""
+    """Tokens in memory; ``tokens`` is the canonical token file: headerless little-endian ``dtype``
+    values (for the default byte corpus, one byte = one token). ``block`` counts tokens."""
 
     tokens: bytes
     block: int = BLOCK
     val_every: int = VAL_EVERY
+    dtype: str = "uint8"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in TOKEN_DTYPES:
+            raise DataError(f"token dtype {self.dtype!r} is not one of {sorted(TOKEN_DTYPES)}")
+        if len(self.tokens) % TOKEN_DTYPES[self.dtype][0]:
+            raise DataError(
+                f"token file of {len(self.tokens)} bytes is not a whole number of {self.dtype} tokens; "
+                "is the token width right?"
+            )
 
     @cached_property
     def digest(self) -> Digest:
         return keccak(self.tokens)
 
     @cached_property
+    def ids(self) -> Tensor:
+        """Every token as one tensor (uint8 for bytes, else int32 / int64 wide enough for the values)."""
+        if self.dtype == "uint8":
+            return torch.frombuffer(bytearray(self.tokens), dtype=torch.uint8)
+        _, np_dtype, t_dtype = TOKEN_DTYPES[self.dtype]
+        arr = np.frombuffer(self.tokens, dtype=np_dtype).astype(np.int64 if t_dtype == torch.int64 else np.int32)
+        return torch.from_numpy(arr)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens) // TOKEN_DTYPES[self.dtype][0]
+
+    @cached_property
+    def max_token(self) -> int:
+        """The largest token id (-1 when empty): a model's vocabulary must exceed it."""
+        return int(self.ids.max()) if self.n_tokens else -1
+
+    @cached_property
     def _split(self) -> tuple[Tensor, Tensor]:
-        all_ = torch.frombuffer(bytearray(self.tokens), dtype=torch.uint8)
+        all_ = self.ids
         blocks = all_.split(self.block)
         train = [b for i, b in enumerate(blocks) if i % self.val_every != self.val_every - 1]
         val = [b for i, b in enumerate(blocks) if i % self.val_every == self.val_every - 1]
-        empty = torch.empty(0, dtype=torch.uint8)
+        empty = torch.empty(0, dtype=all_.dtype)
         return (torch.cat(train) if train else empty, torch.cat(val) if val else empty)
 
     @property
     def train(self) -> Tensor:
-        """Training tokens (uint8), all blocks but every ``val_every``-th."""
+        """Training tokens, all blocks but every ``val_every``-th."""
         return self._split[0]
 
     @property
     def val(self) -> Tensor:
-        """Validation tokens (uint8), every ``val_every``-th block."""
+        """Validation tokens, every ``val_every``-th block."""
         return self._split[1]
 
 
@@ -155,7 +194,7 @@ def write_corpus(corpus: Corpus, meta: dict[str, object], out_dir: Path) -> Path
     return tok
 
 
-def load_corpus(path: Path, expected_digest: bytes | None = None) -> Corpus:
+def load_corpus(path: Path, expected_digest: bytes | None = None, dtype: str = "uint8") -> Corpus:
     """Load a token file (or a directory holding tokens.bin), checking its digest when given."""
     tok = path / TOKENS_FILE if path.is_dir() else path
     try:
@@ -164,7 +203,7 @@ def load_corpus(path: Path, expected_digest: bytes | None = None) -> Corpus:
         raise DataError(
             f"cannot read corpus tokens at {tok}: {exc}; build it with `python -m protocol.data DIR`"
         ) from exc
-    corpus = Corpus(data)
+    corpus = Corpus(data, dtype=dtype)
     if expected_digest is not None and corpus.digest != expected_digest:
         raise DataError(
             f"corpus at {tok} has digest 0x{corpus.digest.hex()}, expected 0x{bytes(expected_digest).hex()}; "

@@ -1,4 +1,9 @@
-"""The model every role trains and replays: a small nanoGPT-like GPT over bytes (vocabulary 256).
+"""The models every role trains and replays: a nanoGPT-like GPT-2 and a Llama-style transformer.
+
+Two architectures share one config type and one calling convention. ``gpt2``: learned positions,
+LayerNorm, GELU MLP. ``llama``: rotary position embeddings, RMSNorm, SwiGLU MLP, grouped-query
+attention, no biases. Both default to the byte vocabulary (256); a run on a tokenized corpus sets
+its own ``vocab_size`` (``protocol.config.RunConfig.model_config``).
 
 Parameters live outside the module, as a plain ``dict[str, Tensor]`` named exactly like
 ``named_parameters()``; the module is only the computation (built on the meta device, so it holds
@@ -6,7 +11,24 @@ no memory) and is run on a given parameter dict with ``torch.func.functional_cal
 lets a training state be a flat dict of tensors that digests, serialises and replays directly.
 
 No dropout and no randomness in the forward pass: a step is a pure function of params and batch.
-Run ``python -m protocol.model`` to print the presets and their parameter counts.
+Run ``python -m protocol.model`` to print the presets and their parameter counts:
+
+============  =====  =====  ====  ==  ==  =====  ====  ===========  ============
+preset        arch   layer  d     h   kv  d_ff   seq   params V=256  params V=32K
+============  =====  =====  ====  ==  ==  =====  ====  ===========  ============
+tiny          gpt2   2      64    2   2   256    64    0.14M        4.2M
+small         gpt2   6      384   6   6   1536   128   10.87M       35.2M
+gpt2-124m     gpt2   12     768   12  12  3072   1024  86.13M       134.9M
+llama-tiny    llama  2      64    2   2   176    64    0.13M        4.2M
+llama-small   llama  6      384   6   6   1024   128   10.82M       35.2M
+llama-125m    llama  12     768   12  4   2048   1024  75.91M       124.7M
+llama-1b      llama  16     2048  32  8   8192   2048  974.19M      1104.2M
+============  =====  =====  ====  ==  ==  =====  ====  ===========  ============
+
+``llama-1b`` is the Llama-3.2-1B body (16 layers, d 2048, 32 query / 8 kv heads, d_ff 8192; that
+model ties its 128K-vocabulary embeddings); ``llama-125m`` is named, like ``gpt2-124m``, for its size
+with a BPE vocabulary. Bitwise replay is tested on CPU up to ``llama-125m``; ``llama-1b`` (16 GB of
+fp32 training state) is defined for GPUs, its shapes tested on the meta device.
 """
 
 from __future__ import annotations
@@ -29,9 +51,16 @@ class ModelError(VerilocoError):
     """A model config or parameter dict that does not fit together."""
 
 
+ARCHS = ("gpt2", "llama")
+
+
 @dataclass(frozen=True)
 class GPTConfig:
-    """Shape of the GPT. Everything else (init, forward) is derived from it."""
+    """Shape of the model. Everything else (init, forward) is derived from it.
+
+    ``n_kv_head`` (0: = n_head), ``d_ff`` (0: mlp_ratio * d_model), ``rope_theta`` and ``norm_eps``
+    matter only for ``arch="llama"``, except d_ff which both use.
+    """
 
     n_layer: int
     n_head: int
@@ -39,15 +68,43 @@ class GPTConfig:
     seq_len: int  # context length T
     vocab_size: int = VOCAB_SIZE
     mlp_ratio: int = 4
+    arch: str = "gpt2"
+    n_kv_head: int = 0
+    d_ff: int = 0
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ModelError(f"unknown architecture {self.arch!r}; choose one of {list(ARCHS)}")
         if min(self.n_layer, self.n_head, self.d_model, self.seq_len, self.vocab_size) <= 0:
             raise ModelError(f"every GPTConfig dimension must be positive, got {self}")
+        if self.n_kv_head < 0 or self.d_ff < 0:
+            raise ModelError(f"n_kv_head and d_ff must be >= 0 (0: default), got {self}")
         if self.d_model % self.n_head:
             raise ModelError(
                 f"d_model={self.d_model} must be divisible by n_head={self.n_head}; "
                 "pick a head count that divides it"
             )
+        if self.n_head % self.kv_heads:
+            raise ModelError(f"n_head={self.n_head} must be a multiple of n_kv_head={self.kv_heads}")
+        if self.arch == "llama" and self.head_dim % 2:
+            raise ModelError(f"rotary embeddings need an even head size, got {self.head_dim}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def ffn(self) -> int:
+        return self.d_ff or self.mlp_ratio * self.d_model
+
+
+ModelConfig = GPTConfig  # the name says GPT for history; it describes either architecture
 
 
 PRESETS: dict[str, GPTConfig] = {
@@ -57,6 +114,16 @@ PRESETS: dict[str, GPTConfig] = {
     "small": GPTConfig(n_layer=6, n_head=6, d_model=384, seq_len=128),
     # The GPT-2 small shape (with a byte vocabulary, so ~85M params), for GPUs.
     "gpt2-124m": GPTConfig(n_layer=12, n_head=12, d_model=768, seq_len=1024),
+    # Llama-style (RoPE, RMSNorm, SwiGLU, GQA); d_ff ~ 8/3 d_model as in Llama.
+    "llama-tiny": GPTConfig(n_layer=2, n_head=2, d_model=64, seq_len=64, arch="llama", d_ff=176),
+    "llama-small": GPTConfig(n_layer=6, n_head=6, d_model=384, seq_len=128, arch="llama", d_ff=1024),
+    "llama-125m": GPTConfig(
+        n_layer=12, n_head=12, d_model=768, seq_len=1024, arch="llama", n_kv_head=4, d_ff=2048
+    ),
+    "llama-1b": GPTConfig(
+        n_layer=16, n_head=32, d_model=2048, seq_len=2048, arch="llama", n_kv_head=8, d_ff=8192,
+        rope_theta=500000.0,
+    ),
 }
 
 
@@ -70,6 +137,18 @@ def preset(name: str) -> GPTConfig:
         ) from None
 
 
+def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Softmax attention with a causal mask; q, k, v (B, nh, T, hd) -> (B, nh, T, hd).
+
+    Explicit (not SDPA) so the kernel choice cannot change between builds or devices.
+    """
+    t, hd = q.shape[-2], q.shape[-1]
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # (B, nh, T, T)
+    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    return att @ v
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
@@ -81,8 +160,8 @@ class Block(nn.Module):
         self.attn_qkv = nn.Linear(d, 3 * d, bias=False)
         self.attn_proj = nn.Linear(d, d, bias=False)
         self.ln_2 = nn.LayerNorm(d, bias=False)
-        self.mlp_fc = nn.Linear(d, cfg.mlp_ratio * d, bias=False)
-        self.mlp_proj = nn.Linear(cfg.mlp_ratio * d, d, bias=False)
+        self.mlp_fc = nn.Linear(d, cfg.ffn, bias=False)
+        self.mlp_proj = nn.Linear(cfg.ffn, d, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         b, t, d = x.shape  # x: (B, T, D)
@@ -92,10 +171,7 @@ class Block(nn.Module):
             z.view(b, t, self.n_head, hd).transpose(1, 2) for z in (q, k, v)
         )  # (B, nh, T, hd)
         # Explicit attention (not SDPA) so the kernel choice cannot change between builds or devices.
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # (B, nh, T, T)
-        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(b, t, d)  # (B, T, D)
+        y = causal_attention(q, k, v).transpose(1, 2).reshape(b, t, d)  # (B, T, D)
         x = x + self.attn_proj(y)
         x = x + self.mlp_proj(F.gelu(self.mlp_fc(self.ln_2(x))))
         return x
@@ -108,14 +184,32 @@ class GPT(nn.Module):
     split the model into stages without renaming a parameter.
     """
 
+    wte: nn.Embedding
+    wpe: nn.Embedding
+    ln_f: nn.LayerNorm
+    lm_head: nn.Linear
+
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)  # (V, D)
-        self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)  # (T, D)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.d_model, bias=False)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # (V, D)
+        self.add_embed(self, cfg)
+        self.blocks = nn.ModuleList(self.block(cfg) for _ in range(cfg.n_layer))
+        self.add_head(self, cfg)
+
+    # add_embed / add_head / block are what a pipeline stage borrows to build its part of the model.
+    @staticmethod
+    def add_embed(m: nn.Module, cfg: GPTConfig) -> None:
+        m.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)  # (V, D)
+        m.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)  # (T, D)
+
+    @staticmethod
+    def add_head(m: nn.Module, cfg: GPTConfig) -> None:
+        m.ln_f = nn.LayerNorm(cfg.d_model, bias=False)
+        m.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # (V, D)
+
+    @staticmethod
+    def block(cfg: GPTConfig) -> nn.Module:
+        return Block(cfg)
 
     def embed(self, idx: Tensor) -> Tensor:
         t = idx.shape[1]  # idx: (B, T) int64
@@ -134,11 +228,127 @@ class GPT(nn.Module):
         return self.head(x)  # logits (B, T, V)
 
 
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in fp32 as Llama does (no mean subtraction, no bias)."""
+
+    def __init__(self, d: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rotary(t: int, hd: int, theta: float, device: torch.device) -> tuple[Tensor, Tensor]:
+    """cos, sin (T, hd) of rotary embeddings, half-split layout (Hugging Face's ``rotate_half``).
+
+    Recomputed each forward from (t, hd, theta): nothing but parameters lives in the state.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, device=device).float() / hd))  # (hd/2,)
+    freqs = torch.outer(torch.arange(t, device=device).float(), inv_freq)  # (T, hd/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (T, hd)
+    return emb.cos(), emb.sin()
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x (B, h, T, hd) by position: x * cos + rotate_half(x) * sin."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class LlamaBlock(nn.Module):
+    """Pre-norm block: x + attn(rmsnorm(x)) with RoPE and grouped-query heads, then x + swiglu(rmsnorm(x))."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        d, hd = cfg.d_model, cfg.head_dim
+        self.cfg = cfg
+        self.ln_1 = RMSNorm(d, cfg.norm_eps)
+        self.attn_q = nn.Linear(d, cfg.n_head * hd, bias=False)
+        self.attn_k = nn.Linear(d, cfg.kv_heads * hd, bias=False)
+        self.attn_v = nn.Linear(d, cfg.kv_heads * hd, bias=False)
+        self.attn_proj = nn.Linear(cfg.n_head * hd, d, bias=False)
+        self.ln_2 = RMSNorm(d, cfg.norm_eps)
+        self.mlp_gate = nn.Linear(d, cfg.ffn, bias=False)
+        self.mlp_up = nn.Linear(d, cfg.ffn, bias=False)
+        self.mlp_proj = nn.Linear(cfg.ffn, d, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        c = self.cfg
+        b, t, _ = x.shape  # x: (B, T, D)
+        hd, rep = c.head_dim, c.n_head // c.kv_heads
+        h = self.ln_1(x)
+        q = self.attn_q(h).view(b, t, c.n_head, hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = self.attn_k(h).view(b, t, c.kv_heads, hd).transpose(1, 2)  # (B, nkv, T, hd)
+        v = self.attn_v(h).view(b, t, c.kv_heads, hd).transpose(1, 2)
+        cos, sin = rotary(t, hd, c.rope_theta, x.device)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if rep > 1:  # query head i reads kv head i // rep
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        y = causal_attention(q, k, v).transpose(1, 2).reshape(b, t, c.n_head * hd)
+        x = x + self.attn_proj(y)
+        h = self.ln_2(x)
+        return x + self.mlp_proj(F.silu(self.mlp_gate(h)) * self.mlp_up(h))
+
+
+class Llama(nn.Module):
+    """Token embedding (no position table), n_layer Llama blocks, final RMSNorm, untied LM head.
+
+    Parameter names follow ``GPT`` where the role is the same (wte, blocks.i.ln_1, attn_proj, ...).
+    """
+
+    wte: nn.Embedding
+    ln_f: RMSNorm
+    lm_head: nn.Linear
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.add_embed(self, cfg)
+        self.blocks = nn.ModuleList(self.block(cfg) for _ in range(cfg.n_layer))
+        self.add_head(self, cfg)
+
+    @staticmethod
+    def add_embed(m: nn.Module, cfg: GPTConfig) -> None:
+        m.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)  # (V, D)
+
+    @staticmethod
+    def add_head(m: nn.Module, cfg: GPTConfig) -> None:
+        m.ln_f = RMSNorm(cfg.d_model, cfg.norm_eps)
+        m.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # (V, D)
+
+    @staticmethod
+    def block(cfg: GPTConfig) -> nn.Module:
+        return LlamaBlock(cfg)
+
+    def embed(self, idx: Tensor) -> Tensor:
+        if idx.shape[1] > self.cfg.seq_len:
+            raise ModelError(f"sequence length {idx.shape[1]} exceeds the model context {self.cfg.seq_len}")
+        return self.wte(idx)  # (B, T, D)
+
+    def head(self, x: Tensor) -> Tensor:
+        return self.lm_head(self.ln_f(x))  # (B, T, V)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def model_class(cfg: GPTConfig) -> type[GPT | Llama]:
+    """The module class of ``cfg.arch``."""
+    return Llama if cfg.arch == "llama" else GPT
+
+
 @lru_cache(maxsize=8)
-def skeleton(cfg: GPTConfig) -> GPT:
+def skeleton(cfg: GPTConfig) -> nn.Module:
     """The module without storage (meta device): only its structure and parameter names are used."""
     with torch.device("meta"):
-        return GPT(cfg)
+        return model_class(cfg)(cfg)
 
 
 def param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
@@ -154,7 +364,7 @@ def init_params(cfg: GPTConfig, seed: int) -> dict[str, Tensor]:
     """Deterministic fp32 init from a seed (GPT-2 scheme), on CPU, independent of global RNG state.
 
     Normal(0, 0.02) for weights, scaled by 1/sqrt(2 n_layer) for the projections that write into the
-    residual stream; LayerNorm weights are ones. Parameters are drawn in named_parameters order
+    residual stream; norm weights (LayerNorm or RMSNorm) are ones. Parameters are drawn in named_parameters order
     from one generator, so the same (cfg, seed) always gives the same bytes.
     """
     g = torch.Generator().manual_seed(seed)
@@ -190,11 +400,11 @@ def forward(cfg: GPTConfig, params: dict[str, Tensor], idx: Tensor) -> Tensor:
 
 
 def loss_fn(cfg: GPTConfig, params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
-    """Mean next-byte cross-entropy (nats) of targets ``y`` (B, T) given inputs ``x`` (B, T)."""
+    """Mean next-token cross-entropy (nats) of targets ``y`` (B, T) given inputs ``x`` (B, T)."""
     logits = forward(cfg, params, x)
     return F.cross_entropy(logits.reshape(-1, cfg.vocab_size), y.reshape(-1))
 
 
 if __name__ == "__main__":
     for name, c in PRESETS.items():
-        print(f"{name:10s} {n_params(c) / 1e6:8.2f}M params  {c}")
+        print(f"{name:12s} {c.arch:5s} {n_params(c) / 1e6:9.2f}M params (V={c.vocab_size})  {c}")

@@ -21,8 +21,10 @@ from protocol.data import Corpus, build_corpus
 from protocol.digest import keccak, state_digest
 from protocol.errors import VerilocoError
 from protocol.formats import load_state, save_state
-from protocol.model import init_params, preset
+from protocol.model import init_params, param_shapes
 from protocol.store import Store
+from protocol.tokenizer import Tokenizer, load_tokenizer
+from protocol.tokens import tokenizer_vocab_size
 from protocol.types import Address, Cid, Digest, RunId
 
 PARAM = "param/"
@@ -43,19 +45,21 @@ class RunContext:
 
     @property
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {n: tuple(t.shape) for n, t in init_params(preset(self.config.model.preset), 0).items()}
+        return param_shapes(self.config.model_config())
 
 
 def initial_model(cfg: RunConfig) -> dict[str, Tensor]:
     """G_0 as a state: `param/*` only, from the config's preset and init seed."""
-    return {PARAM + n: t for n, t in init_params(preset(cfg.model.preset), cfg.model.init_seed).items()}
+    return {PARAM + n: t for n, t in init_params(cfg.model_config(), cfg.model.init_seed).items()}
 
 
 def corpus_for(cfg: RunConfig, store: Store) -> Corpus:
     """The run's corpus: fetched by CID when the config names one, else built locally; digest-checked."""
     want = bytes.fromhex(cfg.data.corpus_digest.removeprefix("0x")) if cfg.data.corpus_digest else None
     if cfg.data.corpus_cid:
-        corpus = Corpus(store.get(cfg.data.corpus_cid, digest=want))
+        corpus = Corpus(store.get(cfg.data.corpus_cid, digest=want), dtype=cfg.data.token_dtype)
+    elif cfg.data.token_dtype != "uint8":
+        raise RunError("a tokenized corpus cannot be built locally: the config must name data.corpus_cid")
     else:
         corpus = build_corpus(max_bytes=cfg.data.corpus_bytes)[0]
     if want is not None and corpus.digest != want:
@@ -63,15 +67,47 @@ def corpus_for(cfg: RunConfig, store: Store) -> Corpus:
             f"the locally built corpus has digest 0x{corpus.digest.hex()}, the run expects "
             f"{cfg.data.corpus_digest}; fetch the run's corpus (data.corpus_cid) instead"
         )
+    vocab = cfg.model_config().vocab_size
+    if corpus.max_token >= vocab:
+        raise RunError(
+            f"the corpus holds token id {corpus.max_token}, outside the model's vocabulary of {vocab}; "
+            "set model.vocab_size to the tokenizer's vocabulary"
+        )
     return corpus
 
 
+def tokenizer_for(cfg: RunConfig, store: Store) -> Tokenizer:
+    """The run's tokenizer, fetched and digest-checked; raises RunError for a byte-level run."""
+    if not cfg.data.tokenizer_cid:
+        raise RunError("this run has no tokenizer (it trains on bytes)")
+    want = bytes.fromhex(cfg.data.tokenizer_digest.removeprefix("0x"))
+    return load_tokenizer(store.get(cfg.data.tokenizer_cid, digest=want), want)
+
+
+def bind_corpus(cfg: RunConfig, store: Store, corpus: Corpus, tokenizer: bytes | None = None,
+                vocab_size: int = 0) -> RunConfig:
+    """Publish a corpus (and its tokenizer) and commit both in the config.
+
+    ``model.vocab_size`` defaults to ``vocab_size`` (the corpus directory's), else the tokenizer's.
+    """
+    data: dict[str, Any] = {"corpus_cid": store.put(corpus.tokens), "corpus_digest": "0x" + corpus.digest.hex(),
+                            "token_dtype": corpus.dtype}
+    model: dict[str, Any] = {}
+    if tokenizer is not None:
+        data |= {"tokenizer_cid": store.put(tokenizer), "tokenizer_digest": "0x" + keccak(tokenizer).hex()}
+        vocab_size = vocab_size or tokenizer_vocab_size(tokenizer)
+    if vocab_size and not cfg.model.vocab_size and (corpus.dtype != "uint8" or tokenizer is not None):
+        model["vocab_size"] = vocab_size
+    return cfg.replace(data=data, model=model)
+
+
 def publish_run(chain: Chain, store: Store, cfg: RunConfig, coordinator: str | None = None,
-                corpus: Corpus | None = None) -> tuple[RunId, RunConfig]:
+                corpus: Corpus | None = None, tokenizer: bytes | None = None,
+                vocab_size: int = 0) -> tuple[RunId, RunConfig]:
     """Publish the corpus, initial model and config, then create the run; returns (run id, final config)."""
     corpus = corpus or corpus_for(cfg, store)
-    cid = store.put(corpus.tokens)
-    cfg = cfg.replace(data={"corpus_cid": cid, "corpus_digest": "0x" + corpus.digest.hex()})
+    cfg = bind_corpus(cfg, store, corpus, tokenizer, vocab_size)
+    corpus_for(cfg, store)  # the published corpus must be servable: fetchable, in the vocabulary
     g0 = initial_model(cfg)
     g0_cid = store.put(save_state(g0))
     config_cid = store.put(cfg.to_json())
@@ -156,7 +192,7 @@ def eval_model(ctx: RunContext, params: Mapping[str, Tensor], rows: int = 64) ->
     from protocol.data import eval_loss, val_batches
     from protocol.model import loss_fn
 
-    cfg = preset(ctx.config.model.preset)
+    cfg = ctx.config.model_config()
     batches = val_batches(ctx.corpus, ctx.config.data.seq_len, rows)
     with torch.no_grad():
         return eval_loss(lambda x, y: loss_fn(cfg, dict(params), x, y), batches)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-from protocol.model import GPT, Block, GPTConfig, param_shapes
+from protocol.model import GPTConfig, model_class, param_shapes
 from trainer.inner import (
     EF,
     MOM1,
@@ -56,29 +56,29 @@ def split_layers(n_layer: int, n_stages: int) -> list[range]:
 
 
 class Stage(nn.Module):
-    """One pipeline stage; attribute names mirror ``GPT`` so parameter names stay global."""
+    """One pipeline stage; attribute names mirror the model's so parameter names stay global."""
 
     def __init__(self, cfg: GPTConfig, stage: int, n_stages: int) -> None:
         super().__init__()
         self.cfg = cfg
         self.first, self.last = stage == 0, stage == n_stages - 1
+        model = model_class(cfg)
         if self.first:
-            self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
-            self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)
+            model.add_embed(self, cfg)
         self.blocks = nn.ModuleDict(
-            {str(i): Block(cfg) for i in split_layers(cfg.n_layer, n_stages)[stage]}
+            {str(i): model.block(cfg) for i in split_layers(cfg.n_layer, n_stages)[stage]}
         )
         if self.last:
-            self.ln_f = nn.LayerNorm(cfg.d_model, bias=False)
-            self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+            model.add_head(self, cfg)
 
     def forward(self, x: Tensor) -> Tensor:
+        model = model_class(self.cfg)
         if self.first:
-            x = GPT.embed(self, x)  # type: ignore[arg-type]  # (B, T) ids -> (B, T, D)
+            x = model.embed(self, x)  # type: ignore[arg-type]  # (B, T) ids -> (B, T, D)
         for block in self.blocks.values():
             x = block(x)  # (B, T, D)
         if self.last:
-            x = GPT.head(self, x)  # type: ignore[arg-type]  # -> logits (B, T, V)
+            x = model.head(self, x)  # type: ignore[arg-type]  # -> logits (B, T, V)
         return x
 
 

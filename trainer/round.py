@@ -16,7 +16,7 @@ from protocol import merkle
 from protocol.config import RunConfig
 from protocol.data import Corpus, batch
 from protocol.digest import state_digest
-from protocol.model import GPTConfig, preset
+from protocol.model import GPTConfig
 from protocol.payload import wrap
 from protocol.types import Digest
 from trainer.compress import (
@@ -48,7 +48,7 @@ class RoundSpec:
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> RoundSpec:
-        model = preset(cfg.model.preset)
+        model = cfg.model_config()
         if cfg.data.seq_len > model.seq_len:
             raise TrainerError(
                 f"data.seq_len={cfg.data.seq_len} exceeds the {cfg.model.preset} context {model.seq_len}"

@@ -47,6 +47,7 @@ def register(sub: Any) -> None:
     c = rsub.add_parser("create", help="publish a run's config and initial model, then create it on-chain")
     c.add_argument("--config", type=Path, required=True, help="run.toml (missing keys take the defaults)")
     c.add_argument("--coordinator", type=address, help="coordinator address (default: the signing account)")
+    c.add_argument("--corpus", type=Path, help="corpus directory (veriloco data prepare|import; default: stdlib bytes)")
     c.add_argument("--json", action="store_true", help="print a JSON object instead of the run id")
     add_connection_args(c)
     c.set_defaults(func=cmd_run_create)
@@ -80,12 +81,15 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def cmd_run_create(args: argparse.Namespace) -> int:
     from protocol.config import load_toml
     from protocol.run import publish_run
+    from protocol.tokens import load_corpus_dir
 
     s = resolve(args, need_key=True, need_contract=True)
     cfg = load_toml(args.config)
     chain = Chain(s.rpc_url, str(s.contract), Account.from_key(s.key))
     print("publishing the run's corpus, initial model and config, then creating it ...", file=sys.stderr, flush=True)
-    run_id, _ = publish_run(chain, open_store(s), cfg, coordinator=args.coordinator)
+    own = load_corpus_dir(args.corpus) if args.corpus else None  # users' own data, published with the run
+    run_id, _ = publish_run(chain, open_store(s), cfg, coordinator=args.coordinator, corpus=own.corpus if own else None,
+                            tokenizer=own.tokenizer if own else None, vocab_size=own.vocab_size if own else 0)
     if args.json:
         p = chain.run_info(run_id).params
         print(json.dumps({"run_id": run_id, "config_cid": p.config_cid, "config_digest": "0x" + p.config_digest.hex(),

@@ -22,6 +22,7 @@ COMMANDS: list[str] = [
     "veriloco.lifecycle",
     "veriloco.keys",
     "veriloco.demo",
+    "veriloco.datacmd",
 ]
 
 
@@ -43,6 +44,9 @@ OWNER: dict[str, str] = {
     "withdraw": "veriloco.lifecycle",
     "claim": "veriloco.lifecycle",
     "account": "veriloco.keys",
+    "data": "veriloco.datacmd",
+    "export": "veriloco.datacmd",
+    "sample": "veriloco.datacmd",
 }
 
 

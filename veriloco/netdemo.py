@@ -39,6 +39,7 @@ from protocol.run import (
     params_of,
     publish_run,
 )
+from protocol.tokens import load_corpus_dir
 from veriloco.argtypes import positive, seconds
 from veriloco.nodes import CHEAT_KINDS
 
@@ -66,6 +67,7 @@ class DemoOptions:
     stages: int = 1  # pipeline stages per trainer (> 1 switches the run to tolerant audits)
     quorum: int = 3  # verifiers judging each trainer (and attesting each model); a majority decides
     node_dir: Path | None = None  # the nodes' --workdir; default workdir/nodes, emptied by each demo
+    corpus: Path | None = None  # a corpus directory (veriloco data prepare|import); None: the stdlib bytes
 
     def config(self) -> RunConfig:
         w = self.windows_s
@@ -279,7 +281,9 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stdout,
         assert info.contract is not None
         creator = Chain(info.rpc_url, info.contract, keys[0])
         say("building the corpus and publishing the run ...")
-        run_id, cfg = publish_run(creator, store, config or opts.config())
+        own = load_corpus_dir(opts.corpus) if opts.corpus else None
+        run_id, cfg = publish_run(creator, store, config or opts.config(), corpus=own.corpus if own else None,
+                                  tokenizer=own.tokenizer if own else None, vocab_size=own.vocab_size if own else 0)
         say(f"run {run_id} created on {info.rpc_url} (contract {info.contract}); config {creator.run_info(run_id).params.config_cid}")
         # Stake everyone in before any node starts, so epoch 0 opens with the whole network
         # (a node joins by itself when it is not a member yet).
@@ -387,7 +391,7 @@ def _summarize(chain: Chain, store: Any, run_id: int, cfg: RunConfig, nodes: lis
         steps_total = max(steps_total, sum(ev["steps"] for ev in n.events if ev.get("event") == "trained"))
     honest = [s for n in trainers if n.cheat is None for s in payload_bytes[n.address]]
     k = opts.trainers
-    params = n_params(preset(cfg.model.preset))
+    params = n_params(cfg.model_config())
     gas = 0
     for n in nodes:
         gas += sum(int(ev.get("gas", 0)) for ev in n.events)
@@ -474,7 +478,7 @@ def _cmd(args: argparse.Namespace) -> int:
     opts = DemoOptions(
         trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=args.preset, steps=args.steps,
         chain=args.chain, store=args.store, cheats=_parse_cheats(args.cheat), workdir=args.workdir,
-        report=args.report, timeout_s=args.timeout, stages=args.stages, quorum=args.quorum,
+        report=args.report, timeout_s=args.timeout, stages=args.stages, quorum=args.quorum, corpus=args.corpus,
     )
     check_options(opts)
     summary = run_demo(opts)
@@ -491,6 +495,7 @@ def register(sub: Any) -> None:
                    help="verifiers per trainer and per model attestation; a majority decides (1 lets one verifier decide)")
     p.add_argument("--epochs", type=positive, default=d.epochs)
     p.add_argument("--preset", default=d.preset, choices=sorted(PRESETS), help="model preset")
+    p.add_argument("--corpus", type=Path, help="corpus directory from `veriloco data prepare` (default: stdlib bytes)")
     p.add_argument("--steps", type=positive, default=d.steps, help="local steps H in the first epoch")
     p.add_argument("--chain", choices=["py-evm", "anvil"], default=d.chain)
     p.add_argument("--store", choices=["local", "ipfs"], default=d.store)

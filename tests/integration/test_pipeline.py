@@ -23,6 +23,8 @@ from trainer.pipeline import (
 pytestmark = pytest.mark.integration
 
 CFG = GPTConfig(n_layer=3, n_head=2, d_model=32, seq_len=32)  # uneven split: 2 + 1 blocks
+LLAMA = GPTConfig(n_layer=3, n_head=4, d_model=32, seq_len=32, arch="llama", n_kv_head=2, d_ff=80)
+ARCHS = pytest.mark.parametrize("cfg", [CFG, LLAMA], ids=["gpt2", "llama"])
 INNER = InnerConfig(lr=3e-3, warmup_steps=1, total_steps=10, grad_clip=0.5)
 STEPS, BATCH, MICRO = 3, 4, 2
 
@@ -31,7 +33,7 @@ def _batches(corpus: Corpus) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [batch(corpus, 5, 0, 0, k, BATCH, CFG.seq_len) for k in range(STEPS)]
 
 
-def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
+def _worker(rank: int, world: int, store: str, out_dir: str, CFG: GPTConfig = CFG) -> None:
     configure_determinism(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
@@ -47,18 +49,22 @@ def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def test_split_layers_and_stage_names_cover_the_model() -> None:
+@ARCHS
+def test_split_layers_and_stage_names_cover_the_model(cfg: GPTConfig) -> None:
+    CFG = cfg
     assert split_layers(3, 2) == [range(2), range(2, 3)]
     assert split_layers(4, 4) == [range(i, i + 1) for i in range(4)]
     names = stage_param_names(CFG, 0, 2) + stage_param_names(CFG, 1, 2)
     assert sorted(names) == sorted(param_shapes(CFG))
-    assert "blocks.2.mlp_fc.weight" in stage_param_names(CFG, 1, 2)
+    assert "blocks.2.mlp_proj.weight" in stage_param_names(CFG, 1, 2)
     full = init_state(CFG, 0)
     assert merge_states([stage_state(full, CFG, s, 2) for s in range(2)]).keys() == full.keys()
 
 
-def test_two_stage_pipeline_matches_single_process(tmp_path: Path) -> None:
-    mp.spawn(_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
+@ARCHS
+def test_two_stage_pipeline_matches_single_process(tmp_path: Path, cfg: GPTConfig) -> None:
+    CFG = cfg
+    mp.spawn(_worker, args=(2, str(tmp_path / "store"), str(tmp_path), cfg), nprocs=2, join=True)
     merged = merge_states([load_file(tmp_path / f"stage{r}.safetensors") for r in range(2)])
     check_state(merged, CFG)
 
@@ -79,5 +85,5 @@ def test_two_stage_pipeline_matches_single_process(tmp_path: Path) -> None:
         )
     # and the step really moved the parameters (the comparison is not vacuous)
     assert not torch.equal(
-        merged["param/blocks.2.mlp_fc.weight"], init_state(CFG, 0)["param/blocks.2.mlp_fc.weight"]
+        merged["param/blocks.2.mlp_proj.weight"], init_state(CFG, 0)["param/blocks.2.mlp_proj.weight"]
     )

@@ -269,3 +269,36 @@ def test_adapt_rule() -> None:
     assert adapt([_record(8, [None])], CompressionConfig(adaptive=False)) == (8, 16)
     # median is robust to a minority of outliers
     assert adapt([_record(16, [1, 1, 12, 12, 12])], cfg) == (12, 24)
+
+
+@pytest.mark.parametrize("preset_name", ["tiny", "llama-tiny"])
+def test_real_model_pseudo_gradients_compress_deterministically_and_telescope(preset_name: str) -> None:
+    """Both architectures' parameter sets go through the same codec: every matrix is factorised or
+    quantised, the bytes are a function of the inputs, the decoded shapes are the model's, and error
+    feedback loses nothing over rounds."""
+    from protocol.model import init_params, param_shapes, preset
+
+    cfg = preset(preset_name)
+    shapes = param_shapes(cfg)
+    base = init_params(cfg, 0)
+    deltas = [{n: (init_params(cfg, s)[n] - base[n]) * 1e-2 for n in base} for s in (1, 2, 3)]
+    ef: dict[str, torch.Tensor] = {}
+    sent = {n: torch.zeros(s, dtype=torch.float64) for n, s in shapes.items()}
+    for t, d in enumerate(deltas):
+        out = compress(d, ef, 4, t, CFG)
+        again = compress({n: v.clone() for n, v in d.items()}, {n: v.clone() for n, v in ef.items()}, 4, t, CFG)
+        assert out.payload == again.payload
+        assert set(out.stats.tensors) == set(shapes)
+        kinds = {n: st.kind for n, st in out.stats.tensors.items()}
+        assert all(kinds[n] in ("lowrank", "quant") for n, s in shapes.items() if len(s) >= 2)
+        assert any(k == "lowrank" for k in kinds.values())
+        assert out.stats.payload_bytes < out.stats.dense_bytes / 4
+        decoded = decode(out.payload)
+        assert {n: tuple(v.shape) for n, v in decoded.items()} == shapes
+        for n, v in decoded.items():
+            sent[n] += v.double()
+        ef = out.new_ef
+    for n in shapes:
+        want = sum(d[n].double() for d in deltas)
+        scale = float(want.abs().max())
+        assert torch.allclose(sent[n] + ef[n].double(), want, atol=1e-5 * scale * 3, rtol=0), n

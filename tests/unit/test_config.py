@@ -89,3 +89,22 @@ def test_rewards_section_reaches_run_params_and_canonical_json(tmp_path) -> None
 def test_bad_rewards_are_named(rewards: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("^", r"\^").replace(".", r"\.")):
         RunConfig().replace(rewards=rewards)
+
+
+def test_model_and_data_fields_for_own_data_and_llama() -> None:
+    """New fields stay out of the canonical JSON at their defaults (old configs keep their digest);
+    set, they round-trip and select the architecture and vocabulary every node builds."""
+    raw = RunConfig().to_json()
+    assert b"vocab_size" not in raw and b"token_dtype" not in raw and b"tokenizer" not in raw
+    cfg = RunConfig().replace(
+        model={"preset": "llama-tiny", "vocab_size": 512},
+        data={"token_dtype": "uint16", "tokenizer_digest": "0x" + "ab" * 32, "tokenizer_cid": "bafyt"},
+    )
+    assert from_json(cfg.to_json()) == cfg and cfg.digest() != RunConfig().digest()
+    m = cfg.model_config()
+    assert (m.arch, m.vocab_size, m.d_model) == ("llama", 512, 64)
+    assert RunConfig().model_config().vocab_size == 256
+    with pytest.raises(ConfigError, match="needs model.vocab_size"):
+        RunConfig().replace(data={"token_dtype": "uint16"})
+    with pytest.raises(ConfigError, match="token_dtype must be"):
+        RunConfig().replace(data={"token_dtype": "int8"}, model={"vocab_size": 100})

@@ -16,10 +16,11 @@ pytestmark = pytest.mark.unit
 TRAINER = "0x" + "ab" * 20
 
 
-@pytest.fixture(scope="module")
-def setup():
+@pytest.fixture(scope="module", params=["tiny", "llama-tiny"])
+def setup(request):
+    """One honest epoch, for each architecture: every check below holds for GPT-2 and Llama alike."""
     configure_determinism(1)
-    cfg = RunConfig().replace(schedule={"h_initial": 8, "h_min": 4, "h_max": 16})
+    cfg = RunConfig().replace(schedule={"h_initial": 8, "h_min": 4, "h_max": 16}, model={"preset": request.param})
     spec = RoundSpec.from_config(cfg)
     corpus, _ = build_corpus(max_bytes=200_000)
     g0 = init_params(spec.model, 0)
@@ -125,3 +126,20 @@ def test_replay_witness_is_reproducible_private_and_leaves_the_step_unchanged(se
     other: list[bytes] = []
     check_step(s0, 0, trace.digests[1], spec, corpus, 0, slot=2, grad_digests=other)  # another shard
     assert replay_witness(other) != replay_witness(runs[0][:1])
+
+
+@pytest.mark.parametrize(
+    "preset_name", ["small", "llama-small", pytest.param("llama-125m", marks=pytest.mark.slow)]
+)
+def test_larger_presets_replay_one_step_bitwise(preset_name: str) -> None:
+    """Bitwise replay does not depend on size: one step of the larger presets (up to llama-125m,
+    76M parameters, what this CPU box trains in seconds) replays to the same digest."""
+    configure_determinism(1)
+    cfg = RunConfig().replace(model={"preset": preset_name}, data={"batch_size": 2, "seq_len": 128})
+    spec = RoundSpec.from_config(cfg)
+    corpus, _ = build_corpus(max_bytes=200_000)
+    s0 = start_state(spec, init_params(spec.model, 0), None, None)
+    trace = train_epoch(s0, spec, corpus, epoch=0, slot=1, steps=1)
+    assert trace.digests[1] != trace.digests[0]
+    f = check_step(s0, 0, trace.digests[1], spec, corpus, 0, 1)
+    assert f.passed, f.detail

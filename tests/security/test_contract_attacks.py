@@ -651,6 +651,24 @@ def test_a_lying_reference_witness_is_outvoted_by_the_two_that_agree(fresh: PyEv
     assert _verifier_slashes(r, 0) == {liar.sender: t.address}
 
 
+def test_witness_groups_sort_five_verifiers_in_any_reveal_order(fresh: PyEvmNet) -> None:
+    """V3 with q = 5 and three witnesses: the first revealed (a liar) is group 0, the others are
+    filed into groups 1 and 2; the witness three of five share is the majority, both liars are slashed."""
+    r = fixture_run(fresh, [1], [6, 7, 8, 9, 10], COORD, quorum=5)
+    t = r.trainers[0]
+    rid = r.run_id
+    r.open_epoch(0)
+    vs = r.assigned(0, t)
+    good = r.witness(0, t)
+    ws = [keccak(b"liar one"), good, good, keccak(b"liar two"), good]
+    for v, w in zip(vs, ws):
+        v.commit_verdicts(rid, 0, [(t.address, True, w)], SALT)
+    for v, w in zip(vs, ws):  # reveal in assignment order: the first liar becomes group 0
+        v.submit_verdicts(rid, 0, [(t.address, True, w)], SALT)
+    assert r.finalize(0, [t]) == {}
+    assert _verifier_slashes(r, 0) == {vs[0].sender: t.address, vs[3].sender: t.address}
+
+
 def test_a_witness_minority_that_fails_an_honest_trainer_earns_no_bounty(fresh: PyEvmNet) -> None:
     """V3 with a cheater: the two honest verifiers fail it with the majority witness and share its
     stake; a third that also fails it without replaying (zero witness) is slashed and paid nothing."""

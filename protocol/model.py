@@ -186,7 +186,7 @@ class GPT(nn.Module):
 
     wte: nn.Embedding
     wpe: nn.Embedding
-    ln_f: nn.LayerNorm
+    ln_f: nn.Module  # LayerNorm here, RMSNorm in Llama
     lm_head: nn.Linear
 
     def __init__(self, cfg: GPTConfig) -> None:
@@ -294,22 +294,12 @@ class LlamaBlock(nn.Module):
         return x + self.mlp_proj(F.silu(self.mlp_gate(h)) * self.mlp_up(h))
 
 
-class Llama(nn.Module):
+class Llama(GPT):
     """Token embedding (no position table), n_layer Llama blocks, final RMSNorm, untied LM head.
 
-    Parameter names follow ``GPT`` where the role is the same (wte, blocks.i.ln_1, attn_proj, ...).
+    Parameter names follow ``GPT`` where the role is the same (wte, blocks.i.ln_1, attn_proj, ...);
+    construction, ``head`` and ``forward`` are GPT's, only the parts differ.
     """
-
-    wte: nn.Embedding
-    ln_f: RMSNorm
-    lm_head: nn.Linear
-
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.add_embed(self, cfg)
-        self.blocks = nn.ModuleList(self.block(cfg) for _ in range(cfg.n_layer))
-        self.add_head(self, cfg)
 
     @staticmethod
     def add_embed(m: nn.Module, cfg: GPTConfig) -> None:
@@ -329,17 +319,8 @@ class Llama(nn.Module):
             raise ModelError(f"sequence length {idx.shape[1]} exceeds the model context {self.cfg.seq_len}")
         return self.wte(idx)  # (B, T, D)
 
-    def head(self, x: Tensor) -> Tensor:
-        return self.lm_head(self.ln_f(x))  # (B, T, V)
 
-    def forward(self, idx: Tensor) -> Tensor:
-        x = self.embed(idx)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
-
-def model_class(cfg: GPTConfig) -> type[GPT | Llama]:
+def model_class(cfg: GPTConfig) -> type[GPT]:
     """The module class of ``cfg.arch``."""
     return Llama if cfg.arch == "llama" else GPT
 

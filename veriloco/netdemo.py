@@ -132,7 +132,7 @@ def _spawn(role: str, index: int, account: int, devnet_file: Path, run_id: int, 
     log_path = opts.workdir / "logs" / f"{role}{index}.jsonl"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "veriloco.cli", role, "--run", str(run_id), "--devnet", str(devnet_file),
-           "--account", str(account), "--workdir", str(opts.workdir / "nodes")]
+           "--account", str(account), "--workdir", str(opts.workdir / "nodes"), "--log-format", "json"]
     if cheat:
         cmd += ["--cheat", cheat]
     if role == "trainer" and opts.stages > 1:
@@ -201,6 +201,10 @@ def _stop(nodes: list[NodeProc]) -> None:
         except subprocess.TimeoutExpired:
             n.proc.kill()
             n.proc.wait()
+
+
+CHAIN_LEGEND = ("chain lines: eN:phase is epoch N and its phase; then trainers that c committed, r revealed, "
+                "ok passed their audit, x failed it")
 
 
 def _status_line(chain: Chain, run_id: int, epochs: int) -> str:
@@ -303,6 +307,7 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
     coordinator = nodes[-1]
     last_line, last_table = "", 0.0
     deadline = time.monotonic() + opts.timeout_s
+    say(CHAIN_LEGEND)
     while True:
         for n in nodes:
             for ev in n.read():

@@ -62,6 +62,11 @@ def _value(v: Any) -> str:
     return json.dumps(v, default=str)
 
 
+def fields_text(fields: dict[str, Any]) -> str:
+    """`key=value ...`, as a text log line shows an event's fields."""
+    return " ".join(f"{k}={_value(v)}" for k, v in fields.items())
+
+
 class TextLog:
     """Readable lines through a rich Console; a live progress line for steps and waits on a terminal."""
 

@@ -39,6 +39,7 @@ from protocol.run import (
     params_of,
     publish_run,
 )
+from veriloco.logs import fields_text
 from veriloco.nodes import CHEAT_KINDS
 
 PHASES = {p: p.name.lower() for p in Phase}
@@ -314,7 +315,7 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
                 if ev.get("event") in ("committed", "revealed", "responded", "verified", "finalized", "skipped",
                                        "commit-failed", "reveal-failed", "alarm", "error", "joined"):
                     detail = {k: v for k, v in ev.items() if k not in ("t", "node", "event")}
-                    say(f"  [{time.monotonic() - t_start:6.1f}s] {n.name:18s} {ev['event']:10s} {json.dumps(detail, default=str)[:150]}")
+                    say(f"  [{time.monotonic() - t_start:6.1f}s] {n.name:18s} {ev['event']:10s} {fields_text(detail)[:150]}")
         try:
             line = _status_line(chain, run_id, cfg.schedule.epochs)
         except ChainUnavailable:

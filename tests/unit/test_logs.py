@@ -115,3 +115,9 @@ def test_an_ipfs_store_prints_no_dependency_warning() -> None:
                           timeout=60, check=False)
     assert done.stdout.strip() == "unavailable", done.stderr
     assert "Warning" not in done.stderr, done.stderr
+
+
+def test_fields_text_is_what_a_text_line_shows() -> None:
+    from veriloco.logs import fields_text
+
+    assert fields_text({"epoch": 3, "gas": 129176, "passed": True, "steps": [0, 2]}) == "epoch=3 gas=129,176 passed=true steps=[0, 2]"

@@ -104,7 +104,14 @@ class TextLog:
         return line
 
     def _live(self, event: str, fields: dict[str, Any]) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         if self._progress is None:
             self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cast_block() -> str:
-    blocks = re.findall(r"```\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    blocks = re.findall(r"```\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
     found = [b for b in blocks if "npx cast call" in b]
     assert len(found) == 1, "the README should have one command block reading a round with cast"
     return found[0]

@@ -33,7 +33,7 @@ def _run(cmd: list[str | Path], cwd: Path, timeout: float) -> str:
 
 
 def _torch_pin() -> str:
-    found = re.search(r"^TORCH\s*:=\s*(\S+)", (ROOT / "Makefile").read_text(), re.M)
+    found = re.search(r"^TORCH\s*:=\s*(\S+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
     assert found, "Makefile no longer names TORCH := torch==VERSION"
     return found.group(1)
 

@@ -133,7 +133,8 @@ def _spawn(role: str, index: int, account: int, devnet_file: Path, run_id: int, 
     log_path = opts.workdir / "logs" / f"{role}{index}.jsonl"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "veriloco.cli", role, "--run", str(run_id), "--devnet", str(devnet_file),
-           "--account", str(account), "--workdir", str(opts.workdir / "nodes"), "--log-format", "json"]
+           "--account", str(account), "--workdir", str(opts.workdir / "nodes")]
+    cmd += ["--log-format", "json"]  # the demo reads the nodes' events
     if cheat:
         cmd += ["--cheat", cheat]
     if role == "trainer" and opts.stages > 1:

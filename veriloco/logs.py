@@ -3,8 +3,8 @@
 A node loop only calls `log(event, **fields)`. `node_logger` decides how that looks:
 
 - `text` (the default): `HH:MM:SS LEVEL node event key=value ...`, one line per event, the level
-  derived from the event name; on a terminal, the inner steps of an epoch and long waits show as a
-  live progress line instead of a line each.
+  derived from the event name; on a terminal, the inner steps of an epoch show as a live progress
+  bar instead of a line each, and a wait as a spinner until the node's next event.
 - `json`: `{"t": unix_time, "node": ..., "event": ..., **fields}` per line on stdout, what the demo,
   the tests and the benchmarks parse (they pass `--log-format json`).
 
@@ -83,6 +83,9 @@ class TextLog:
     def __call__(self, event: str, **fields: Any) -> None:
         with self._lock:
             if self.console.is_terminal and event in ("step", "waiting"):
+                if event == "waiting":  # kept on screen as a line; the spinner shows it is still going on
+                    self._stop_live()
+                    self.console.print(self.render(event, fields))
                 self._live(event, fields)
                 return
             if event == "step" and not _milestone(fields):

@@ -63,6 +63,7 @@ def test_on_a_terminal_steps_and_waits_are_a_progress_line_and_events_still_prin
     log.close()
     text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", out.getvalue())
     assert "committed" in text and "payload_cid=QmX" in text
+    assert re.search(r"INFO  trainer +waiting +what=the run's first epoch", text)  # a wait is also a line
     assert not re.search(r"INFO.*\bstep\b.*step=3", text)  # steps went to the progress line, not the log
 
 

@@ -187,9 +187,16 @@ def node_logger(node: str, fmt: str = "text", log_file: Path | None = None, stre
     return log
 
 
+def _log_format(value: str) -> str:
+    if value not in FORMATS:
+        raise argparse.ArgumentTypeError(f"{value!r} (from the flag or $VERILOCO_LOG_FORMAT): choose text or json")
+    return value
+
+
 def add_log_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
-    g.add_argument("--log-format", choices=FORMATS, default=os.environ.get("VERILOCO_LOG_FORMAT") or "text",
+    # a string default goes through `type` too, so a bad $VERILOCO_LOG_FORMAT is refused before anything starts
+    g.add_argument("--log-format", type=_log_format, metavar="{text,json}", default=os.environ.get("VERILOCO_LOG_FORMAT") or "text",
                    help="text: readable lines and progress (default); json: one object per line for programs "
                         "($VERILOCO_LOG_FORMAT)")
     g.add_argument("--log-file", type=Path, help="also append every event to this file as JSON lines")

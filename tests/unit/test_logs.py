@@ -122,3 +122,13 @@ def test_fields_text_is_what_a_text_line_shows() -> None:
     from veriloco.logs import fields_text
 
     assert fields_text({"epoch": 3, "gas": 129176, "passed": True, "steps": [0, 2]}) == "epoch=3 gas=129,176 passed=true steps=[0, 2]"
+
+
+def test_a_bad_log_format_from_the_environment_is_refused_up_front(monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("VERILOCO_LOG_FORMAT", "xml")
+    with pytest.raises(SystemExit) as exc:
+        build_parser("trainer").parse_args(["trainer", "--run", "1"])
+    assert exc.value.code == 2 and "VERILOCO_LOG_FORMAT" in capsys.readouterr().err
+    monkeypatch.setenv("VERILOCO_LOG_FORMAT", "json")
+    assert build_parser("trainer").parse_args(["trainer", "--run", "1"]).log_format == "json"

@@ -127,12 +127,12 @@ def play_epoch(ledger: Ledger, coord: Chain, trainers: list[Chain], verifiers: M
     # verdicts are committed (every verifier of the frozen list, once) and then revealed with their
     # replay witnesses (one reveal transaction per verifier)
     salt = keccak(b"verdict salt %d" % epoch)
-    batches = {v: [(a, True, keccak(b"witness " + bytes.fromhex(a[2:])), evidence) for a in ts] for v, ts in jobs.items()}
+    batches = {v: [(a, True, keccak(b"witness " + bytes.fromhex(a[2:]))) for a in ts] for v, ts in jobs.items()}
     for addr in coord.frozen_verifiers(run_id, epoch):
         res = verifiers[addr].commit_verdicts(run_id, epoch, batches.get(addr, []), salt)
         totals["verdict_commits"] += ledger.add("commitVerdicts", res.gas_used)
     for v, vs in batches.items():
-        res = verifiers[v].submit_verdicts(run_id, epoch, vs, salt)
+        res = verifiers[v].submit_verdicts(run_id, epoch, vs, salt, evidence)
         totals["verdicts"] += ledger.add(f"submitVerdicts ({len(vs)} verdicts)" if len(vs) > 1 else "submitVerdicts (1 verdict)", res.gas_used)
         totals["max_tx"] = max(totals["max_tx"], res.gas_used)
         ledger.add("submitVerdicts per verdict", res.gas_used // len(vs))

@@ -127,7 +127,7 @@ contract Veriloco is VerilocoBase {
         if (block.timestamp >= deadline) revert DeadlinePassed(runId, epoch, deadline, block.timestamp);
         uint32 slot = _slotOf(runId, msg.sender);
         uint256 lane = _lane(runId, epoch, slot);
-        uint8 st = uint8(lane >> 24);
+        uint8 st = _state(lane);
         if (st == SUB_RESPONDED) revert AlreadyResponded(runId, epoch, msg.sender);
         if (st != SUB_REVEALED) revert NotRevealed(runId, epoch, msg.sender);
         if (!ep.seeded) {
@@ -155,7 +155,7 @@ contract Veriloco is VerilocoBase {
     function commitVerdicts(uint256 runId, uint256 epoch, bytes32 commitment) external {
         Run storage r = _run(runId);
         Epoch storage ep = _verdictEpoch(runId, r, epoch);
-        if (uint224(uint256(commitment)) == 0) revert ZeroCommitment();
+        if (uint224(uint256(commitment)) >> 32 == 0) revert ZeroCommitment(); // bits 32-223 tell a commitment from a revealed count
         if (!ep.seeded) revert AuditSeedPending(runId, epoch, uint256(ep.seed));
         uint32 vs = members[runId][msg.sender].slot;
         if (members[runId][msg.sender].role != ROLE_VERIFIER || vs == 0 || vs > ep.verifierCount) revert NotVerifier(runId, msg.sender);
@@ -179,22 +179,24 @@ contract Veriloco is VerilocoBase {
         address[] calldata trainers,
         bool[] calldata passed,
         bytes32[] calldata witnesses,
-        string[] calldata evidenceCids,
+        string calldata evidenceCid,
         bytes32 salt
     ) external {
-        if (trainers.length != passed.length || trainers.length != witnesses.length || trainers.length != evidenceCids.length) {
-            revert BadResponseLength(trainers.length, passed.length, evidenceCids.length, witnesses.length);
+        if (trainers.length != passed.length || trainers.length != witnesses.length) {
+            revert BadResponseLength(trainers.length, passed.length, witnesses.length, witnesses.length);
         }
         Run storage r = _run(runId);
         Epoch storage ep = _verdictEpoch(runId, r, epoch);
-        _openVerdict(runId, epoch, r, ep, keccak256(abi.encode(trainers, passed, witnesses)), salt);
+        _openVerdict(runId, epoch, r, ep, keccak256(abi.encode(trainers, passed, witnesses)), salt, trainers.length);
+        emit VerdictsRevealed(runId, epoch, msg.sender, trainers.length, evidenceCid);
         for (uint256 i = 0; i < trainers.length; i++) {
-            _verdict(runId, epoch, r, ep, trainers[i], passed[i], witnesses[i], evidenceCids[i]);
+            _verdict(runId, epoch, r, ep, trainers[i], passed[i], witnesses[i]);
         }
     }
 
-    /// @dev Check the caller's reveal against its commitment and mark it revealed.
-    function _openVerdict(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, bytes32 body, bytes32 salt) internal {
+    /// @dev Check the caller's reveal against its commitment and mark it revealed: the commitment
+    ///      gives way to the number of verdicts revealed (what the verifier's rewards count).
+    function _openVerdict(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, bytes32 body, bytes32 salt, uint256 count) internal {
         if (ep.verdictCommits < ep.verifierCount) {
             uint256 opens = _verdictRevealsOpen(runId, r, epoch);
             if (block.timestamp < opens) revert VerdictsNotOpen(runId, epoch, ep.verdictCommits, ep.verifierCount, opens);
@@ -202,10 +204,10 @@ contract Veriloco is VerilocoBase {
         mapping(uint256 => uint256) storage slots = verdictCommits[runId][msg.sender];
         uint256 s = slots[epoch % HASH_SLOTS];
         if (s >> 224 != epoch + 1) revert NotCommitted(runId, epoch, msg.sender);
-        if (uint224(s) == 0) revert AlreadyRevealed(runId, epoch, msg.sender);
+        if (uint224(s) >> 32 == 0) revert AlreadyRevealed(runId, epoch, msg.sender);
         bytes32 c = _verdictCommitment(runId, epoch, msg.sender, body, salt);
         if (uint224(uint256(c)) != uint224(s)) revert RevealMismatch(runId, epoch, msg.sender, c, bytes32(uint256(uint224(s))));
-        slots[epoch % HASH_SLOTS] = (epoch + 1) << 224;
+        slots[epoch % HASH_SLOTS] = ((epoch + 1) << 224) | uint32(count);
     }
 
     /// @notice Propose the epoch's aggregate. Every included trainer must have a passing verdict
@@ -246,6 +248,35 @@ contract Veriloco is VerilocoBase {
         emit EpochFinalized(runId, epoch, modelCid, modelDigest, includedTrainers.length);
         _slashAll(runId, epoch, r, ep, true);
         if (_needed(r, ep) == 0) _confirm(runId, epoch, ep, false, 0); // no committee: nobody passed, nothing to check
+    }
+
+    /// @notice Report a passing trainer's payload as unavailable (the coordinator, or any staked member,
+    ///         after failing to fetch it from every holder). Opens a vote of the trainer's availability
+    ///         committee; until it decides, finalize must still include the trainer. A report the
+    ///         committee rejects costs the reporter slashBps of its stake.
+    function reportUnavailable(uint256 runId, uint256 epoch, address trainer) external {
+        Run storage r = _run(runId);
+        Phase ph = _phase(runId, r, epoch);
+        if (ph != Phase.Auditing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Auditing));
+        Member storage m = members[runId][msg.sender];
+        if (m.role == ROLE_NONE || m.stake == 0 || m.leaveEpoch != NEVER_EPOCH) revert NotStaked(runId, msg.sender);
+        uint32 sp = slotPlusOne[runId][trainer];
+        if (sp == 0 || !_isPassed(r, _lane(runId, epoch, sp - 1), epochs[runId][epoch])) revert NotPassing(runId, epoch, trainer);
+        if (challenges[runId][epoch][trainer] != 0) revert AlreadyReported(runId, epoch, trainer);
+        challenges[runId][epoch][trainer] = uint160(msg.sender);
+        emit AvailabilityReported(runId, epoch, trainer, msg.sender);
+    }
+
+    /// @notice A trainer's availability committee (verifier-list addresses) and its challenge word.
+    function availabilityCommittee(uint256 runId, uint256 epoch, address trainer) external view returns (address[] memory committee, uint256 challenge) {
+        Run storage r = _run(runId);
+        uint32 sp = slotPlusOne[runId][trainer];
+        Epoch storage ep = epochs[runId][epoch];
+        challenge = challenges[runId][epoch][trainer];
+        if (sp == 0 || !ep.seeded) return (committee, challenge);
+        (uint256[] memory com,) = _availabilityCommittee(r, ep, trainer, _lane(runId, epoch, sp - 1));
+        committee = new address[](com.length);
+        for (uint256 i = 0; i < com.length; i++) committee[i] = verifierList[runId][com[i]];
     }
 
     /// @notice The epoch trainers should commit to now: the newest opened epoch while it is still

@@ -102,7 +102,7 @@ abstract contract VerilocoBase is VerilocoAudit {
     }
 
     // A trainer's epoch record is a 64-bit lane, four per storage word, indexed by trainer slot:
-    // bits 0-23 leafCount, 24-31 state (SUB_*), 32-47 pass-vote mask, 48-63 fail-vote mask (bit j =
+    // bits 0-23 leafCount, 24-30 state (SUB_*), 31 SPLIT, 32-47 pass-vote mask, 48-63 fail-vote mask (bit j =
     // assignment index j). Its commitment, then its trace root, lives in `hashes`. Sharing words
     // keeps a trainer's epoch within the gas budget (a fresh slot costs 22k gas, a shared one 5k),
     // and so does reusing a trainer's hash slot every third epoch (HASH_SLOTS): at most three
@@ -113,6 +113,9 @@ abstract contract VerilocoBase is VerilocoAudit {
     uint8 internal constant SUB_COMMITTED = 1;
     uint8 internal constant SUB_REVEALED = 2;
     uint8 internal constant SUB_RESPONDED = 3;
+    uint8 internal constant SUB_UNAVAILABLE = 4; // passed, then judged unavailable by its availability committee
+    /// @dev Lane flag (top bit of the state byte): the verdicts' replay witnesses disagree.
+    uint256 internal constant SPLIT = uint256(1) << 31;
 
     uint8 internal constant ROLE_NONE = 0;
     uint8 internal constant ROLE_TRAINER = 1;
@@ -123,6 +126,8 @@ abstract contract VerilocoBase is VerilocoAudit {
     uint8 public constant SLASH_NO_REVEAL = 1;
     uint8 public constant SLASH_NO_RESPONSE = 2;
     uint8 public constant SLASH_FAILED_AUDIT = 3;
+    uint8 public constant SLASH_UNAVAILABLE = 4; // its payload could not be fetched (docs/protocol.md §10.2)
+    uint8 public constant SLASH_FALSE_REPORT = 5; // reported an available payload as unavailable
 
     bytes32 public constant COMMIT_TAG = keccak256("veriloco.commit.v1");
     bytes32 public constant AUDIT_TAG = keccak256("veriloco.audit.v1");
@@ -174,6 +179,11 @@ abstract contract VerilocoBase is VerilocoAudit {
     ///      prefix in reveal order; the live prefix is the one whose masks add up to the trainer's
     ///      votes (a lane of this epoch), so stale groups of epoch - 3 are never read.
     mapping(uint256 => mapping(address => mapping(uint256 => mapping(uint256 => uint256)))) internal witnessGroups;
+
+    /// @dev Availability challenges per run, epoch and trainer (docs/protocol.md §10.2): bits 0-159
+    ///      the reporter, 160-175 "available" votes, 176-191 "unavailable" votes (bit j = committee
+    ///      index j), 192-193 the decision (1 unavailable, 2 available; 0 open).
+    mapping(uint256 => mapping(uint256 => mapping(address => uint256))) internal challenges;
 
     uint256 private locked = 1;
 
@@ -266,6 +276,10 @@ abstract contract VerilocoBase is VerilocoAudit {
     error VerdictCommitsClosed(uint256 runId, uint256 epoch, uint256 commits, uint256 openedAt);
     /// @notice A state-changing call re-entered the contract.
     error Reentrancy();
+    /// @notice A trainer's payload was already reported in this epoch (one challenge each).
+    error AlreadyReported(uint256 runId, uint256 epoch, address trainer);
+    /// @notice No open availability challenge for this trainer and epoch.
+    error NotReported(uint256 runId, uint256 epoch, address trainer);
 
     // ------------------------------------------------------------------ events
 
@@ -297,10 +311,17 @@ abstract contract VerilocoBase is VerilocoAudit {
     /// @notice A verifier of the epoch's frozen list committed to its verdicts (docs/protocol.md §5.2).
     event VerdictsCommitted(uint256 indexed runId, uint256 indexed epoch, address indexed verifier, bytes32 commitment);
     /// @notice A verifier judged a trainer.
-    event VerdictSubmitted(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, address verifier, bool passed, bytes32 witness, string evidenceCid);
+    event VerdictSubmitted(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, address verifier, bool passed, bytes32 witness);
+    /// @notice A verifier revealed its verdicts of an epoch; its findings for all of them are one evidence document.
+    event VerdictsRevealed(uint256 indexed runId, uint256 indexed epoch, address indexed verifier, uint256 count, string evidenceCid);
     /// @notice The coordinator's new model was accepted.
     event EpochFinalized(uint256 indexed runId, uint256 indexed epoch, string modelCid, bytes32 modelDigest, uint256 included);
     /// @notice The run's coordinator staked; its stake answers for the models it finalizes.
+    /// @notice A staked member reported a passing trainer's payload as unavailable: its availability committee votes.
+    event AvailabilityReported(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, address reporter);
+    event AvailabilityVoted(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, address verifier, bool available);
+    /// @notice The committee's majority: unavailable (the trainer and its pass voters slashed, left out) or available (the reporter slashed).
+    event AvailabilityDecided(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, bool available);
     event CoordinatorStaked(uint256 indexed runId, address indexed coordinator, uint256 stake);
     /// @notice A member of an epoch's attestation committee attested the model digest it recomputed.
     event ModelAttested(uint256 indexed runId, uint256 indexed epoch, address indexed verifier, bytes32 modelDigest);
@@ -536,7 +557,12 @@ abstract contract VerilocoBase is VerilocoAudit {
     ///      verifier can neither fail an honest trainer nor pass a cheater on its own once q >= 3.
     function _isPassed(Run storage r, uint256 lane, Epoch storage ep) internal view returns (bool) {
         uint256 q = _needed(r, ep);
-        return uint8(lane >> 24) == SUB_RESPONDED && q > 0 && _popcount16(uint16(lane >> 32)) > q / 2;
+        return _state(lane) == SUB_RESPONDED && q > 0 && _popcount16(uint16(lane >> 32)) > q / 2;
+    }
+
+    /// @dev A lane's SUB_* state (without the SPLIT flag).
+    function _state(uint256 lane) internal pure returns (uint8) {
+        return uint8(lane >> 24) & 0x7F;
     }
 
     function _popcount16(uint16 x) internal pure returns (uint16 n) {
@@ -582,29 +608,45 @@ abstract contract VerilocoBase is VerilocoAudit {
     }
 
     /// @dev File witness `w` of assignment index j on `trainer` into its witness groups; `voted` is
-    ///      the mask of the indices that revealed before (their groups are the live prefix).
-    function _witness(uint256 runId, uint256 epoch, address trainer, uint16 voted, uint256 j, bytes32 w) internal {
+    ///      the mask of the indices that revealed before. Group 0 is the first witness revealed: its
+    ///      word holds that witness's hash and, in the low 16 bits, the voters NOT in it (the other
+    ///      groups' members), so a verdict that agrees with the first one writes nothing (the common,
+    ///      honest case). Other groups keep their members' mask; they exist only once the lane's
+    ///      SPLIT bit is set, and the union in group 0 says how many of them are live.
+    function _witness(uint256 runId, uint256 epoch, address trainer, uint16 voted, uint256 j, bytes32 w) internal returns (bool split) {
         uint256 h = uint256(keccak256(abi.encode(epoch, w))) & ~MASK16;
         mapping(uint256 => uint256) storage gs = witnessGroups[runId][trainer][epoch % HASH_SLOTS];
-        uint256 n = _popcount16(voted);
-        uint256 g = 0;
+        if (voted == 0) {
+            gs[0] = h;
+            return false;
+        }
+        uint256 v0 = gs[0];
+        if (v0 & ~MASK16 == h) return false;
+        uint256 bit = uint256(1) << j;
+        gs[0] = v0 | bit;
+        uint256 n = _popcount16(uint16(v0));
+        uint256 g = 1;
         for (uint256 seen = 0; seen < n; g++) {
             uint256 v = gs[g];
             if (v & ~MASK16 == h) {
-                gs[g] = v | (uint256(1) << j);
-                return;
+                gs[g] = v | bit;
+                return true;
             }
             seen += _popcount16(uint16(v));
         }
-        gs[g] = h | (uint256(1) << j);
+        gs[g] = h | bit;
+        return true;
     }
 
     /// @dev The voters (mask over assignment indices) whose witness differs from the one a majority of
     ///      the q assigned verifiers revealed; 0 when no witness has a majority (nobody is blamed then).
+    ///      Only called for a SPLIT lane (otherwise every witness is group 0's).
     function _witnessOutliers(uint256 runId, uint256 epoch, address trainer, uint16 voted, uint256 q) internal view returns (uint16) {
         mapping(uint256 => uint256) storage gs = witnessGroups[runId][trainer][epoch % HASH_SLOTS];
-        uint256 n = _popcount16(voted);
-        for (uint256 g = 0; n > 0; g++) {
+        uint16 others = uint16(gs[0]) & voted;
+        if (_popcount16(voted & ~others) > q / 2) return others;
+        uint256 n = _popcount16(others);
+        for (uint256 g = 1; n > 0; g++) {
             uint16 m = uint16(gs[g]);
             uint256 c = _popcount16(m);
             if (c > q / 2) return voted & ~m;
@@ -613,22 +655,16 @@ abstract contract VerilocoBase is VerilocoAudit {
         return 0;
     }
 
-    function _verdict(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, address trainer, bool passed, bytes32 witness, string calldata evidenceCid) internal {
+    function _verdict(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, address trainer, bool passed, bytes32 witness) internal {
         uint32 sp = slotPlusOne[runId][trainer];
         uint256 lane = sp == 0 ? 0 : _lane(runId, epoch, sp - 1);
-        if (uint8(lane >> 24) != SUB_RESPONDED) revert NotResponded(runId, epoch, trainer);
+        if (_state(lane) != SUB_RESPONDED) revert NotResponded(runId, epoch, trainer);
         uint256 q = _needed(r, ep);
-        uint256[] memory idx = _assigned(ep.seed, trainer, q, ep.verifierCount);
-        address[] storage list = verifierList[runId];
-        uint256 j = 0;
-        for (; j < q; j++) {
-            if (list[idx[j]] == msg.sender) break;
-        }
-        if (j == q) revert NotAssigned(runId, epoch, trainer, msg.sender);
+        uint256 j = _voterIndex(runId, epoch, ep, trainer, q);
         uint256 passBit = uint256(1) << (32 + j);
         uint256 failBit = uint256(1) << (48 + j);
         if (lane & (passBit | failBit) != 0) revert AlreadyVoted(runId, epoch, trainer, msg.sender);
-        _witness(runId, epoch, trainer, uint16(lane >> 32) | uint16(lane >> 48), j, witness);
+        if (_witness(runId, epoch, trainer, uint16(lane >> 32) | uint16(lane >> 48), j, witness)) lane |= SPLIT;
         // decided the moment one side reaches a majority of the q assigned verifiers
         if (passed) {
             lane |= passBit;
@@ -638,7 +674,42 @@ abstract contract VerilocoBase is VerilocoAudit {
             if (_popcount16(uint16(lane >> 48)) == q / 2 + 1) ep.failedVerdicts += 1;
         }
         _setLane(runId, epoch, sp - 1, lane);
-        emit VerdictSubmitted(runId, epoch, trainer, msg.sender, passed, witness, evidenceCid);
+        emit VerdictSubmitted(runId, epoch, trainer, msg.sender, passed, witness);
+    }
+
+    /// @dev The caller's assignment index among the q verifiers of `trainer`.
+    function _voterIndex(uint256 runId, uint256 epoch, Epoch storage ep, address trainer, uint256 q) internal view returns (uint256 j) {
+        uint256[] memory idx = _assigned(ep.seed, trainer, q, ep.verifierCount);
+        address[] storage list = verifierList[runId];
+        while (j < q && list[idx[j]] != msg.sender) j++;
+        if (j == q) revert NotAssigned(runId, epoch, trainer, msg.sender);
+    }
+
+    /// @dev Up to q verifiers of the frozen list, drawn from the audit seed under their own tag, never
+    ///      one that voted "pass" on the trainer (they vouched for the payload: they are what is being
+    ///      checked). Also returns the trainer's assignment (list indices).
+    function _availabilityCommittee(Run storage r, Epoch storage ep, address trainer, uint256 lane)
+        internal
+        view
+        returns (uint256[] memory com, uint256[] memory idx)
+    {
+        uint256 q = _needed(r, ep);
+        idx = _assigned(ep.seed, trainer, q, ep.verifierCount);
+        uint256 n = ep.verifierCount < 16 ? ep.verifierCount : 16;
+        uint256[] memory draw = _assigned(keccak256(abi.encode(ep.seed, "availability")), trainer, n, ep.verifierCount);
+        uint16 passes = uint16(lane >> 32);
+        com = new uint256[](q);
+        uint256 m = 0;
+        for (uint256 i = 0; i < n && m < q; i++) {
+            bool passer = false;
+            for (uint256 j = 0; j < q; j++) {
+                if ((passes >> j) & 1 == 1 && idx[j] == draw[i]) passer = true;
+            }
+            if (!passer) com[m++] = draw[i];
+        }
+        assembly ("memory-safe") {
+            mstore(com, m)
+        }
     }
 
     function _checkIncluded(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, address[] calldata included) internal view {
@@ -669,58 +740,44 @@ abstract contract VerilocoBase is VerilocoAudit {
     ///      in time to answer) or failed its audit by majority, and every assigned verifier whose vote
     ///      went against a majority verdict. A failed trainer's stake goes to the verifiers that failed
     ///      it; the rest is burned, so nobody who can cause a slash profits from it. With `pay` (a
-    ///      finalize, never an aborted epoch) the same scan collects who earns a reward: every passed
-    ///      trainer but the creator and coordinator, and every majority vote on a decided trainer.
+    ///      finalize, never an aborted epoch) the same scan pays the rewards: every passed trainer (the
+    ///      creator and coordinator cannot train) and every majority vote on a decided trainer backed by
+    ///      the majority witness. Votes are counted per verifier when revealed; the scan only takes back
+    ///      the few that do not earn, so an agreeing, unanimous trainer costs one lane read.
     function _slashAll(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, bool pay) internal {
         uint256 words = (uint256(r.trainerSlots) + 3) >> 2;
-        uint256 q = _needed(r, ep);
-        uint256 need = q / 2 + 1;
         uint256 slashed = 0;
         uint256 paid = 0;
         // a seed fixed with less than half the response window left excuses a missing response
         bool responseDue = ep.seeded && uint256(ep.seededAt) + r.p.responseWindow / 2 <= _revealsClose(runId, r, epoch) + r.p.responseWindow;
-        Payout memory po;
-        if (pay && r.pool != 0) {
-            po.trainerReward = r.p.trainerReward;
-            po.verifierReward = r.p.verifierReward;
-            if (po.trainerReward != 0) po.trainers = new address[](ep.passed);
-            if (po.verifierReward != 0) po.votes = new uint256[](ep.verifierCount);
-        }
-        mapping(uint256 => uint256) storage ws = lanes[runId][epoch];
         address[] storage list = verifierList[runId];
+        Payout memory po;
+        if (pay && r.pool != 0) po = _payout(runId, epoch, r, ep, list);
+        mapping(uint256 => uint256) storage ws = lanes[runId][epoch];
         for (uint256 w = 0; w < words; w++) {
             uint256 word = ws[w];
             for (uint256 k = 0; word != 0; k++) {
                 uint256 lane = word & LANE_MASK;
                 word >>= 64;
-                uint8 st = uint8(lane >> 24);
+                uint8 st = _state(lane);
                 if (st == SUB_NONE || (st == SUB_REVEALED && !responseDue)) continue;
-                if (st == SUB_COMMITTED) {
-                    slashed += _slashOne(runId, epoch, r, slotTrainer[runId][(w << 2) | k], SLASH_NO_REVEAL);
-                } else if (st == SUB_REVEALED) {
-                    slashed += _slashOne(runId, epoch, r, slotTrainer[runId][(w << 2) | k], SLASH_NO_RESPONSE);
-                } else {
-                    uint16 passes = uint16(lane >> 32);
-                    uint16 fails = uint16(lane >> 48);
-                    bool failed = _popcount16(fails) >= need;
-                    bool passed = !failed && _popcount16(passes) >= need;
-                    uint16 against = failed ? passes : (passed ? fails : 0);
-                    bool countVotes = po.votes.length != 0 && (passed || failed);
-                    // without rewards an honest trainer costs its lane and its witness word
-                    address t = slotTrainer[runId][(w << 2) | k];
-                    // a verifier whose replay witness is not the majority's did not replay (or lied about it)
-                    uint16 wrong = _witnessOutliers(runId, epoch, t, passes | fails, q);
-                    if (passed && po.trainers.length != 0 && t != r.creator && t != r.p.coordinator) po.trainers[po.nTrainers++] = t;
-                    if (against == 0 && wrong == 0 && !failed && !countVotes) continue;
-                    uint256[] memory idx = _assigned(ep.seed, t, q, ep.verifierCount);
-                    // rewards go to majority votes backed by the majority witness
-                    if (countVotes) po.nVotes += _countVotes(po.votes, idx, (failed ? fails : passes) & ~wrong);
-                    if (against | wrong != 0) slashed += _slashVerifiers(runId, epoch, r, list, idx, t, against | wrong);
-                    if (failed) {
-                        uint256 amount = _slashOne(runId, epoch, r, t, SLASH_FAILED_AUDIT);
-                        slashed += amount;
-                        if (fails & ~wrong != 0) paid += _pay(list, idx, fails & ~wrong, amount); // no bounty without the work
+                address t = slotTrainer[runId][(w << 2) | k];
+                if (st == SUB_UNAVAILABLE) {
+                    // slashed when judged unavailable; votes on it earn nothing
+                    if (po.votes.length != 0) {
+                        uint256[] memory vi = _assigned(ep.seed, t, _needed(r, ep), ep.verifierCount);
+                        po.nVotes -= _uncount(po.votes, vi, uint16(lane >> 32) | uint16(lane >> 48));
                     }
+                    continue;
+                }
+                if (st == SUB_COMMITTED) {
+                    slashed += _slashOne(runId, epoch, r, t, SLASH_NO_REVEAL);
+                } else if (st == SUB_REVEALED) {
+                    slashed += _slashOne(runId, epoch, r, t, SLASH_NO_RESPONSE);
+                } else {
+                    (uint256 s, uint256 p) = _settleResponded(runId, epoch, r, ep, list, po, t, lane);
+                    slashed += s;
+                    paid += p;
                 }
             }
         }
@@ -728,52 +785,100 @@ abstract contract VerilocoBase is VerilocoAudit {
         if (po.nTrainers != 0 || po.nVotes != 0) _reward(runId, epoch, r, list, po);
     }
 
-    /// @dev Who earns what from a finalized epoch, gathered by _slashAll's scan (memory only).
+    /// @dev One responded trainer's outcome: slash a failed trainer (bounty to its fail voters) and the
+    ///      votes against the majority or its witness; credit a passed trainer's reward and take back
+    ///      the counted votes that earn nothing. Returns what was slashed and what of it was paid.
+    function _settleResponded(
+        uint256 runId,
+        uint256 epoch,
+        Run storage r,
+        Epoch storage ep,
+        address[] storage list,
+        Payout memory po,
+        address t,
+        uint256 lane
+    ) internal returns (uint256 slashed, uint256 paid) {
+        uint256 q = _needed(r, ep);
+        uint16 passes = uint16(lane >> 32);
+        uint16 fails = uint16(lane >> 48);
+        bool failed = _popcount16(fails) > q / 2;
+        bool passed = !failed && _popcount16(passes) > q / 2;
+        uint16 against = failed ? passes : (passed ? fails : 0);
+        // a verifier whose replay witness is not the majority's did not replay (or lied about it)
+        uint16 wrong = lane & SPLIT != 0 ? _witnessOutliers(runId, epoch, t, passes | fails, q) : 0;
+        uint16 idle = (passes | fails) & ~((failed ? fails : (passed ? passes : 0)) & ~wrong); // votes that earn nothing
+        if (passed && po.trainerShare != 0) {
+            credits[t] += po.trainerShare;
+            po.nTrainers += 1;
+        }
+        if (against == 0 && wrong == 0 && !failed && (idle == 0 || po.votes.length == 0)) return (0, 0);
+        uint256[] memory idx = _assigned(ep.seed, t, q, ep.verifierCount);
+        if (po.votes.length != 0) po.nVotes -= _uncount(po.votes, idx, idle);
+        if (against | wrong != 0) slashed = _slashVerifiers(runId, epoch, r, list, idx, t, against | wrong);
+        if (failed) {
+            uint256 amount = _slashOne(runId, epoch, r, t, SLASH_FAILED_AUDIT);
+            slashed += amount;
+            if (fails & ~wrong != 0) paid = _pay(list, idx, fails & ~wrong, amount); // no bounty without the work
+        }
+    }
+
+    /// @dev What a finalized epoch pays, fixed before the scan: in full while the pool covers the
+    ///      epoch's gross claims (every passed trainer, every revealed vote), else every claim gets the
+    ///      same fraction pool / gross, so nobody is favoured by slot or list order.
     struct Payout {
-        uint256 trainerReward;
-        uint256 verifierReward;
-        address[] trainers; // the passed trainers that earn, first nTrainers entries
-        uint256 nTrainers;
-        uint256[] votes; // majority votes per verifier-list index
+        uint256 trainerShare; // credited to each passed trainer
+        uint256 voteShare; // per earning vote (before the pro-rata fraction, applied per verifier)
+        uint256 gross;
+        uint256 pool;
+        uint256 nTrainers; // trainers credited by the scan
+        uint256[] votes; // revealed votes per verifier-list index, minus those that do not earn
         uint256 nVotes;
     }
 
-    /// @dev Add one per set bit of `mask` to votes[idx[j]]; returns the number of bits.
-    function _countVotes(uint256[] memory votes, uint256[] memory idx, uint16 mask) internal pure returns (uint256 n) {
+    function _payout(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, address[] storage list) internal view returns (Payout memory po) {
+        po.pool = r.pool;
+        if (r.p.verifierReward != 0) {
+            po.votes = new uint256[](ep.verifierCount);
+            for (uint256 i = 0; i < po.votes.length; i++) {
+                uint256 s = verdictCommits[runId][list[i]][epoch % HASH_SLOTS];
+                if (s >> 224 != epoch + 1 || uint224(s) >> 32 != 0) continue; // not revealed
+                po.votes[i] = uint32(s);
+                po.nVotes += uint32(s);
+            }
+        }
+        po.gross = uint256(ep.passed) * r.p.trainerReward + po.nVotes * r.p.verifierReward;
+        po.voteShare = r.p.verifierReward;
+        po.trainerShare = po.gross <= po.pool ? r.p.trainerReward : (uint256(r.p.trainerReward) * po.pool) / po.gross;
+    }
+
+    /// @dev Subtract one per set bit of `mask` from votes[idx[j]]; returns the number of bits.
+    function _uncount(uint256[] memory votes, uint256[] memory idx, uint16 mask) internal pure returns (uint256 n) {
         for (uint256 j = 0; mask != 0; j++) {
             if (mask & 1 == 1) {
-                votes[idx[j]] += 1;
+                votes[idx[j]] -= 1;
                 n++;
             }
             mask >>= 1;
         }
     }
 
-    /// @dev Credit the epoch's rewards out of the run's pool: in full while it lasts, else every
-    ///      earner gets the same fraction (pool / owed) of its due, so nobody is favoured by slot or
-    ///      list order; what rounding leaves stays in the pool. Never reverts: pool < 2^128 and
-    ///      every due < 2^128 (rewards < 2^96, votes < 2^32), so due * pool fits in 256 bits.
+    /// @dev Credit the earning votes and book the epoch's payout against the pool (the trainers were
+    ///      credited by the scan). Never reverts: pool < 2^128 and every due < 2^128 (rewards < 2^96,
+    ///      votes < 2^32), so due * pool fits in 256 bits; what rounding leaves stays in the pool.
     function _reward(uint256 runId, uint256 epoch, Run storage r, address[] storage list, Payout memory po) internal {
-        uint256 pool = r.pool;
-        uint256 owed = po.nTrainers * po.trainerReward + po.nVotes * po.verifierReward;
-        uint256 paid = 0;
-        uint256 share = owed <= pool ? po.trainerReward : (po.trainerReward * pool) / owed;
-        if (share != 0) {
-            for (uint256 i = 0; i < po.nTrainers; i++) credits[po.trainers[i]] += share;
-            paid = share * po.nTrainers;
-        }
+        uint256 paid = po.trainerShare * po.nTrainers;
         for (uint256 i = 0; i < po.votes.length; i++) {
             if (po.votes[i] == 0) continue;
-            uint256 due = po.votes[i] * po.verifierReward;
-            if (owed > pool) due = (due * pool) / owed;
+            uint256 due = po.votes[i] * po.voteShare;
+            if (po.gross > po.pool) due = (due * po.pool) / po.gross;
             if (due == 0) continue;
             credits[list[i]] += due;
             paid += due;
         }
-        r.pool = pool - paid;
+        r.pool = po.pool - paid;
         totalPools -= paid;
         totalCredits += paid;
-        emit RewardsPaid(runId, epoch, po.nTrainers, po.nVotes, paid, pool - paid);
+        emit RewardsPaid(runId, epoch, po.nTrainers, po.nVotes, paid, po.pool - paid);
     }
 
     /// @dev Credit `amount` in equal shares to the committee members (list[idx[j]]) set in `mask`;

@@ -55,6 +55,8 @@ contract VerilocoModule is VerilocoBase {
     /// @dev It takes part from the first epoch that has not opened yet.
     function joinTrainer(uint256 runId) external payable {
         Run storage r = _run(runId);
+        // they could finalize or fund what they earn from: neither trains (nor verifies) in its own run
+        if (msg.sender == r.creator || msg.sender == r.p.coordinator) revert ConflictOfInterest(runId, msg.sender);
         Member storage m = members[runId][msg.sender];
         if (m.role != ROLE_NONE) revert AlreadyJoined(runId, msg.sender);
         if (msg.value != r.p.trainerStake) revert WrongStake(msg.value, r.p.trainerStake);
@@ -348,7 +350,7 @@ contract VerilocoModule is VerilocoBase {
         if (sp == 0 || epoch < members[runId][trainer].joinEpoch) return (commitment, traceRoot, 0, SUB_NONE, 0, 0, false);
         uint256 lane = _lane(runId, epoch, sp - 1);
         passed = _isPassed(r, lane, epochs[runId][epoch]);
-        state = uint8(lane >> 24);
+        state = _state(lane);
         bool reused = state != SUB_NONE && _lane(runId, epoch + HASH_SLOTS, sp - 1) != 0;
         bytes32 h = reused ? bytes32(0) : hashes[runId][trainer][epoch % HASH_SLOTS];
         if (state == SUB_COMMITTED) commitment = h;
@@ -395,4 +397,54 @@ contract VerilocoModule is VerilocoBase {
     ) external view returns (bytes32) {
         return _commitment(runId, epoch, trainer, payloadDigest, traceRoot, leafCount, salt);
     }
+
+    // ------------------------------------------------------------------ availability (docs/protocol.md §10.2)
+
+    /// @notice Vote on a reported payload: only its availability committee, once each, while the epoch
+    ///         audits. "available" means you fetched it, checked its digest and keep it until the epoch
+    ///         is final. The first side to reach a majority of the committee decides.
+    function voteAvailability(uint256 runId, uint256 epoch, address trainer, bool available) external {
+        Run storage r = _run(runId);
+        Phase ph = _phase(runId, r, epoch);
+        if (ph != Phase.Auditing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Auditing));
+        uint256 c = challenges[runId][epoch][trainer];
+        if (c == 0 || c >> 192 != 0) revert NotReported(runId, epoch, trainer);
+        Epoch storage ep = epochs[runId][epoch];
+        uint256 lane = _lane(runId, epoch, slotPlusOne[runId][trainer] - 1);
+        (uint256[] memory com, uint256[] memory idx) = _availabilityCommittee(r, ep, trainer, lane);
+        address[] storage list = verifierList[runId];
+        uint256 j = 0;
+        while (j < com.length && list[com[j]] != msg.sender) j++;
+        if (j == com.length) revert NotAssigned(runId, epoch, trainer, msg.sender);
+        uint256 bit = uint256(1) << j;
+        if ((c >> 160) & (bit | (bit << 16)) != 0) revert AlreadyVoted(runId, epoch, trainer, msg.sender);
+        c |= bit << (available ? 160 : 176);
+        emit AvailabilityVoted(runId, epoch, trainer, msg.sender, available);
+        uint16 side = uint16(c >> (available ? 160 : 176));
+        if (_popcount16(side) <= com.length / 2) {
+            challenges[runId][epoch][trainer] = c;
+            return;
+        }
+        challenges[runId][epoch][trainer] = c | (uint256(available ? 2 : 1) << 192);
+        emit AvailabilityDecided(runId, epoch, trainer, available);
+        uint256 slashed;
+        if (available) {
+            // a false report: the reporter pays the voters that did the fetching
+            address reporter = address(uint160(c));
+            Member storage rm = members[runId][reporter];
+            slashed = (uint256(rm.stake) * r.p.slashBps) / BPS;
+            rm.stake -= uint96(slashed);
+            emit Slashed(runId, epoch, reporter, slashed, SLASH_FALSE_REPORT);
+            return _settlePayout(slashed, _pay(list, com, side, slashed));
+        }
+        // nobody can produce it: out of the epoch; its stake to the voters; its pass voters broke their keep duty
+        _setLane(runId, epoch, slotPlusOne[runId][trainer] - 1, (lane & ~(uint256(0xFF) << 24)) | (uint256(SUB_UNAVAILABLE) << 24));
+        ep.passed -= 1;
+        ep.failedVerdicts += 1;
+        slashed = _slashOne(runId, epoch, r, trainer, SLASH_UNAVAILABLE);
+        uint256 paid = _pay(list, com, side, slashed);
+        slashed += _slashVerifiers(runId, epoch, r, list, idx, trainer, uint16(lane >> 32));
+        _settlePayout(slashed, paid);
+    }
+
 }

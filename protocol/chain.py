@@ -238,6 +238,19 @@ class Assignment:
 
 
 @dataclass(frozen=True)
+class Availability:
+    """A trainer's availability challenge in one epoch: its committee (verifier addresses, index =
+    bit), who reported (None: never reported), the vote masks, and the decision (None while open or
+    never reported; True available, False unavailable)."""
+
+    committee: list[Address]
+    reporter: str | None
+    available_votes: int
+    unavailable_votes: int
+    decision: bool | None
+
+
+@dataclass(frozen=True)
 class MemberInfo:
     """role: 0 none, 1 trainer, 2 verifier; leave_epoch is None while active."""
 
@@ -676,15 +689,16 @@ class Chain:
         return verdict_commitment(self.chain_id, self.address, run_id, epoch, self.sender, verdicts, salt)
 
     def commit_verdicts(self, run_id: int, epoch: int, verdicts: Sequence[Verdict], salt: bytes) -> TxResult:
-        """Commit to (trainer, passed, witness, evidence CID) verdicts (possibly none) before reveals open."""
+        """Commit to (trainer, passed, witness) verdicts (possibly none) before reveals open."""
         return self._transact("commitVerdicts", run_id, epoch, self.verdict_commitment_for(run_id, epoch, verdicts, salt))
 
-    def submit_verdicts(self, run_id: int, epoch: int, verdicts: Sequence[Verdict], salt: bytes) -> TxResult:
-        """Reveal the committed verdicts, same order, same salt (contract: VerdictsNotOpen until all committed)."""
+    def submit_verdicts(self, run_id: int, epoch: int, verdicts: Sequence[Verdict], salt: bytes, evidence_cid: str = "") -> TxResult:
+        """Reveal the committed verdicts, same order, same salt (contract: VerdictsNotOpen until all
+        committed), with the CID of the one evidence document that holds their findings."""
         return self._transact(
             "submitVerdicts", run_id, epoch,
-            [to_checksum_address(t) for t, _, _, _ in verdicts], [bool(p) for _, p, _, _ in verdicts],
-            [bytes(w) for _, _, w, _ in verdicts], [c for _, _, _, c in verdicts], bytes(salt),
+            [to_checksum_address(t) for t, _, _ in verdicts], [bool(p) for _, p, _ in verdicts],
+            [bytes(w) for _, _, w in verdicts], evidence_cid, bytes(salt),
         )
 
     def finalize(self, run_id: int, epoch: int, model_cid: str, model_digest: bytes, included: Sequence[str]) -> TxResult:
@@ -697,6 +711,22 @@ class Chain:
     def attest_model(self, run_id: int, epoch: int, model_digest: bytes, model_cid: str) -> TxResult:
         """Attest the model digest this node recomputed for a Confirming epoch (committee members only)."""
         return self._transact("attestModel", run_id, epoch, bytes(model_digest), model_cid)
+
+    def report_unavailable(self, run_id: int, epoch: int, trainer: str) -> TxResult:
+        """Report a passing trainer's payload as unfetchable (staked members; a rejected report is slashed)."""
+        return self._transact("reportUnavailable", run_id, epoch, to_checksum_address(trainer))
+
+    def vote_availability(self, run_id: int, epoch: int, trainer: str, available: bool) -> TxResult:
+        """Vote on a reported payload (its availability committee only): available = fetched, checked, kept."""
+        return self._transact("voteAvailability", run_id, epoch, to_checksum_address(trainer), bool(available))
+
+    def availability(self, run_id: int, epoch: int, trainer: str) -> Availability:
+        """A trainer's availability committee and the state of its challenge (docs/protocol.md §10.2)."""
+        committee, word = self._call("availabilityCommittee", run_id, epoch, to_checksum_address(trainer))
+        reporter = to_checksum_address(f"0x{word & ((1 << 160) - 1):040x}") if word else None
+        decision = {0: None, 1: False, 2: True}[(word >> 192) & 3]
+        return Availability([Address(a) for a in committee], reporter, (word >> 160) & 0xFFFF,
+                            (word >> 176) & 0xFFFF, decision)
 
     def settle(self, run_id: int, epoch: int) -> TxResult:
         return self._transact("settle", run_id, epoch)

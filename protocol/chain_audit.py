@@ -53,15 +53,15 @@ def commitment(
     )
 
 
-Verdict = tuple[str, bool, bytes, str]  # (trainer, passed, witness, evidence CID)
+Verdict = tuple[str, bool, bytes]  # (trainer, passed, replay witness)
 
 
 def verdict_body(verdicts: Sequence[Verdict]) -> Digest:
     """keccak(abi.encode(address[] trainers, bool[] passed, bytes32[] witnesses)), in the given order."""
     return keccak(encode(
         ["address[]", "bool[]", "bytes32[]"],
-        [[to_checksum_address(t) for t, _, _, _ in verdicts], [bool(p) for _, p, _, _ in verdicts],
-         [_b32("witness", w) for _, _, w, _ in verdicts]],
+        [[to_checksum_address(t) for t, _, _ in verdicts], [bool(p) for _, p, _ in verdicts],
+         [_b32("witness", w) for _, _, w in verdicts]],
     ))
 
 
@@ -69,7 +69,7 @@ def verdict_commitment(
     chain_id: int, contract: str, run_id: int, epoch: int, verifier: str, verdicts: Sequence[Verdict], salt: bytes,
 ) -> Digest:
     """keccak(abi.encode(VERDICT_TAG, chainId, contract, runId, epoch, verifier, verdict_body, salt))
-    (docs/protocol.md §5.2); evidence CIDs are not committed (they only travel in events)."""
+    (docs/protocol.md §5.2); the evidence CID is not committed (it only travels in the reveal's event)."""
     return keccak(encode(
         ["bytes32", "uint256", "address", "uint256", "uint256", "address", "bytes32", "bytes32"],
         [VERDICT_TAG, chain_id, to_checksum_address(contract), run_id, epoch, to_checksum_address(verifier),

@@ -316,6 +316,18 @@ class VerdictCommitsClosed(ContractRevert):
     fields = ("run_id", "epoch", "commits", "opened_at")
 
 
+class AlreadyReported(ContractRevert):
+    """This trainer's payload was already reported in this epoch: its availability committee is voting."""
+
+    fields = ("run_id", "epoch", "trainer")
+
+
+class NotReported(ContractRevert):
+    """No open availability challenge for this trainer and epoch (never reported, or already decided)."""
+
+    fields = ("run_id", "epoch", "trainer")
+
+
 REVERT_CLASSES: dict[str, type[ContractRevert]] = {
     cls.__name__: cls for cls in ContractRevert.__subclasses__()
 }

@@ -305,4 +305,8 @@ def load_toml(path: str | Path) -> RunConfig:
         raise ConfigError(f"run config {path} not found") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"run config {path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"run config {path} is not UTF-8 text; it must be a TOML file") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read run config {path}: {exc.strerror or exc}") from None
     return from_dict(data)

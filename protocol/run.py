@@ -127,7 +127,7 @@ def passing_trainers(chain: Chain, run_id: int, epoch: int, quorum: int | None =
     Read from events, not from `submission()`: the contract recycles a trainer's submission slot
     three epochs later, and a node that joins or restarts late must still see old epochs as the
     others did. The rule is the contract's: pass votes from more than half of the
-    q = min(quorum, verifiers at scheduling) assigned verifiers.
+    q = min(quorum, verifiers at scheduling) assigned verifiers, and not judged unavailable.
     """
     started = chain.events(["AuditStarted"], run_id=run_id, epoch=epoch)
     if not started:
@@ -139,7 +139,10 @@ def passing_trainers(chain: Chain, run_id: int, epoch: int, quorum: int | None =
     for ev in chain.events(["VerdictSubmitted"], run_id=run_id, epoch=epoch):
         if ev.args["passed"]:
             passes[ev.args["trainer"]] = passes.get(ev.args["trainer"], 0) + 1
-    ok = [Address(t) for t, n in passes.items() if q > 0 and n > q // 2]
+    # a passing trainer whose payload its availability committee could not fetch is out (§10.2)
+    unavailable = {ev.args["trainer"] for ev in chain.events(["AvailabilityDecided"], run_id=run_id, epoch=epoch)
+                   if not ev.args["available"]}
+    ok = [Address(t) for t, n in passes.items() if q > 0 and n > q // 2 and t not in unavailable]
     return sorted(ok, key=lambda a: int(a, 16))
 
 

@@ -26,8 +26,10 @@ from protocol.chain_audit import build_response
 from protocol.digest import keccak, state_digest
 from protocol.errors import VerilocoError
 from protocol.formats import build_manifest, encode_manifest, save_state
+from protocol.membership import check_joinable
 from protocol.outage import TRANSIENT, through_outages
 from protocol.run import RunContext, open_run, params_of
+from protocol.statedir import run_dir
 from protocol.store import Store
 from protocol.types import Cid
 from trainer.checkpoints import EpochDir
@@ -115,13 +117,16 @@ class TrainerNode:
 
     def _run(self) -> None:
         self.schedule = Schedule(self.chain, self.store, self.ctx, self.spec)
-        self.globals = VerifiedGlobals(self.chain, self.store, self.ctx, self.root / f"run-{self.run_id}" / "globals",
+        self.rundir = run_dir(self.chain, self.run_id, self.root, self.log)
+        self.globals = VerifiedGlobals(self.chain, self.store, self.ctx, self.rundir / "globals",
                                        log=self.log)
         member = self._join()
         self.slot = member.slot
         epochs = self.ctx.config.schedule.epochs
         if self.max_epochs is not None:
             epochs = min(epochs, member.join_epoch + self.max_epochs)
+        if member.leave_epoch is not None:  # it left (`veriloco leave`): it takes part in no epoch from then on
+            epochs = min(epochs, member.leave_epoch)
         e = max(member.join_epoch, self.chain.current_epoch(self.run_id))
         while self._dir(e).meta.get("status") in (COMMITTED, REVEALED, RESPONDED, CLOSED):
             e += 1  # resumed after a crash: that epoch is already in the chain's hands
@@ -133,16 +138,18 @@ class TrainerNode:
 
     def _join(self) -> Any:
         m = self.chain.member(self.run_id, self.me)
-        if m.role == 2:
-            raise TrainerError(f"{self.me} is a verifier in run {self.run_id}; use another key for the trainer")
+        if m.role in (2, 3):
+            who = "the coordinator" if m.role == 3 else "a verifier"
+            raise TrainerError(f"{self.me} is {who} in run {self.run_id}; use another key for the trainer")
         if m.role == 0:
+            check_joinable(self.chain.run_info(self.run_id), self.ctx.config.schedule.epochs, "trainer")
             self.chain.join_trainer(self.run_id)
             m = self.chain.member(self.run_id, self.me)
             self.log("joined", slot=m.slot, join_epoch=m.join_epoch)
         return m
 
     def _dir(self, epoch: int) -> EpochDir:
-        return EpochDir(self.root / f"run-{self.run_id}", epoch)
+        return EpochDir(self.rundir, epoch)
 
     def _phase(self, epoch: int) -> Phase:
         return self.chain.epoch_status(self.run_id, epoch).phase
@@ -334,9 +341,8 @@ class TrainerNode:
     # ------------------------------------------------------------------ duties while training
 
     def _pending(self) -> list[int]:
-        base = self.root / f"run-{self.run_id}"
         out = []
-        for p in sorted(base.glob("epoch-*")):
+        for p in sorted(self.rundir.glob("epoch-*")):
             e = int(p.name.split("-")[1])
             if self._dir(e).meta.get("status") in (COMMITTED, REVEALED, RESPONDED):
                 out.append(e)
@@ -423,7 +429,7 @@ class TrainerNode:
 
     def _prune(self, e: int) -> None:
         """Keep the last two epochs (the next start-rule check needs e-1); drop older checkpoints."""
-        for p in (self.root / f"run-{self.run_id}").glob("epoch-*"):
+        for p in self.rundir.glob("epoch-*"):
             old = int(p.name.split("-")[1])
             if old < e - 1 and self._dir(old).meta.get("status") == CLOSED:
                 self._dir(old).remove()

@@ -36,6 +36,7 @@ from protocol.formats import (
     save_state,
     spec_of,
 )
+from protocol.membership import check_joinable
 from protocol.outage import TRANSIENT, through_outages
 from protocol.run import (
     RunContext,
@@ -44,6 +45,7 @@ from protocol.run import (
     params_of,
     revealed_payload,
 )
+from protocol.statedir import run_dir
 from protocol.store import IntegrityError, NotFound, Store, StoreError, StoreTimeout
 from protocol.types import Cid, Digest
 from trainer.delay import StartRule
@@ -65,7 +67,7 @@ from verifier.replay import (
 Log = Callable[..., None]
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_STATE_BYTES = 2 << 30
-EVIDENCE_FORMAT = "veriloco.evidence.v1"
+EVIDENCE_FORMAT = "veriloco.evidence.v2"  # one document per verifier per epoch: every verdict's findings
 
 
 class VerifierNode:
@@ -80,8 +82,7 @@ class VerifierNode:
         self.log: Log = log or (lambda event, **kv: None)
         self.poll_s, self.threads = poll_s, threads
         self._models: dict[bytes, dict[str, Tensor]] = {}
-        self.ledger = Path(workdir) / f"run-{run_id}" / "verdicts.json"
-        self.ledger.parent.mkdir(parents=True, exist_ok=True)
+        self.ledger = run_dir(chain, run_id, Path(workdir), self.log) / "verdicts.json"
         self.keeper = Keeper(self.ledger.parent / "kept", store)
         self._fetched: dict[str, tuple[Cid, bytes]] = {}  # "e:trainer" -> the payload `verify` checked
         self._said: set[str] = set()
@@ -113,6 +114,7 @@ class VerifierNode:
         if m.role == 1:
             raise TrainerError(f"{self.me} is a trainer in run {self.run_id}; a verifier needs its own key")
         if m.role == 0:
+            check_joinable(self.chain.run_info(self.run_id), self.ctx.config.schedule.epochs, "verifier")
             self.chain.join_verifier(self.run_id)
             self.log("joined")
         last = self.ctx.config.schedule.epochs - 1
@@ -176,7 +178,7 @@ class VerifierNode:
             if batch is None:
                 return
             self._record(f"verdicts:{e}", batch)
-        verdicts = [(t, bool(p), bytes.fromhex(w), c) for t, p, w, c in batch["verdicts"]]
+        verdicts = [(t, bool(p), bytes.fromhex(w)) for t, p, w, _ in batch["verdicts"]]
         salt = bytes.fromhex(batch["salt"])
         if not batch.get("committed"):
             mine = [ev for ev in self.chain.events(["VerdictsCommitted"], run_id=self.run_id, epoch=e)
@@ -195,13 +197,13 @@ class VerifierNode:
         if batch.get("revealed") or not verdicts:
             return
         try:
-            tx = self.chain.submit_verdicts(self.run_id, e, verdicts, salt)
+            tx = self.chain.submit_verdicts(self.run_id, e, verdicts, salt, batch["evidence"])
         except ChainUnavailable:
             raise  # not a refusal: the caller waits the outage out and tries again
         except ChainError as exc:  # not open yet (others still judging), or already revealed before a crash
             self._once(f"reveal:{e}:{type(exc).__name__}", "verdict-failed", epoch=e, error=str(exc))
             if any(ev.args["verifier"] == self.me
-                   for ev in self.chain.events(["VerdictSubmitted"], run_id=self.run_id, epoch=e)):
+                   for ev in self.chain.events(["VerdictsRevealed"], run_id=self.run_id, epoch=e)):
                 self._record(f"verdicts:{e}", {**batch, "revealed": True})
             return
         self._record(f"verdicts:{e}", {**batch, "revealed": True})
@@ -233,11 +235,7 @@ class VerifierNode:
                 except (StoreError, OSError) as exc:
                     self.log("keep-failed", epoch=e, trainer=t, error=str(exc))
                     continue  # our problem, not the trainer's: no verdict yet, retried next round
-            evidence = canonical_json({
-                "format": EVIDENCE_FORMAT, "run_id": self.run_id, "epoch": e, "trainer": t, "verifier": self.me,
-                "passed": passed, "findings": [f.to_json() for f in findings],
-            })
-            done[key] = [t, passed, witness.hex(), self.store.put(evidence)]
+            done[key] = [t, passed, witness.hex(), [f.to_json() for f in findings]]
             self._record(key, done[key])
             self.log("verified", epoch=e, trainer=t, passed=passed, seconds=round(time.monotonic() - t0, 3),
                      cpu_s=round(time.process_time() - cpu0, 3),
@@ -245,7 +243,12 @@ class VerifierNode:
         over = self.chain.now() >= self.chain.epoch_times(self.run_id, e).response_deadline
         if not over and any(f"{e}:{t}" not in done for t in assigned):
             return None
-        return {"salt": os.urandom(32).hex(), "verdicts": [done[f"{e}:{t}"] for t in assigned if f"{e}:{t}" in done]}
+        verdicts = [done[f"{e}:{t}"] for t in assigned if f"{e}:{t}" in done]
+        evidence = canonical_json({
+            "format": EVIDENCE_FORMAT, "run_id": self.run_id, "epoch": e, "verifier": self.me,
+            "verdicts": [{"trainer": t, "passed": p, "findings": f} for t, p, _, f in verdicts],
+        })
+        return {"salt": os.urandom(32).hex(), "verdicts": verdicts, "evidence": self.store.put(evidence)}
 
     def verify(self, e: int, trainer: str, manifest_cid: str, steps: list[bytes] | None = None) -> list[Finding]:
         """Every check for one trainer's epoch; failures to fetch or parse are failed findings.

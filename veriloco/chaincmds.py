@@ -1,7 +1,8 @@
-"""`veriloco deploy`, `veriloco run create` and `veriloco status`: the contract from the command line.
+"""`veriloco deploy`, `run create`, `runs` and `status`: the contract from the command line.
 
     veriloco deploy --rpc-url URL --key FILE [--json]      deploy the committed Veriloco build
     veriloco run create --config run.toml [...]            publish the run's config + G_0, create it
+    veriloco runs [--json]                                 every run of the contract and its state
     veriloco status --run ID [--epoch N] [--json]          round status, as the contract derives it
 
 Connection settings come from flags, then VERILOCO_* variables, then a devnet file
@@ -12,17 +13,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from eth_account import Account
 
-from protocol.chain import Chain, ChainEvent, Phase, connect, deploy
-from veriloco.settings import add_connection_args, open_store, resolve
+from protocol.chain import Chain, ChainEvent, Phase, RunInfo, connect, deploy
+from protocol.errors import VerilocoError
+from protocol.statedir import check_run
+from veriloco.argtypes import address
+from veriloco.argtypes import epoch as epoch_arg
+from veriloco.argtypes import run_id as run_id_arg
+from veriloco.settings import Settings, add_connection_args, open_store, resolve
 
-STATE_NAMES = {0: "-", 1: "committed", 2: "revealed", 3: "responded"}
-SLASH_REASONS = {1: "no reveal", 2: "no response", 3: "failed audit"}
+STATE_NAMES = {0: "-", 1: "committed", 2: "revealed", 3: "responded", 4: "unavailable"}
+SLASH_REASONS = {1: "no reveal", 2: "no response", 3: "failed audit", 4: "payload unavailable", 5: "false availability report"}
+
+
+class StatusError(VerilocoError):
+    """A status query that names something the run does not have."""
 
 
 def register(sub: Any) -> None:
@@ -35,14 +46,19 @@ def register(sub: Any) -> None:
     rsub = r.add_subparsers(dest="run_command", required=True, metavar="SUBCOMMAND")
     c = rsub.add_parser("create", help="publish a run's config and initial model, then create it on-chain")
     c.add_argument("--config", type=Path, required=True, help="run.toml (missing keys take the defaults)")
-    c.add_argument("--coordinator", help="coordinator address (default: the signing account)")
+    c.add_argument("--coordinator", type=address, help="coordinator address (default: the signing account)")
     c.add_argument("--json", action="store_true", help="print a JSON object instead of the run id")
     add_connection_args(c)
     c.set_defaults(func=cmd_run_create)
 
+    ls = sub.add_parser("runs", help="list the runs of a contract with their state")
+    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_connection_args(ls)
+    ls.set_defaults(func=cmd_runs)
+
     s = sub.add_parser("status", help="query a run's round status from the contract")
-    s.add_argument("--run", type=int, required=True, help="run id")
-    s.add_argument("--epoch", type=int, help="epoch to show (default: the current one)")
+    s.add_argument("--run", type=run_id_arg, required=True, help="run id")
+    s.add_argument("--epoch", type=epoch_arg, help="epoch to show (default: the current one)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_connection_args(s)
     s.set_defaults(func=cmd_status)
@@ -68,6 +84,7 @@ def cmd_run_create(args: argparse.Namespace) -> int:
     s = resolve(args, need_key=True, need_contract=True)
     cfg = load_toml(args.config)
     chain = Chain(s.rpc_url, str(s.contract), Account.from_key(s.key))
+    print("publishing the run's corpus, initial model and config, then creating it ...", file=sys.stderr, flush=True)
     run_id, _ = publish_run(chain, open_store(s), cfg, coordinator=args.coordinator)
     if args.json:
         p = chain.run_info(run_id).params
@@ -81,15 +98,108 @@ def cmd_run_create(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     s = resolve(args, need_key=False, need_contract=True)
     chain = Chain(s.rpc_url, str(s.contract))
-    report = status_report(chain, args.run, args.epoch)
+    check_run(chain, args.run)
+    report = status_report(chain, args.run, args.epoch, store=_config_store(s))
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0
 
 
-def status_report(chain: Chain, run_id: int, epoch: int | None = None) -> dict[str, Any]:
-    """Everything `status` shows, as plain JSON-able data (also used by tests and the demo)."""
+def cmd_runs(args: argparse.Namespace) -> int:
+    s = resolve(args, need_key=False, need_contract=True)
+    chain = Chain(s.rpc_url, str(s.contract))
+    store = _config_store(s)
+    rows = []
+    for rid in range(1, chain.run_count() + 1):
+        info = chain.run_info(rid)
+        epochs = run_epochs(info, store)
+        state = run_state(chain, info, epochs)
+        rows.append({"run_id": rid, "state": state["state"], "summary": state["text"], "epochs": epochs,
+                     "next_epoch": info.next_epoch, "trainers": info.active_trainers,
+                     "max_trainers": info.params.max_trainers, "verifiers": info.verifier_count,
+                     "coordinator": info.params.coordinator, "creator": info.creator,
+                     "config_cid": info.params.config_cid, "pool_wei": int(info.pool)})
+    if args.json:
+        print(json.dumps({"contract": chain.address, "chain_id": chain.chain_id, "runs": rows}, indent=2))
+        return 0
+    print(f"{len(rows)} run(s) on chain {chain.chain_id} at {chain.address}")
+    if rows:
+        print(f"{'run':>4}  {'state':<9} {'trainers':>9} {'verifiers':>9}  {'coordinator':<22} summary")
+    for r in rows:
+        print(f"{r['run_id']:>4}  {r['state']:<9} {str(r['trainers']) + '/' + str(r['max_trainers']):>9} "
+              f"{r['verifiers']:>9}  {_short(r['coordinator']):<22} {r['summary']}")
+    return 0
+
+
+TERMINAL = (Phase.FINALIZED, Phase.ABORTED)
+
+
+def _config_store(s: Settings) -> Any:
+    """The store, for reading run configs only: an unreachable IPFS node costs seconds, not minutes."""
+    if s.store == "ipfs":
+        from protocol.store import IpfsStore, StoreError
+
+        try:
+            return IpfsStore(s.ipfs_api, timeout=5.0, deadline=10.0)
+        except StoreError:
+            return None
+    return open_store(s)
+
+
+def run_epochs(info: RunInfo, store: Any) -> int | None:
+    """The run's number of epochs, from its config (None when the store cannot serve it).
+
+    The contract does not know how many epochs a run has; its config, digest-checked, does.
+    """
+    from protocol.config import from_json
+    from protocol.digest import keccak
+
+    if store is None:
+        return None
+    try:
+        raw = store.get(info.params.config_cid, max_size=1 << 20)
+        if keccak(raw) != info.params.config_digest:
+            return None
+        return int(from_json(raw).schedule.epochs)
+    except (VerilocoError, OSError):
+        return None
+
+
+def run_state(chain: Chain, info: RunInfo, epochs: int | None) -> dict[str, Any]:
+    """Where the run stands as a whole: not started, running, waiting for an epoch, or finished."""
+    nxt, rid = info.next_epoch, info.run_id
+    of = f" of {epochs}" if epochs is not None else ""
+    if epochs is not None and nxt >= epochs:
+        phases = [chain.epoch_status(rid, e).phase for e in range(epochs)]
+        if all(p in TERMINAL for p in phases):
+            done = sum(p is Phase.FINALIZED for p in phases)
+            return {"state": "finished", "epoch": epochs - 1,
+                    "text": f"finished: {done}{of} epochs finalized, {epochs - done} aborted"}
+    if nxt == 0:
+        return {"state": "waiting", "epoch": 0,
+                "text": f"waiting for epoch 0{of} (the first trainer's commitment opens it)"}
+    last = nxt - 1
+    ph = chain.epoch_status(rid, last).phase
+    if ph in TERMINAL:
+        return {"state": "waiting", "epoch": nxt,
+                "text": f"waiting for epoch {nxt}{of} (epoch {last} {ph.name.lower()}; the next commitment opens it)"}
+    text = f"epoch {last}{of} {ph.name.lower()}"
+    if last > 0 and chain.epoch_status(rid, last - 1).phase not in TERMINAL:
+        text += f", epoch {last - 1} {chain.epoch_status(rid, last - 1).phase.name.lower()}"
+    return {"state": "running", "epoch": last, "text": text}
+
+
+def status_report(chain: Chain, run_id: int, epoch: int | None = None, store: Any = None) -> dict[str, Any]:
+    """Everything `status` shows, as plain JSON-able data (also used by tests and the demo).
+
+    With a store the run's config is read too, so the report knows how many epochs the run has and
+    can say that it has finished.
+    """
     info = chain.run_info(run_id)
+    epochs = run_epochs(info, store) if store is not None else None
+    if epoch is not None and epochs is not None and epoch >= epochs:
+        raise StatusError(f"run {run_id} has {epochs} epochs (0..{epochs - 1}); there is no epoch {epoch}")
     current = chain.current_epoch(run_id)
+    overall = run_state(chain, info, epochs)
     # default: the newest epoch that has opened (the current one may not have opened yet)
     e = max(0, min(current, info.next_epoch - 1)) if epoch is None else epoch
     st = chain.epoch_status(run_id, e)
@@ -103,7 +213,7 @@ def status_report(chain: Chain, run_id: int, epoch: int | None = None) -> dict[s
         if sub.state == 0 and (mem.role != 1 or not (mem.join_epoch <= e < (mem.leave_epoch or 2**32))):
             continue
         mine = [ev for ev in events if ev.args.get("trainer") == addr]
-        trainers.append(_trainer_row(chain, run_id, e, slot, addr, sub, mem, mine))
+        trainers.append(_trainer_row(chain, run_id, e, slot, addr, sub, mem, mine, st.phase in TERMINAL))
     p = info.params
     previous = None
     if e > 0:
@@ -137,6 +247,10 @@ def status_report(chain: Chain, run_id: int, epoch: int | None = None) -> dict[s
             "done_at": times.done_at,
         },
         "chain_time": chain.now(),
+        "wall_time": int(time.time()),
+        "epochs": epochs,
+        "run_state": overall["state"],
+        "run_summary": overall["text"],
         "run": {
             "config_cid": p.config_cid,
             "config_digest": "0x" + p.config_digest.hex(),
@@ -160,12 +274,12 @@ def status_report(chain: Chain, run_id: int, epoch: int | None = None) -> dict[s
 
 
 def _trainer_row(chain: Chain, run_id: int, epoch: int, slot: int, addr: str, sub: Any, mem: Any,
-                 events: list[ChainEvent]) -> dict[str, Any]:
+                 events: list[ChainEvent], over: bool = False) -> dict[str, Any]:
     revealed = next((ev for ev in events if ev.name == "Revealed"), None)
     responded = next((ev for ev in events if ev.name == "Responded"), None)
     slashed = next((ev for ev in events if ev.name == "Slashed"), None)
     verdicts = [
-        {"verifier": ev.args["verifier"], "passed": bool(ev.args["passed"]), "evidence_cid": ev.args["evidenceCid"]}
+        {"verifier": ev.args["verifier"], "passed": bool(ev.args["passed"])}
         for ev in events if ev.name == "VerdictSubmitted"
     ]
     assigned = chain.assignment(run_id, epoch, addr)
@@ -175,8 +289,12 @@ def _trainer_row(chain: Chain, run_id: int, epoch: int, slot: int, addr: str, su
         outcome = "failed"
     elif slashed is not None:
         outcome = "slashed: " + SLASH_REASONS.get(int(slashed.args["reason"]), "?")
+    elif sub.state and over:
+        outcome = "no verdict (excluded)"  # the epoch is over: nothing is pending any more
+    elif sub.state:
+        outcome = "pending"
     else:
-        outcome = "pending" if sub.state else "-"
+        outcome = "missed" if over else "-"
     return {
         "address": addr,
         "slot": slot,
@@ -198,12 +316,33 @@ def _trainer_row(chain: Chain, run_id: int, epoch: int, slot: int, addr: str, su
     }
 
 
-def _when(ts: int, now: int) -> str:
+def _clock(ts: int) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(ts))
+
+
+def _when(ts: int, now: int, wall: int | None = None) -> str:
+    """A chain timestamp, with the wall-clock time it corresponds to and how far away it is.
+
+    The contract's clock is the latest block's timestamp, which may run behind this machine's clock
+    (an idle chain makes no blocks); `wall` - `now` is that offset.
+    """
     if not ts:
-        return "-"
+        return "not fixed yet"
     delta = ts - now
-    stamp = time.strftime("%H:%M:%S", time.gmtime(ts))
-    return f"{stamp} ({'in ' + str(delta) + 's' if delta > 0 else str(-delta) + 's ago'})"
+    away = f"in {delta}s" if delta > 0 else f"{-delta}s ago"
+    shown = f"{_clock(ts)} UTC chain time"
+    if wall is not None and abs(wall - now) >= 2:
+        shown += f" = {_clock(ts + wall - now)} UTC wall clock"
+    return f"{shown} ({away})"
+
+
+# which deadlines matter in which phase (an earlier one has passed, a later one is not fixed yet)
+DEADLINES = {
+    Phase.COMMITTING: [("commits close", "commits_close")],
+    Phase.REVEALING: [("reveals close", "reveals_close")],
+    Phase.AUDITING: [("responses due", "response_deadline"), ("verdicts due", "verdict_deadline"),
+                     ("finalize by", "finalize_deadline")],
+}
 
 
 def _short(a: str, n: int = 10) -> str:
@@ -211,24 +350,37 @@ def _short(a: str, n: int = 10) -> str:
 
 
 def render(r: dict[str, Any]) -> str:
-    """A readable table of a status report."""
+    """A readable table of a status report: only what is true in the epoch's phase."""
     d, now, run = r["deadlines"], r["chain_time"], r["run"]
+    wall = r.get("wall_time")
+    phase = Phase(r["phase_code"])
     lines = [
-        f"run {r['run_id']} on chain {r['chain_id']} at {r['contract']}",
+        f"run {r['run_id']} on chain {r['chain_id']} at {r['contract']}: {r.get('run_summary', '')}",
         f"  config {run['config_cid']}   coordinator {run['coordinator']}",
         (f"  trainers {run['active_trainers']}/{run['max_trainers']} (min {run['min_trainers']})   "
          f"verifiers {run['verifiers']}   quorum {run['quorum']}   audit steps {run['audit_steps']}"),
+        f"  chain time {_clock(now)} UTC" + (f", wall clock {_clock(wall)} UTC" if wall is not None else ""),
         "",
-        f"epoch {r['epoch']} (current {r['current_epoch']}): {r['phase'].upper()}",
-        (f"  committed {r['committed']}/{r['expected']}   revealed {r['revealed']}   responded {r['responded']}   "
-         f"passed {r['passed']}   failed {r['failed']}"),
-        f"  model {r['model_cid'] or '-'}",
-        f"  commits close   {_when(d['commits_close'], now)}",
-        f"  reveals close   {_when(d['reveals_close'], now)}",
-        f"  responses due   {_when(d['response_deadline'], now)}",
-        f"  verdicts due    {_when(d['verdict_deadline'], now)}",
-        f"  finalize by     {_when(d['finalize_deadline'], now)}",
     ]
+    of = f" of {r['epochs']}" if r.get("epochs") else ""
+    if phase is Phase.NOT_STARTED:
+        after = ", once epoch {} is auditing or done".format(r["epoch"] - 1) if r["epoch"] > 0 else ""
+        lines.append(f"epoch {r['epoch']}{of}: NOT OPENED — waiting for epoch {r['epoch']} "
+                     f"(the first trainer's commitment opens it{after})")
+    else:
+        current = (f" (current {r['current_epoch']})"
+                   if r["current_epoch"] != r["epoch"] and r.get("run_state") != "finished" else "")
+        lines += [
+            f"epoch {r['epoch']}{of}{current}: {r['phase'].upper()}",
+            (f"  committed {r['committed']}/{r['expected']}   revealed {r['revealed']}   responded {r['responded']}   "
+             f"passed {r['passed']}   failed {r['failed']}"),
+            f"  model {r['model_cid'] or '-'}",
+            f"  opened          {_when(d['opened_at'], now, wall)}",
+        ]
+        if phase in TERMINAL:
+            lines.append(f"  {phase.name.lower():<15} {_when(d['done_at'], now, wall)}")
+        for label, key in DEADLINES.get(phase, []):
+            lines.append(f"  {label:<15} {_when(d[key], now, wall)}")
     prev = r.get("previous_epoch")
     if prev:
         lines.append(f"  previous epoch {prev['epoch']}: {prev['phase'].upper()}   passed {prev['passed']}   "
@@ -239,7 +391,8 @@ def render(r: dict[str, Any]) -> str:
     lines.append("-" * len(header))
     for t in r["trainers"]:
         need = len(t["assigned_verifiers"])
-        votes = f"{t['pass_votes']}+/{t['fail_votes']}-/{need}" if t["state"] in ("responded",) or need else "-"
+        votes = f"{t['pass_votes']}+/{t['fail_votes']}-" + (f"/{need}" if need else "")
+        votes = votes if t["state"] == "responded" or need or t["pass_votes"] or t["fail_votes"] else "-"
         lines.append(
             f"{t['slot']:>4}  {_short(t['address']):<22} {t['state']:<10} {t['leaf_count'] or '-':>6}  "
             f"{votes:>7}  {t['outcome']:<22} {t['payload_cid'] or '-'}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from protocol.errors import VerilocoError
 
@@ -18,6 +19,8 @@ COMMANDS: list[str] = [
     "veriloco.nodes",
     "veriloco.netdemo",
     "veriloco.chaincmds",
+    "veriloco.lifecycle",
+    "veriloco.keys",
     "veriloco.demo",
 ]
 
@@ -35,14 +38,37 @@ OWNER: dict[str, str] = {
     "deploy": "veriloco.chaincmds",
     "run": "veriloco.chaincmds",
     "status": "veriloco.chaincmds",
+    "runs": "veriloco.chaincmds",
+    "leave": "veriloco.lifecycle",
+    "withdraw": "veriloco.lifecycle",
+    "claim": "veriloco.lifecycle",
+    "account": "veriloco.keys",
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument error is one line on stderr (what is wrong, where to read more), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("veriloco")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="veriloco",
         description="Verifiable, on-chain-coordinated DiLoCoX training across untrusted machines.",
     )
+    parser.add_argument("--version", action="version", version=f"veriloco {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     owner = OWNER.get(command or "")
     for name in [owner] if owner in COMMANDS else COMMANDS:
@@ -56,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except VerilocoError as exc:
+        print(f"veriloco {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the machine's own failures (permissions, a full disk): no traceback either
         print(f"veriloco {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -19,6 +19,7 @@ from coordinator.outer import OuterConfig
 from protocol.data import default_corpus
 from protocol.model import preset
 from trainer.inner import InnerConfig, configure_determinism
+from veriloco.argtypes import positive
 from veriloco.simulate import (
     SimConfig,
     SimulationError,
@@ -35,15 +36,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "simulate", help="simulate K trainers in one process (no chain) and compare AllReduce, DiLoCo and DiLoCoX"
     )
-    p.add_argument("--trainers", type=int, default=4, help="simulated trainers K (default 4)")
+    p.add_argument("--trainers", type=positive, default=4, help="simulated trainers K (default 4)")
     p.add_argument(
-        "--epochs", type=int, default=8, help="outer rounds at the initial H (default 8)"
+        "--epochs", type=positive, default=8, help="outer rounds at the initial H (default 8)"
     )
-    p.add_argument("--h", type=int, default=16, help="initial inner steps per round (default 16)")
+    p.add_argument("--h", type=positive, default=16, help="initial inner steps per round (default 16)")
     p.add_argument(
         "--preset", default="tiny", help="model preset: tiny, small, gpt2-124m (default tiny)"
     )
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=positive, default=8)
     p.add_argument(
         "--methods", default=DEFAULT_METHODS, help=f"comma-separated, from {','.join(methods())}"
     )
@@ -51,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--outer-momentum", type=float, default=0.5, help="outer Nesterov momentum (default 0.5)"
     )
     p.add_argument(
-        "--threads", type=int, default=1, help="torch threads (fixed for reproducibility)"
+        "--threads", type=positive, default=1, help="torch threads (fixed for reproducibility)"
     )
     p.add_argument("--report", type=Path, help="directory for demo.json and demo.md")
     p.set_defaults(func=run)

@@ -34,6 +34,7 @@ from typing import Any, Literal, Self
 
 from protocol.errors import VerilocoError
 from veriloco.anvil import ANVIL_CHAIN_ID, Anvil, AnvilConfig, AnvilError, wait_for_rpc
+from veriloco.argtypes import non_negative, positive
 from veriloco.evmserver import DEFAULT_CHAIN_ID, DEV_HD_PATH, DEV_MNEMONIC, EvmConfig, EvmServer
 from veriloco.procs import stop_process
 
@@ -509,12 +510,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--chain", choices=["py-evm", "anvil"], default="py-evm")
     p.add_argument("--store", choices=["local", "ipfs"], default="local")
-    p.add_argument("--port", type=int, default=0, help="JSON-RPC port on 127.0.0.1 (0: a free one)")
+    p.add_argument("--port", type=non_negative, default=0, help="JSON-RPC port on 127.0.0.1 (0: a free one)")
     p.add_argument(
         "--dir", type=Path, default=DEFAULT_DIR, help=f"state directory (default {DEFAULT_DIR})"
     )
-    p.add_argument("--accounts", type=int, default=10, help="funded dev accounts (default 10)")
-    p.add_argument("--chain-id", type=int, help="default 1337 (py-evm) or 31337 (anvil)")
+    p.add_argument("--accounts", type=positive, default=10, help="funded dev accounts (default 10)")
+    p.add_argument("--chain-id", type=positive, help="default 1337 (py-evm) or 31337 (anvil)")
     p.add_argument(
         "--block-time",
         type=float,

@@ -29,7 +29,7 @@ from protocol.chain import Chain, Phase
 from protocol.chain_errors import ChainUnavailable
 from protocol.config import RunConfig
 from protocol.errors import VerilocoError
-from protocol.model import n_params, preset
+from protocol.model import PRESETS, n_params, preset
 from protocol.run import (
     eval_model,
     initial_model,
@@ -39,6 +39,7 @@ from protocol.run import (
     params_of,
     publish_run,
 )
+from veriloco.argtypes import positive, seconds
 from veriloco.logs import fields_text
 from veriloco.nodes import CHEAT_KINDS
 
@@ -65,6 +66,7 @@ class DemoOptions:
     windows_s: int = 60  # every chain window; the contract advances early when everyone has acted
     stages: int = 1  # pipeline stages per trainer (> 1 switches the run to tolerant audits)
     quorum: int = 3  # verifiers judging each trainer (and attesting each model); a majority decides
+    node_dir: Path | None = None  # the nodes' --workdir; default workdir/nodes, emptied by each demo
 
     def config(self) -> RunConfig:
         w = self.windows_s
@@ -133,7 +135,7 @@ def _spawn(role: str, index: int, account: int, devnet_file: Path, run_id: int, 
     log_path = opts.workdir / "logs" / f"{role}{index}.jsonl"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "veriloco.cli", role, "--run", str(run_id), "--devnet", str(devnet_file),
-           "--account", str(account), "--workdir", str(opts.workdir / "nodes")]
+           "--account", str(account), "--workdir", str(opts.node_dir or opts.workdir / "nodes")]
     cmd += ["--log-format", "json"]  # the demo reads the nodes' events
     if cheat:
         cmd += ["--cheat", cheat]
@@ -232,6 +234,21 @@ def _describe(n: NodeProc) -> str:
     return " ".join(str(b) for b in bits)
 
 
+def check_options(opts: DemoOptions) -> None:
+    """Refuse options the network could not run with, before a devnet starts."""
+    preset(opts.preset)  # ModelError naming the presets
+    for name in ("trainers", "verifiers", "epochs", "steps", "stages", "quorum", "windows_s"):
+        if getattr(opts, name) < 1:
+            raise DemoError(f"--{name.replace('_s', '')} must be at least 1, got {getattr(opts, name)}")
+    if not opts.timeout_s > 0:
+        raise DemoError(f"--timeout must be a positive number of seconds, got {opts.timeout_s}")
+    n_cheat = sum(c for _, c in opts.cheats)
+    if any(c < 1 for _, c in opts.cheats):
+        raise DemoError("--cheat KIND:COUNT needs a COUNT of at least 1")
+    if n_cheat >= opts.trainers:
+        raise DemoError(f"{n_cheat} cheaters need at least {n_cheat + 1} trainers so someone is honest")
+
+
 def run_demo(opts: DemoOptions, out: TextIO = sys.stdout,
              inspect: Callable[[Chain, Any, int], None] | None = None,
              on_tick: Callable[[Control], None] | None = None, config: RunConfig | None = None) -> dict[str, Any]:
@@ -247,9 +264,7 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stdout,
         out.write(msg + "\n")
         out.flush()
 
-    n_cheat = sum(c for _, c in opts.cheats)
-    if n_cheat >= opts.trainers:
-        raise DemoError(f"{n_cheat} cheaters need at least {n_cheat + 1} trainers so someone is honest")
+    check_options(opts)
     # A demo is a fresh network: node records and chain state of an earlier demo would not match it.
     for old in ("devnet", "nodes", "logs"):
         shutil.rmtree(opts.workdir / old, ignore_errors=True)
@@ -468,6 +483,7 @@ def _cmd(args: argparse.Namespace) -> int:
         chain=args.chain, store=args.store, cheats=_parse_cheats(args.cheat), workdir=args.workdir,
         report=args.report, timeout_s=args.timeout, stages=args.stages, quorum=args.quorum,
     )
+    check_options(opts)
     summary = run_demo(opts)
     return 0 if summary["epochs_finalized"] == summary["epochs"] else 1
 
@@ -476,20 +492,20 @@ def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="run a whole verifiable training network on this machine",
                        description=__doc__.split("\n\n")[1] if __doc__ else None)
     d = DemoOptions()
-    p.add_argument("--trainers", type=int, default=d.trainers)
-    p.add_argument("--verifiers", type=int, default=d.verifiers)
-    p.add_argument("--quorum", type=int, default=d.quorum,
+    p.add_argument("--trainers", type=positive, default=d.trainers)
+    p.add_argument("--verifiers", type=positive, default=d.verifiers)
+    p.add_argument("--quorum", type=positive, default=d.quorum,
                    help="verifiers per trainer and per model attestation; a majority decides (1 lets one verifier decide)")
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--preset", default=d.preset, help="model preset: tiny, small, gpt2-124m")
-    p.add_argument("--steps", type=int, default=d.steps, help="local steps H in the first epoch")
+    p.add_argument("--epochs", type=positive, default=d.epochs)
+    p.add_argument("--preset", default=d.preset, choices=sorted(PRESETS), help="model preset")
+    p.add_argument("--steps", type=positive, default=d.steps, help="local steps H in the first epoch")
     p.add_argument("--chain", choices=["py-evm", "anvil"], default=d.chain)
     p.add_argument("--store", choices=["local", "ipfs"], default=d.store)
     p.add_argument("--cheat", action="append", default=[], metavar="KIND:COUNT",
                    help="make COUNT trainers cheat: lazy, noise, copy, forge-final or stale-copy (repeatable)")
     p.add_argument("--workdir", type=Path, default=d.workdir, help="devnet, store, node state and logs")
     p.add_argument("--report", type=Path, help="write DIR/summary.json and DIR/loss.png")
-    p.add_argument("--stages", type=int, default=d.stages,
+    p.add_argument("--stages", type=positive, default=d.stages,
                    help="run each trainer as S pipeline stages (the run then audits in tolerant mode)")
-    p.add_argument("--timeout", type=float, default=d.timeout_s, help="give up after this many seconds")
+    p.add_argument("--timeout", type=seconds, default=d.timeout_s, help="give up after this many seconds")
     p.set_defaults(func=_cmd)

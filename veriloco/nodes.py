@@ -14,6 +14,8 @@ from typing import Any
 from eth_account import Account
 
 from protocol.chain import Chain
+from protocol.statedir import check_run
+from veriloco.argtypes import positive, run_id
 from veriloco.logs import add_log_args, logger_from_args, node_logger
 from veriloco.settings import Settings, add_connection_args, open_store, resolve
 
@@ -25,9 +27,13 @@ def json_logger(node: str, stream: Any = None) -> Callable[..., None]:
     return node_logger(node, "json", stream=stream)
 
 
-def open_chain(s: Settings) -> Chain:
+def open_chain(s: Settings, run: int | None = None) -> Chain:
+    """The node's Chain; with `run`, checked to be one of the contract's runs before anything else happens."""
     assert s.contract is not None
-    return Chain(s.rpc_url, s.contract, Account.from_key(s.key) if s.key else None)
+    chain = Chain(s.rpc_url, s.contract, Account.from_key(s.key) if s.key else None)
+    if run is not None:
+        check_run(chain, run)
+    return chain
 
 
 def _trainer(args: argparse.Namespace) -> int:
@@ -35,7 +41,7 @@ def _trainer(args: argparse.Namespace) -> int:
     from trainer.node import TrainerNode
 
     s = resolve(args)
-    chain = open_chain(s)
+    chain = open_chain(s, args.run)
     behaviour = behaviours()[args.cheat]() if args.cheat else None
     TrainerNode(
         chain, open_store(s), args.run, s.workdir / f"trainer-{chain.sender}", behaviour=behaviour,
@@ -49,7 +55,7 @@ def _verifier(args: argparse.Namespace) -> int:
     from verifier.node import VerifierNode
 
     s = resolve(args)
-    chain = open_chain(s)
+    chain = open_chain(s, args.run)
     VerifierNode(chain, open_store(s), args.run, s.workdir / f"verifier-{chain.sender}",
                  log=logger_from_args(args, "verifier"), threads=args.threads).run()
     return 0
@@ -59,7 +65,7 @@ def _coordinator(args: argparse.Namespace) -> int:
     from coordinator.node import CoordinatorNode
 
     s = resolve(args)
-    CoordinatorNode(open_chain(s), open_store(s), args.run, log=logger_from_args(args, "coordinator")).run()
+    CoordinatorNode(open_chain(s, args.run), open_store(s), args.run, log=logger_from_args(args, "coordinator")).run()
     return 0
 
 
@@ -70,16 +76,16 @@ def register(sub: Any) -> None:
         ("coordinator", _coordinator, "run the coordinator node: aggregate verified pseudo-gradients, finalize epochs"),
     ):
         p = sub.add_parser(name, help=help_, description=help_)
-        p.add_argument("--run", type=int, required=True, help="run id (see `veriloco run create`)")
+        p.add_argument("--run", type=run_id, required=True, help="run id (see `veriloco run create`)")
         add_connection_args(p, workdir=True)
         add_log_args(p)
         if name != "coordinator":
-            p.add_argument("--threads", type=int, default=1, help="torch threads; replay is exact only at equal settings")
+            p.add_argument("--threads", type=positive, default=1, help="torch threads; replay is exact only at equal settings")
         if name == "trainer":
-            p.add_argument("--checkpoint-every", type=int, default=4, help="keep every N-th state to answer audits")
-            p.add_argument("--epochs", type=int, help="stop after this many epochs (default: the run's schedule)")
-            p.add_argument("--stages", type=int, default=1,
+            p.add_argument("--checkpoint-every", type=positive, default=4, help="keep every N-th state to answer audits")
+            p.add_argument("--epochs", type=positive, help="stop after this many epochs (default: the run's schedule)")
+            p.add_argument("--stages", type=positive, default=1,
                            help="run inner steps as S pipeline stages, one process each (needs a tolerant-mode run)")
-            p.add_argument("--microbatches", type=int, default=2, help="micro-batches per step with --stages")
+            p.add_argument("--microbatches", type=positive, default=2, help="micro-batches per step with --stages")
             p.add_argument("--cheat", choices=CHEAT_KINDS, help=argparse.SUPPRESS)
         p.set_defaults(func=func)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.errors import VerilocoError
+from veriloco.argtypes import non_negative
 
 DEFAULT_DEVNET_FILE = Path(".veriloco/devnet.json")
 
@@ -39,8 +40,11 @@ def add_connection_args(p: argparse.ArgumentParser, *, workdir: bool = False) ->
     g.add_argument("--devnet", type=Path, help=f"devnet file (default: $VERILOCO_DEVNET or {DEFAULT_DEVNET_FILE} if present)")
     g.add_argument("--rpc-url", help="Ethereum JSON-RPC endpoint ($VERILOCO_RPC_URL)")
     g.add_argument("--contract", help="veriloco contract address ($VERILOCO_CONTRACT)")
-    g.add_argument("--key", type=Path, help="file holding this node's hex private key ($VERILOCO_KEY)")
-    g.add_argument("--account", type=int, help="use the devnet file's account N as this node's key")
+    g.add_argument("--key", type=Path,
+                   help="this node's key file: a hex private key or an encrypted keystore ($VERILOCO_KEY)")
+    g.add_argument("--password-file", type=Path,
+                   help="the keystore's password, in a file ($VERILOCO_KEY_PASSWORD holds it otherwise; else a prompt)")
+    g.add_argument("--account", type=non_negative, help="use the devnet file's account N as this node's key")
     g.add_argument("--store", choices=["local", "ipfs"], help="content store backend ($VERILOCO_STORE)")
     g.add_argument("--store-dir", type=Path, help="LocalStore directory ($VERILOCO_STORE_DIR)")
     g.add_argument("--ipfs-api", help="Kubo RPC API multiaddr of your IPFS node ($VERILOCO_IPFS_API)")
@@ -57,22 +61,68 @@ def _devnet(args: argparse.Namespace) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:
         raise SettingsError(f"devnet file {path} is unreadable ({exc}); restart `veriloco devnet`") from None
     if not isinstance(data, dict):
         raise SettingsError(f"devnet file {path} is not a JSON object")
     return data
 
 
-def _read_key(path: Path) -> str:
-    try:
-        text = path.read_text().strip()
-    except OSError as exc:
-        raise SettingsError(f"cannot read key file {path}: {exc}") from None
-    key = text if text.startswith("0x") else "0x" + text
+# secp256k1's group order: a private key is a number in [1, N)
+SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+
+
+def check_key(key: str, where: str) -> str:
+    """A 0x-hex private key that eth-account accepts, or SettingsError naming `where` it came from."""
+    key = key.strip()
+    key = key if key.startswith(("0x", "0X")) else "0x" + key
     if len(key) != 66 or any(c not in "0123456789abcdefABCDEF" for c in key[2:]):
-        raise SettingsError(f"key file {path} must hold a 32-byte hex private key")
-    return key
+        raise SettingsError(f"{where} must hold a 32-byte hex private key (64 hex digits, optionally 0x-prefixed)")
+    if not 0 < int(key, 16) < SECP256K1_N:
+        raise SettingsError(f"{where} holds {'zero' if int(key, 16) == 0 else 'a number too large'}, which is not a "
+                            "valid secp256k1 private key; make a new key (e.g. `veriloco account new`)")
+    return "0x" + key[2:].lower()
+
+
+def _read_key(path: Path, password_file: Path | None = None) -> str:
+    """The 0x-hex key in a plain key file, or decrypted from a keystore (veriloco/keys.py)."""
+    from veriloco.keys import decrypt_keystore, is_keystore
+
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SettingsError(f"cannot read key file {path}: {exc.strerror or exc}") from None
+    if is_keystore(raw):
+        return check_key(decrypt_keystore(raw, path, password_file), f"keystore {path}")
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise SettingsError(f"key file {path} is not text; it must hold a 32-byte hex private key "
+                            "or an encrypted keystore") from None
+    return check_key(text, f"key file {path}")
+
+
+def check_rpc_url(url: str) -> str:
+    """An http(s) JSON-RPC URL (the only transport the binding speaks), or SettingsError."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises on a malformed port)
+    except ValueError as exc:
+        raise SettingsError(f"RPC URL {url!r} is malformed ({exc}); use e.g. http://127.0.0.1:8545") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SettingsError(f"RPC URL {url!r} is not an http(s) URL; veriloco speaks JSON-RPC over HTTP, "
+                            "e.g. http://127.0.0.1:8545")
+    return url
+
+
+def check_contract(address: str) -> str:
+    from eth_utils import is_address, to_checksum_address
+
+    if not (address.startswith("0x") and is_address(address)):
+        raise SettingsError(f"contract address {address!r} is not an Ethereum address (0x followed by 40 hex digits)")
+    return str(to_checksum_address(address))
 
 
 def resolve(args: argparse.Namespace, *, need_key: bool = True, need_contract: bool = True) -> Settings:
@@ -80,6 +130,8 @@ def resolve(args: argparse.Namespace, *, need_key: bool = True, need_contract: b
     env = os.environ.get
     dev = _devnet(args)
     dev_store: dict[str, Any] = dev.get("store") or {}
+    if not isinstance(dev_store, dict):
+        raise SettingsError("the devnet file's store entry is not an object; restart `veriloco devnet`")
 
     def pick(flag: str, var: str, fallback: Any) -> Any:
         value = getattr(args, flag, None)
@@ -89,21 +141,30 @@ def resolve(args: argparse.Namespace, *, need_key: bool = True, need_contract: b
     contract = pick("contract", "VERILOCO_CONTRACT", dev.get("contract"))
     key: str | None = None
     if getattr(args, "key", None) is not None:
-        key = _read_key(args.key)
+        key = _read_key(args.key, getattr(args, "password_file", None))
     elif getattr(args, "account", None) is not None:
         accounts = dev.get("accounts") or []
-        if not 0 <= args.account < len(accounts):
-            raise SettingsError(f"--account {args.account}: the devnet file has {len(accounts)} accounts")
-        key = accounts[args.account]["key"]
+        if not isinstance(accounts, list) or not 0 <= args.account < len(accounts):
+            n = len(accounts) if isinstance(accounts, list) else 0
+            raise SettingsError(f"--account {args.account}: the devnet file has {n} accounts (0..{n - 1})")
+        entry = accounts[args.account]
+        if not isinstance(entry, dict) or not isinstance(entry.get("key"), str):
+            raise SettingsError(f"account {args.account} of the devnet file has no key; restart `veriloco devnet`")
+        key = check_key(entry["key"], f"account {args.account} of the devnet file")
     elif env("VERILOCO_KEY"):
-        key = _read_key(Path(env("VERILOCO_KEY") or ""))
+        key = _read_key(Path(env("VERILOCO_KEY") or ""), getattr(args, "password_file", None))
     if not rpc_url:
         raise SettingsError("no RPC endpoint: pass --rpc-url, set VERILOCO_RPC_URL, or start `veriloco devnet`")
+    rpc_url = check_rpc_url(str(rpc_url))
     if need_contract and not contract:
         raise SettingsError("no contract address: pass --contract, set VERILOCO_CONTRACT, or use a devnet file")
+    if contract:
+        contract = check_contract(str(contract))
     if need_key and not key:
         raise SettingsError("no signing key: pass --key FILE, set VERILOCO_KEY, or --account N with a devnet file")
     store = pick("store", "VERILOCO_STORE", dev_store.get("kind") or "local")
+    if store not in ("local", "ipfs"):
+        raise SettingsError(f"store kind {store!r} is neither local nor ipfs; check VERILOCO_STORE")
     store_dir = Path(pick("store_dir", "VERILOCO_STORE_DIR", dev_store.get("path") or ".veriloco/store"))
     ipfs_api = pick("ipfs_api", "VERILOCO_IPFS_API", dev_store.get("api") or "/ip4/127.0.0.1/tcp/5001")
     workdir = Path(pick("workdir", "VERILOCO_WORKDIR", ".veriloco/node"))

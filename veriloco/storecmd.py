@@ -26,6 +26,7 @@ from protocol.store import (
     StoreError,
 )
 from veriloco import settings
+from veriloco.argtypes import positive, seconds
 
 
 def _add_store_args(p: argparse.ArgumentParser) -> None:
@@ -33,7 +34,7 @@ def _add_store_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store-dir", type=Path, help="LocalStore directory ($VERILOCO_STORE_DIR; default .veriloco/store)")
     p.add_argument("--ipfs-api", help=f"Kubo RPC API multiaddr of your IPFS node ($VERILOCO_IPFS_API; default {DEFAULT_IPFS_API})")
     p.add_argument("--devnet", type=Path, help="devnet file to take the store from ($VERILOCO_DEVNET)")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the IPFS node per request")
+    p.add_argument("--timeout", type=seconds, default=30.0, help="seconds to wait for the IPFS node per request")
 
 
 def register(sub: Any) -> None:
@@ -46,7 +47,7 @@ def register(sub: Any) -> None:
     get = actions.add_parser("get", help="fetch a CID, verify it, write it to a file or stdout")
     get.add_argument("cid", metavar="CID")
     get.add_argument("-o", "--output", type=Path, help="output file (default: stdout)")
-    get.add_argument("--max-size", type=int, default=DEFAULT_MAX_SIZE, help="refuse content larger than this many bytes")
+    get.add_argument("--max-size", type=positive, default=DEFAULT_MAX_SIZE, help="refuse content larger than this many bytes")
     get.add_argument("--digest", help="expected keccak-256 of the content (0x-hex), e.g. from the chain")
     _add_store_args(get)
     p.set_defaults(func=run)

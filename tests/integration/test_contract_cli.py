@@ -120,4 +120,4 @@ def test_clean_errors(anvil: object, tmp_path: Path, capsys: pytest.CaptureFixtu
     assert code == 0
     address = out.strip()
     code, _, err = _run(capsys, "status", "--run", "7", "--rpc-url", url, "--contract", address)
-    assert code == 2 and "UnknownRun(run_id=7)" in err
+    assert code == 2 and "run 7 does not exist" in err and "veriloco runs" in err

@@ -39,7 +39,7 @@ def test_binding_over_the_pyevm_rpc_server() -> None:
         t.commit(0)
         t.reveal(0)
         t.respond(0)
-        verdicts = [(t.address, True, bytes(32), "bafkreievidence")]
+        verdicts = [(t.address, True, bytes(32))]
         v.commit_verdicts(run_id, 0, verdicts, b"\x01" * 32)  # the only verifier: reveals open at once
         v.submit_verdicts(run_id, 0, verdicts, b"\x01" * 32)
         coord.finalize(run_id, 0, "bafkreimodel1", b"\x02" * 32, [t.address])

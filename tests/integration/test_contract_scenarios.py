@@ -209,10 +209,10 @@ def test_cheaters_are_slashed_and_omissions_rejected(fresh: Any) -> None:
     assert (st.passed, st.failed) == (1, 2)  # liar (failed verdict) + silent (no reveal); lazy undecided
     outsider = fresh.chain(OUTSIDER)
     with pytest.raises(ce.NotVerifier):
-        outsider.commit_verdicts(rid, 0, [(honest.address, True, bytes(32), "x")], SALT)
+        outsider.commit_verdicts(rid, 0, [(honest.address, True, bytes(32))], SALT)
     v = c.assignment(rid, 0, honest.address).verifiers[0]
     with pytest.raises(ce.AlreadyRevealed):  # one reveal per verifier per epoch
-        r.verifier(v).submit_verdicts(rid, 0, [(honest.address, True, bytes(32), "x")], SALT)
+        r.verifier(v).submit_verdicts(rid, 0, [(honest.address, True, bytes(32))], SALT)
     with pytest.raises(ce.NotCoordinator) as nc:
         honest.chain.finalize(rid, 0, "m", keccak(b"m"), [honest.address])
     assert nc.value.coordinator == to_checksum_address(fresh.accounts[COORD])
@@ -471,7 +471,7 @@ def test_audit_deadlines_and_single_use_errors(fresh: Any) -> None:
     c.fix_audit_seed(rid, 0)
     assigned = c.assignment(rid, 0, a.address).verifiers
     v = r.verifier(assigned[0])
-    mine = [(a.address, True, keccak(b"witness"), "e")]
+    mine = [(a.address, True, keccak(b"witness"))]
     for addr in c.frozen_verifiers(rid, 0):  # committed before `a` answered: allowed, revealing is not
         r.verifier(addr).commit_verdicts(rid, 0, mine if addr in assigned else [], SALT)
     with pytest.raises(ce.NotResponded):
@@ -489,7 +489,7 @@ def test_audit_deadlines_and_single_use_errors(fresh: Any) -> None:
     assert c.epoch_status(rid, 0).passed == 1
     r.net.advance(times.verdict_deadline - c.now() + 1)
     with pytest.raises(ce.DeadlinePassed):
-        v.submit_verdicts(rid, 0, [(b.address, True, bytes(32), "e")], SALT)
+        v.submit_verdicts(rid, 0, [(b.address, True, bytes(32))], SALT)
     with pytest.raises(ce.NothingToWithdraw):
         fresh.chain(OUTSIDER).claim()
 

@@ -134,7 +134,7 @@ class ContractMachine(RuleBasedStateMachine):
         epoch = self._epoch(epoch)
         t = self.trainers[i].address
         w = bytes(32) if lazy else keccak(b"witness %d " % epoch + t.encode())
-        self.queued.setdefault((str(self.verifiers[j].sender), epoch), []).append((t, ok, w, "bafkreie"))
+        self.queued.setdefault((str(self.verifiers[j].sender), epoch), []).append((t, ok, w))
 
     @rule(j=st.integers(0, 2), epoch=EPOCHS, reveal=st.booleans())
     def send_verdicts(self, j: int, epoch: int, reveal: bool) -> None:
@@ -240,7 +240,7 @@ class ContractMachine(RuleBasedStateMachine):
                 if self.coord.submission(self.run_id, epoch, t.address).state == 3:
                     for a in self.coord.assignment(self.run_id, epoch, t.address).verifiers:
                         w = keccak(b"witness %d " % epoch + t.address.encode())
-                        self.queued.setdefault((str(a), epoch), []).append((t.address, True, w, "e"))
+                        self.queued.setdefault((str(a), epoch), []).append((t.address, True, w))
             for chain in self.verifiers:
                 self._send(chain, epoch, reveal=False)
             for chain in self.verifiers:

@@ -91,9 +91,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         assert seed is not None
         for c in trainers:
             c.respond(run_id, e, store.put(b"manifest"), build_response(traces[c.sender], seed, c.sender, 1, 10_000))
-        verdicts = [(c.sender, c.sender in passing, bytes(32), store.put(b"evidence")) for c in trainers]
+        verdicts = [(c.sender, c.sender in passing, bytes(32)) for c in trainers]
         verifier.commit_verdicts(run_id, e, verdicts, b"\x01" * 32)  # the only verifier: reveals open at once
-        verifier.submit_verdicts(run_id, e, verdicts, b"\x01" * 32)
+        verifier.submit_verdicts(run_id, e, verdicts, b"\x01" * 32, store.put(b"evidence"))
 
     everyone = {c.sender for c in trainers}
     epoch(0, everyone)

@@ -310,20 +310,20 @@ def test_a_copied_verdict_is_impossible_once_verdicts_are_committed(fresh: PyEvm
     rid = r.run_id
     r.open_epoch(0)
     first, copier = r.assigned(0, t)
-    work = [(t.address, True, r.witness(0, t), "bafkreiworkdone")]
+    work = [(t.address, True, r.witness(0, t))]
     first.commit_verdicts(rid, 0, work, SALT)
     with pytest.raises(ce.VerdictsNotOpen) as no:  # the copier has not committed: nothing is public yet
         first.submit_verdicts(rid, 0, work, SALT)
     assert (no.value.commits, no.value.verifier_count) == (1, 2)
     with pytest.raises(ce.AlreadyCommitted):
         first.commit_verdicts(rid, 0, work, SALT)
-    guess = [(t.address, True, bytes(32), "bafkreiguess")]
+    guess = [(t.address, True, bytes(32))]
     copier.commit_verdicts(rid, 0, guess, SALT)  # committed blind: it never replayed
     with pytest.raises(ce.VerdictCommitsClosed):  # reveals are open: no second commitment
         copier.commit_verdicts(rid, 0, work, SALT)
     first.submit_verdicts(rid, 0, work, SALT)
     with pytest.raises(ce.RevealMismatch) as rm:  # the witness it has now seen is not what it committed
-        copier.submit_verdicts(rid, 0, [(t.address, True, r.witness(0, t), "bafkreiworkdone")], SALT)
+        copier.submit_verdicts(rid, 0, [(t.address, True, r.witness(0, t))], SALT)
     assert rm.value.actual != rm.value.expected
     copier.submit_verdicts(rid, 0, guess, SALT)
     with pytest.raises(ce.AlreadyRevealed):
@@ -346,7 +346,7 @@ def test_a_silent_verifier_delays_but_does_not_slash(fresh: PyEvmNet) -> None:
     r.net.advance(2 * WINDOW + 1)  # response and verdict windows over
     late = r.assigned(0, stalled)[1]
     with pytest.raises(ce.DeadlinePassed):
-        late.submit_verdicts(r.run_id, 0, [(stalled.address, True, r.witness(0, stalled), "late")], SALT)
+        late.submit_verdicts(r.run_id, 0, [(stalled.address, True, r.witness(0, stalled))], SALT)
     assert r.finalize(0, [honest]) == {}  # left out of the aggregate, but not slashed
     assert r.coord.member(r.run_id, stalled.address).stake == STAKE
 
@@ -444,7 +444,7 @@ def test_calls_out_of_phase_are_rejected(fresh: PyEvmNet) -> None:
     assert rp.value.actual == Phase.REVEALING
     b.reveal(0)
     with pytest.raises(ce.AuditSeedPending):  # nothing to judge before the seed: no verdict commitment
-        v.commit_verdicts(rid, 0, [(a.address, True, bytes(32), "x")], SALT)
+        v.commit_verdicts(rid, 0, [(a.address, True, bytes(32))], SALT)
     a.respond(0)
     with pytest.raises(ce.AlreadyResponded):
         a.respond(0)
@@ -590,7 +590,7 @@ def _finalize_gas(net: PyEvmNet, idle: int) -> int:
     t.commit(0)
     t.reveal(0)
     t.respond(0)
-    verdicts = [(t.address, True, keccak(b"witness"), "bafkreie")]
+    verdicts = [(t.address, True, keccak(b"witness"))]
     v.commit_verdicts(rid, 0, verdicts, SALT)
     v.submit_verdicts(rid, 0, verdicts, SALT)
     assert coord.run_info(rid).trainer_slots == 1  # each passer's slot went back to the free list
@@ -641,8 +641,8 @@ def test_a_lying_reference_witness_is_outvoted_by_the_two_that_agree(fresh: PyEv
     r.open_epoch(0)
     liar, h1, h2 = r.assigned(0, t)
     good = r.witness(0, t)
-    votes = {liar.sender: [(t.address, True, keccak(b"made up"), "l")]}
-    votes |= {v.sender: [(t.address, True, good, "h")] for v in (h1, h2)}
+    votes = {liar.sender: [(t.address, True, keccak(b"made up"))]}
+    votes |= {v.sender: [(t.address, True, good)] for v in (h1, h2)}
     for v in (liar, h1, h2):
         v.commit_verdicts(rid, 0, votes[v.sender], SALT)
     for v in (liar, h1, h2):  # the liar's witness becomes the first (reference) group
@@ -676,7 +676,7 @@ def test_verdict_reveals_wait_for_every_commitment_or_half_the_window(fresh: PyE
     r.open_epoch(0)
     v1, v2 = r.assigned(0, t)
     idle = next(v for v in r.verifiers if v.sender not in (v1.sender, v2.sender))
-    mine = [(t.address, True, r.witness(0, t), "e")]
+    mine = [(t.address, True, r.witness(0, t))]
     v1.commit_verdicts(rid, 0, mine, SALT)
     v2.commit_verdicts(rid, 0, mine, SALT)
     with pytest.raises(ce.VerdictsNotOpen) as no:

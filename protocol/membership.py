@@ -1,0 +1,34 @@
+"""Whether a run can still take a new member: checked before a node stakes, so nobody locks a stake for nothing.
+
+The contract takes a stake into any run that is not full, even one whose last epoch has opened (the
+newcomer's first epoch would be one the run never has). The number of epochs lives in the run's
+config, so this check belongs to the nodes that read it.
+"""
+
+from __future__ import annotations
+
+from protocol.chain import RunInfo
+from protocol.errors import VerilocoError
+
+ROLE_NAMES = {0: "none", 1: "trainer", 2: "verifier", 3: "coordinator"}
+
+
+class NotJoinable(VerilocoError):
+    """The run is finished or full: joining would stake for nothing."""
+
+
+def check_joinable(info: RunInfo, epochs: int, role: str) -> None:
+    """Raise NotJoinable unless an account joining now as `role` ("trainer"/"verifier") would take part."""
+    rid = info.run_id
+    if info.next_epoch >= epochs:
+        raise NotJoinable(
+            f"run {rid} has no epoch left to join: all {epochs} of its epochs have opened "
+            f"(a {role} joining now would start at epoch {info.next_epoch}); nothing was staked. "
+            "Pick another run (`veriloco runs`)"
+        )
+    if role == "trainer" and info.active_trainers >= info.params.max_trainers:
+        raise NotJoinable(f"run {rid} is full: {info.active_trainers} of {info.params.max_trainers} trainer places "
+                          "are taken; nothing was staked. Try again when a trainer leaves, or pick another run")
+    if role == "verifier" and info.verifier_count >= info.params.max_verifiers:
+        raise NotJoinable(f"run {rid} is full: {info.verifier_count} of {info.params.max_verifiers} verifier places "
+                          "are taken; nothing was staked. Pick another run (`veriloco runs`)")

@@ -1,0 +1,164 @@
+"""A run's whole life through the CLI on a py-evm devnet: runs, status at every phase, join refusals, claim, leave, withdraw.
+
+The run is created with `veriloco run create` (a real config and corpus in the devnet's store, one
+epoch, one trainer place); its epoch is played by the contract-test helpers (random traces, fixed
+verdicts: no training, so the test is quick); every question is asked through `veriloco.cli.main`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eth_account import Account
+
+from protocol.chain import Chain
+from tests.fixtures.chain import Run, Trainer
+from veriloco.cli import main
+
+pytestmark = pytest.mark.integration
+
+RUN_TOML = (
+    "[data]\ncorpus_bytes = 200000\n[schedule]\nepochs = 1\n[audit]\nquorum = 1\nsteps = 2\n"
+    "[stakes]\ntrainer_wei = 1000\nverifier_wei = 1000\nmin_trainers = 1\nmax_trainers = 1\n"
+    "[windows]\ncommit_s = 60\nreveal_s = 60\nresponse_s = 60\nverdict_s = 60\nfinalize_s = 60\nunbonding_s = 100\n"
+    "[rewards]\ntrainer_wei = 700\nverifier_wei = 30\npool_wei = 10000\n"
+)
+
+
+class DevnetNet:
+    """The devnet seen the way tests/fixtures/chain.py's helpers expect a net: accounts, chain(i), advance(s)."""
+
+    def __init__(self, devnet: Any) -> None:
+        self.info = devnet.info
+        self.keys = [a.key for a in self.info.accounts]
+        self.accounts = [Account.from_key(k).address for k in self.keys]
+        self._chains: dict[int, Chain] = {}
+
+    def chain(self, i: int) -> Chain:
+        if i not in self._chains:
+            self._chains[i] = Chain(self.info.rpc_url, self.info.contract, self.keys[i])
+        return self._chains[i]
+
+    def advance(self, seconds: int) -> None:
+        w3 = self.chain(0).w3
+        w3.provider.make_request("evm_increaseTime", [seconds])  # type: ignore[arg-type]
+        w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from veriloco.devnet import start_devnet
+
+    with start_devnet(state_dir=tmp_path_factory.mktemp("devnet"), accounts=6) as net:
+        yield net
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def ok(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    code, out, err = cli(capsys, *argv)
+    assert code == 0, (argv, err)
+    return out
+
+
+def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    code, _, err = cli(capsys, *argv)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (argv, err)
+    return err.strip()
+
+
+def test_a_runs_life_through_the_cli(devnet: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VERILOCO_DEVNET", str(devnet.config.devnet_file))
+    (tmp_path / "run.toml").write_text(RUN_TOML)
+    net = DevnetNet(devnet)
+    rid = json.loads(ok(capsys, "run", "create", "--config", "run.toml", "--account", "0", "--json"))["run_id"]
+    r = str(rid)
+    coord, trainer, verifier = net.chain(0), Trainer(net.chain(1), rid), net.chain(2)
+    trainer.chain.join_trainer(rid)
+    verifier.join_verifier(rid)
+    coord.stake_coordinator(rid)
+    run = Run(net, rid, coord, [trainer], [verifier])
+
+    listed = json.loads(ok(capsys, "runs", "--json"))["runs"]
+    assert [(x["run_id"], x["state"], x["epochs"], x["trainers"]) for x in listed] == [(rid, "waiting", 1, 1)]
+    out = ok(capsys, "status", "--run", r)
+    assert "waiting for epoch 0" in out and "NOT OPENED" in out and "responses due" not in out
+
+    # the only trainer place is taken: a second trainer is refused before it stakes
+    line = refused(capsys, "trainer", "--run", r, "--account", "3")
+    assert "is full" in line and "nothing was staked" in line
+    assert coord.member(rid, net.accounts[3]).role == 0
+
+    trainer.commit(0)  # every active trainer committed: the epoch moves on to its reveals at once
+    out = ok(capsys, "status", "--run", r)
+    assert "REVEALING" in out and "reveals close" in out and "responses due" not in out
+    assert "UTC chain time" in out and "wall clock" in out
+    # epoch 0 was the run's last: nobody can take part any more, so a verifier is refused before staking
+    line = refused(capsys, "verifier", "--run", r, "--account", "4")
+    assert "no epoch left to join" in line and "nothing was staked" in line
+    assert coord.member(rid, net.accounts[4]).role == 0
+
+    trainer.reveal(0)
+    net.advance(1)
+    trainer.respond(0)
+    out = ok(capsys, "status", "--run", r)
+    assert "AUDITING" in out and "responses due" in out and "verdicts due" in out
+    run.judge_all(0)
+    run.finalize(0, [trainer])
+    out = ok(capsys, "status", "--run", r)
+    assert "finished: 1 of 1 epochs finalized" in out and "FINALIZED" in out
+    assert "responses due" not in out and "verdicts due" not in out and "pending" not in out
+    rep = json.loads(ok(capsys, "status", "--run", r, "--json"))
+    assert rep["run_state"] == "finished" and rep["trainers"][0]["outcome"] == "passed"
+    assert json.loads(ok(capsys, "runs", "--json"))["runs"][0]["state"] == "finished"
+    # without the config (its store unreachable) status still answers, from the chain alone, in seconds
+    t0 = time.monotonic()
+    out = ok(capsys, "status", "--run", r, "--store", "ipfs", "--ipfs-api", "/ip4/127.0.0.1/tcp/9")
+    assert "FINALIZED" in out and "waiting for epoch 1 (epoch 0 finalized" in out and time.monotonic() - t0 < 30
+
+    # rewards: 700 wei to the included trainer, 30 to the verifier whose verdict made the majority
+    assert "claimed 7e-16 ETH" in ok(capsys, "claim", "--account", "1")
+    assert coord.credits(net.accounts[1]) == 0
+    assert "nothing to claim" in ok(capsys, "claim", "--account", "1")
+
+    # leave, withdraw too early (told when), withdraw after the unbonding delay
+    assert "withdraw" in refused(capsys, "withdraw", "--run", r, "--account", "1")  # still a member: leave first
+    out = ok(capsys, "leave", "--run", r, "--account", "1")
+    assert f"left run {rid} as trainer" in out and "unbonds at" in out and "in 10" in out
+    assert "already left" in refused(capsys, "leave", "--run", r, "--account", "1")
+    line = refused(capsys, "withdraw", "--run", r, "--account", "1")
+    assert "still bonded" in line and "unbonds at" in line
+    before = coord.w3.eth.get_balance(net.accounts[1])
+    m = coord.member(rid, net.accounts[1])
+    while coord.now() < m.left_at + 100:  # the devnet's clock may run ahead of the wall clock it advances from
+        net.advance(m.left_at + 100 - coord.now())
+    assert "withdrew 1e-15 ETH" in ok(capsys, "withdraw", "--run", r, "--account", "1")
+    assert coord.member(rid, net.accounts[1]).role == 0
+    assert coord.w3.eth.get_balance(net.accounts[1]) > before - 10**16  # the stake came back (less the fee)
+    assert "no stake" in refused(capsys, "withdraw", "--run", r, "--account", "1")
+
+
+def test_a_keystore_signs_for_its_account(devnet: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VERILOCO_DEVNET", str(devnet.config.devnet_file))
+    (tmp_path / "pw").write_text("s3cret\n")
+    made = json.loads(ok(capsys, "account", "new", "--out", "node.json", "--password-file", "pw", "--json"))
+    out = ok(capsys, "claim", "--key", "node.json", "--password-file", "pw")
+    assert out.startswith(f"nothing to claim: {made['address']} has no credits")
+    (tmp_path / "wrong").write_text("guess\n")
+    assert "wrong password" in refused(capsys, "claim", "--key", "node.json", "--password-file", "wrong")

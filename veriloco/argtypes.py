@@ -1,0 +1,66 @@
+"""Argument types for the CLI: malformed values are refused by the parser, before anything connects or publishes.
+
+Each raises argparse.ArgumentTypeError with what was expected; the CLI's parser prints that as one
+line and exits with status 2 (veriloco/cli.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def run_id(text: str) -> int:
+    """A run id: runs are numbered from 1 (see `veriloco runs`)."""
+    n = _int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not a run id; runs are numbered from 1 (list them with `veriloco runs`)")
+    return n
+
+
+def epoch(text: str) -> int:
+    n = _int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} is not an epoch; epochs are numbered from 0")
+    return n
+
+
+def positive(text: str) -> int:
+    n = _int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} must be at least 1")
+    return n
+
+
+def non_negative(text: str) -> int:
+    n = _int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} must not be negative")
+    return n
+
+
+def seconds(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not x > 0 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+    return x
+
+
+def address(text: str) -> str:
+    """A 20-byte Ethereum address (0x + 40 hex digits; a mixed-case one must carry a valid checksum)."""
+    from eth_utils import is_address, to_checksum_address
+
+    if not (text.startswith("0x") and is_address(text)):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an Ethereum address (0x followed by 40 hex digits, checksummed if mixed-case)"
+        )
+    return str(to_checksum_address(text))

@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test devnet bench install node clean
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: the project's range must not pull a CUDA build.

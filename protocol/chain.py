@@ -72,7 +72,11 @@ __all__ = [
     "pair_proof", "response_indices", "revert_data", "verify_pair", "verify_response",
 ]
 
-ARTIFACT_PATH = Path(__file__).resolve().parents[1] / "contracts" / "build" / "Veriloco.json"
+# An installed wheel carries contracts/build/*.json as the package protocol.contracts (setup.py maps
+# one onto the other); a checkout reads contracts/build itself, where contracts/build.mjs writes.
+_PACKAGED_BUILD = Path(__file__).resolve().parent / "contracts"
+_BUILD = _PACKAGED_BUILD if (_PACKAGED_BUILD / "Veriloco.json").is_file() else Path(__file__).resolve().parents[1] / "contracts" / "build"
+ARTIFACT_PATH = _BUILD / "Veriloco.json"
 MODULE_ARTIFACT_PATH = ARTIFACT_PATH.with_name("VerilocoModule.json")
 NEVER_EPOCH = 2**32 - 1
 _T = TypeVar("_T")

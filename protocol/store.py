@@ -20,6 +20,7 @@ import io
 import os
 import tempfile
 import time
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -332,6 +333,10 @@ class IpfsStore(Store):
 
     def __init__(self, api: str = DEFAULT_IPFS_API, *, timeout: float = 30.0, deadline: float = 600.0):
         import ipfshttpclient  # imported here: only the production path needs it
+
+        # ipfshttpclient 0.7 hands urllib3 2 a `strict` flag it only warns about, on every request; a
+        # node operator can do nothing about it, so it is not printed
+        warnings.filterwarnings("ignore", message="The 'strict' parameter is no longer needed", category=FutureWarning)
 
         self.api, self.timeout, self.deadline = api, timeout, deadline
         self._errors = _transport_errors()

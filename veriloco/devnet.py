@@ -370,7 +370,7 @@ class DevnetProcess:
         c = self.config
         cmd = [
             sys.executable, "-m", "veriloco.cli", "devnet",
-            "--chain", c.chain, "--store", c.store, "--dir", str(c.state_dir),
+            "--chain", c.chain, "--store", c.store, "--dir", str(c.state_dir.resolve()),  # the child runs in the package's folder
             "--port", str(c.port), "--accounts", str(c.accounts),
         ]  # fmt: skip
         if c.chain_id is not None:

@@ -41,6 +41,7 @@ from protocol.run import (
 )
 from protocol.tokens import load_corpus_dir
 from veriloco.argtypes import positive, seconds
+from veriloco.logs import fields_text
 from veriloco.nodes import CHEAT_KINDS
 
 PHASES = {p: p.name.lower() for p in Phase}
@@ -137,6 +138,7 @@ def _spawn(role: str, index: int, account: int, devnet_file: Path, run_id: int, 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "veriloco.cli", role, "--run", str(run_id), "--devnet", str(devnet_file),
            "--account", str(account), "--workdir", str(opts.node_dir or opts.workdir / "nodes")]
+    cmd += ["--log-format", "json"]  # the demo reads the nodes' events
     if cheat:
         cmd += ["--cheat", cheat]
     if role == "trainer" and opts.stages > 1:
@@ -205,6 +207,10 @@ def _stop(nodes: list[NodeProc]) -> None:
         except subprocess.TimeoutExpired:
             n.proc.kill()
             n.proc.wait()
+
+
+CHAIN_LEGEND = ("chain lines: eN:phase is epoch N and its phase; then trainers that c committed, r revealed, "
+                "ok passed their audit, x failed it")
 
 
 def _status_line(chain: Chain, run_id: int, epochs: int) -> str:
@@ -322,13 +328,14 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
     coordinator = nodes[-1]
     last_line, last_table = "", 0.0
     deadline = time.monotonic() + opts.timeout_s
+    say(CHAIN_LEGEND)
     while True:
         for n in nodes:
             for ev in n.read():
                 if ev.get("event") in ("committed", "revealed", "responded", "verified", "finalized", "skipped",
                                        "commit-failed", "reveal-failed", "alarm", "error", "joined"):
                     detail = {k: v for k, v in ev.items() if k not in ("t", "node", "event")}
-                    say(f"  [{time.monotonic() - t_start:6.1f}s] {n.name:18s} {ev['event']:10s} {json.dumps(detail, default=str)[:150]}")
+                    say(f"  [{time.monotonic() - t_start:6.1f}s] {n.name:18s} {ev['event']:10s} {fields_text(detail)[:150]}")
         try:
             line = _status_line(chain, run_id, cfg.schedule.epochs)
         except ChainUnavailable:

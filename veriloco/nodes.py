@@ -1,16 +1,13 @@
 """`veriloco trainer | verifier | coordinator --run ID`: the three node programs.
 
 Each builds its edges (a `Chain` for its key, a `Store`) from the connection settings and hands
-them to the role's node loop. Progress goes to stdout as one JSON object per line, so a person can
-read it and a supervisor (the demo) can parse it.
+them to the role's node loop. Progress goes to stdout as readable lines, or with `--log-format json`
+as one JSON object per line for a supervisor (the demo) to parse (veriloco/logs.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +16,7 @@ from eth_account import Account
 from protocol.chain import Chain
 from protocol.statedir import check_run
 from veriloco.argtypes import positive, run_id
+from veriloco.logs import add_log_args, logger_from_args, node_logger
 from veriloco.settings import Settings, add_connection_args, open_store, resolve
 
 # adversarial behaviours for demos and security tests (trainer/cheats.py, trainer/adversaries.py)
@@ -26,13 +24,7 @@ CHEAT_KINDS = ["lazy", "noise", "copy", "forge-final", "stale-copy"]
 
 
 def json_logger(node: str, stream: Any = None) -> Callable[..., None]:
-    out = stream or sys.stdout
-
-    def log(event: str, **fields: Any) -> None:
-        out.write(json.dumps({"t": round(time.time(), 3), "node": node, "event": event, **fields}, default=str) + "\n")
-        out.flush()
-
-    return log
+    return node_logger(node, "json", stream=stream)
 
 
 def open_chain(s: Settings, run: int | None = None) -> Chain:
@@ -53,7 +45,7 @@ def _trainer(args: argparse.Namespace) -> int:
     behaviour = behaviours()[args.cheat]() if args.cheat else None
     TrainerNode(
         chain, open_store(s), args.run, s.workdir / f"trainer-{chain.sender}", behaviour=behaviour,
-        log=json_logger("trainer"), threads=args.threads, checkpoint_every=args.checkpoint_every,
+        log=logger_from_args(args, "trainer"), threads=args.threads, checkpoint_every=args.checkpoint_every,
         max_epochs=args.epochs, stages=args.stages, microbatches=args.microbatches,
     ).run()
     return 0
@@ -65,7 +57,7 @@ def _verifier(args: argparse.Namespace) -> int:
     s = resolve(args)
     chain = open_chain(s, args.run)
     VerifierNode(chain, open_store(s), args.run, s.workdir / f"verifier-{chain.sender}",
-                 log=json_logger("verifier"), threads=args.threads).run()
+                 log=logger_from_args(args, "verifier"), threads=args.threads).run()
     return 0
 
 
@@ -73,7 +65,7 @@ def _coordinator(args: argparse.Namespace) -> int:
     from coordinator.node import CoordinatorNode
 
     s = resolve(args)
-    CoordinatorNode(open_chain(s, args.run), open_store(s), args.run, log=json_logger("coordinator")).run()
+    CoordinatorNode(open_chain(s, args.run), open_store(s), args.run, log=logger_from_args(args, "coordinator")).run()
     return 0
 
 
@@ -86,6 +78,7 @@ def register(sub: Any) -> None:
         p = sub.add_parser(name, help=help_, description=help_)
         p.add_argument("--run", type=run_id, required=True, help="run id (see `veriloco run create`)")
         add_connection_args(p, workdir=True)
+        add_log_args(p)
         if name != "coordinator":
             p.add_argument("--threads", type=positive, default=1, help="torch threads; replay is exact only at equal settings")
         if name == "trainer":

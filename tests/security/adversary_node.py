@@ -37,6 +37,7 @@ from trainer.adversaries import ADVERSARIES, NODE_ADVERSARIES
 from trainer.node import TrainerNode
 from verifier.node import VerifierNode
 from verifier.replay import Finding
+from veriloco.logs import add_log_args
 from veriloco.nodes import json_logger, open_chain
 from veriloco.settings import add_connection_args, open_store, resolve
 
@@ -112,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("role", choices=["trainer", "coordinator", "verifier"])
     p.add_argument("--run", type=int, required=True)
     add_connection_args(p, workdir=True)
+    add_log_args(p)  # accepts the demo's --log-format json; this program always writes JSON lines
     p.add_argument("--behaviour", choices=sorted({*ADVERSARIES, *NODE_ADVERSARIES, "withhold", "lazy"}), default="forge-final")
     p.add_argument("--scale", type=float, help="coordinator: finalize the true aggregate times this factor")
     args = p.parse_args(argv)

@@ -26,7 +26,7 @@ included), gas per trainer, the largest single transaction, and the phase / coun
 the contract (`epochStatus`). The script exits non-zero unless every epoch is FINALIZED with every
 trainer included and nobody slashed.
 
-Settings: quorum 2, 2 challenged transitions, final check always drawn (worst case), traces of 33
+Settings: quorum 3, 2 challenged transitions, final check always drawn (worst case), traces of 33
 leaves, all windows 1 h (no window ever has to pass: every epoch advances early).
 Prints a Markdown table and writes JSON: machine, versions, settings, per_epoch.
 """
@@ -69,7 +69,7 @@ from veriloco.anvil import Anvil, AnvilConfig
 
 BLOCK_GAS = 30_000_000
 LEAVES = 33
-QUORUM = 2
+QUORUM = 3  # the default: a majority of three judges each trainer and attests each model
 STEPS = 2
 FINAL_BPS = 10_000
 SEED_TRIES = 5

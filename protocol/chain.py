@@ -604,6 +604,10 @@ class Chain:
     def block_number(self) -> int:
         return int(_rpc(lambda: self.w3.eth.block_number, self.where))
 
+    def block_hash(self, number: int) -> bytes:
+        """Hash of block `number` (what tells two chains with the same id and contract apart)."""
+        return bytes(_rpc(lambda: self.w3.eth.get_block(number)["hash"], self.where))
+
     # -------------------------------------------------------------- transactions
 
     def create_run(self, params: RunParams, reward_pool: int = 0) -> RunId:

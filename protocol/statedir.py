@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from protocol.chain import Chain, _rpc
+from protocol.chain import Chain
 from protocol.errors import VerilocoError
 
 
@@ -60,7 +60,7 @@ def run_identity(chain: Chain, run_id: int) -> RunIdentity:
             "use a node that keeps the chain's logs"
         )
     n = created[0].block_number
-    block_hash = bytes(_rpc(lambda: chain.w3.eth.get_block(n)["hash"], chain.where))
+    block_hash = chain.block_hash(n)
     return RunIdentity(chain.chain_id, str(chain.address), run_id, n, "0x" + block_hash.hex())
 
 

@@ -412,7 +412,7 @@ class VerifierNode:
         """Liveness: once the coordinator's half of the finalize window has passed (it is silent, or
         was slashed for a wrong model), finalize the recomputed aggregate ourselves; the contract lets
         any staked member do so, and the attestation committee checks our model like anyone's."""
-        from coordinator.build import build_global
+        from coordinator.build import PayloadMissing, build_global
 
         status = self.chain.epoch_status(self.run_id, e)
         if status.phase is not Phase.AUDITING:
@@ -427,6 +427,8 @@ class VerifierNode:
             raise
         except (VerilocoError, OSError) as exc:  # content missing for now: a passing verifier puts it back
             self._once(f"finalize-waiting:{e}", "finalize-waiting", epoch=e, error=str(exc))
+            if isinstance(exc, PayloadMissing) and exc.epoch == e:
+                self._report_for_a_silent_coordinator(e, exc)
             return
         cid = self.store.put(save_state(state))
         self.store.pin(cid)
@@ -439,6 +441,25 @@ class VerifierNode:
             return
         self.log("finalized", epoch=e, included=len(included), model=cid, gas=tx.gas_used,
                  reason="the coordinator did not finalize in its window")
+
+    def _report_for_a_silent_coordinator(self, e: int, missing: Any) -> None:
+        """Past the coordinator's half of the finalize window a passing payload is still missing and
+        nobody has reported it: report it once ourselves (docs/protocol.md §10.3), so the epoch does
+        not depend on the coordinator to get rid of a withholder. The coordinator had its grace."""
+        key = f"report:{e}:{missing.trainer}"
+        if key in self._said:
+            return
+        if self.chain.availability(self.run_id, e, missing.trainer).reporter is None:
+            try:
+                tx = self.chain.report_unavailable(self.run_id, e, missing.trainer)
+            except ChainUnavailable:
+                raise
+            except ChainError as exc:  # someone was first, or the epoch moved on
+                self.log("report-failed", epoch=e, trainer=missing.trainer, error=str(exc))
+            else:
+                self.log("reported-unavailable", epoch=e, trainer=missing.trainer, payload=missing.cid,
+                         gas=tx.gas_used, reason="the coordinator did not report it in its window")
+        self._said.add(key)
 
     def _check_aggregate(self, e: int) -> None:
         """Recompute a finalized epoch's model; on its attestation committee, attest what we computed

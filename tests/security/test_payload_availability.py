@@ -227,3 +227,25 @@ def test_a_payload_that_was_only_slow_costs_the_reporter(tmp_path: Path) -> None
     bystander._keep()
     assert coordinator._try_finalize(0)
     assert chain.events(["EpochFinalized"], run_id=run_id, epoch=0)[0].args["included"] == 1
+
+
+def test_past_the_coordinators_window_a_verifier_reports_and_finalizes(tmp_path: Path) -> None:
+    """Liveness without the coordinator: it never runs here; the verifier that did not pass the
+    trainer reports the payload past the coordinator's half of the window, votes, and finalizes."""
+    w = _passed_and_deleted(tmp_path, verifiers=2)
+    chain, run_id = w["net"].chain(COORDINATOR), w["run_id"]
+    w["verifier"].keeper.release(0)
+    bystander, blog = w["bystander"]
+    bystander._finalize_for_a_silent_coordinator(0)  # still the coordinator's turn: nothing
+    assert chain.events(["AvailabilityReported"], run_id=run_id) == []
+    half = chain.epoch_times(run_id, 0).finalize_deadline - chain.run_info(run_id).params.finalize_window // 2
+    w["net"].advance(half - chain.now() + 1)
+    bystander._finalize_for_a_silent_coordinator(0)
+    bystander._finalize_for_a_silent_coordinator(0)  # reports once
+    assert [ev.args["reporter"] for ev in chain.events(["AvailabilityReported"], run_id=run_id)] == [bystander.me]
+    assert len(blog.events("reported-unavailable")) == 1
+    bystander._judge_availability(0)
+    assert chain.availability(run_id, 0, w["trainer"]).decision is False
+    bystander._finalize_for_a_silent_coordinator(0)
+    assert chain.events(["EpochFinalized"], run_id=run_id, epoch=0)[0].args["included"] == 0
+    assert [(e.args["trainer"], e.args["reason"]) for e in chain.events(["Slashed"], run_id=run_id)] == [(w["trainer"], 4)]

@@ -31,6 +31,18 @@ class ModelUnavailable(VerilocoError):
     """A global state nobody can recompute yet: an earlier epoch is still open, or a passing payload is missing."""
 
 
+class PayloadMissing(ModelUnavailable):
+    """A passing trainer's payload cannot be fetched (gone, or not the bytes its CID and digest name).
+
+    Says whose and which epoch's, so the coordinator can report exactly that trainer's payload to
+    its availability committee (docs/protocol.md §10.2) once it has stayed missing too long.
+    """
+
+    def __init__(self, message: str, *, epoch: int, trainer: Address, cid: str) -> None:
+        super().__init__(message)
+        self.epoch, self.trainer, self.cid = epoch, trainer, cid
+
+
 def epoch_update(chain: Chain, store: Store, ctx: RunContext, epoch: int, g: GlobalState) -> tuple[GlobalState, list[Address]]:
     """(`g` stepped with `epoch`'s passing payloads, the passing trainers); `g` itself if none decodes."""
     included = passing_trainers(chain, ctx.run_id, epoch, ctx.info.params.quorum)
@@ -42,7 +54,8 @@ def epoch_update(chain: Chain, store: Store, ctx: RunContext, epoch: int, g: Glo
         except StoreUnavailable:
             raise  # our own store is down: wait it out, the content may well be there
         except StoreError as exc:
-            raise ModelUnavailable(f"epoch {epoch}: passing trainer {t}'s payload {ev['payloadCid']}: {exc}") from exc
+            raise PayloadMissing(f"epoch {epoch}: passing trainer {t}'s payload {ev['payloadCid']}: {exc}",
+                                 epoch=epoch, trainer=t, cid=ev["payloadCid"]) from exc
         try:
             deltas.append(decode(unwrap(data, run_id=ctx.run_id, epoch=epoch, trainer=t).body, ctx.param_shapes))
         except PayloadError:

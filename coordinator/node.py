@@ -9,7 +9,13 @@ retried until the epoch expires; the coordinator never exits on it.
 Content it cannot get (a payload deleted after its pass, a model or config gone from the store,
 bytes that do not match their CID or digest) never stops it: it says so in one line and tries again
 every poll until the content is back (a passing verifier re-publishes the payloads it vouched for,
-verifier/keeper.py) or the epoch's finalize deadline passes and the epoch is Aborted.
+verifier/keeper.py) or the epoch's finalize deadline passes and the epoch is Aborted. A passing
+trainer's payload that stays missing for a grace period (`report_after` of the time then left before
+the finalize deadline, at least `MIN_REPORT_POLLS` polls) is reported once to its availability
+committee (docs/protocol.md §10.2); once the committee judges it unavailable the trainer is no
+longer passing, the aggregate leaves it out, and the epoch finalizes. The grace is what keeps an
+honest coordinator from reporting a payload that is merely slow (a committee that fetches it
+slashes the reporter), while leaving the committee most of the window to vote.
 
 Run it with `veriloco coordinator --run ID`.
 """
@@ -21,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from coordinator.build import VerifiedGlobals, build_global
+from coordinator.build import PayloadMissing, VerifiedGlobals, build_global
 from coordinator.outer import global_params
 from protocol.chain import Chain, ChainError, ChainUnavailable, Phase
 from protocol.errors import VerilocoError
@@ -33,6 +39,7 @@ from protocol.store import Store
 Log = Callable[..., None]
 T = TypeVar("T")
 TERMINAL = (Phase.FINALIZED, Phase.ABORTED)
+MIN_REPORT_POLLS = 8  # the shortest grace, in polls, before a missing payload is reported
 NOT_CONTENT: tuple[type[BaseException], ...] = (ChainError, *TRANSIENT)  # a refusal or an outage keeps its own handling
 
 
@@ -42,11 +49,17 @@ class CoordinatorError(VerilocoError):
 
 class CoordinatorNode:
     def __init__(self, chain: Chain, store: Store, run_id: int, *, log: Log | None = None, poll_s: float = 0.25,
-                 evaluate: bool = True) -> None:
+                 evaluate: bool = True, report_after: float = 0.25,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.chain, self.store, self.run_id = chain, store, run_id
         self.log: Log = log or (lambda event, **kv: None)
         self.poll_s, self.evaluate = poll_s, evaluate
+        self.report_after = report_after  # share of the time left before the finalize deadline
+        self.clock = clock  # measures how long a payload has been missing
         self._missing: dict[str, float] = {}  # what -> when its content first went missing
+        self._error: dict[str, VerilocoError] = {}  # what -> why it is missing now
+        self._absent: dict[tuple[int, str], tuple[float, float]] = {}  # (epoch, trainer) -> (first seen, grace s)
+        self._reported: set[tuple[int, str]] = set()
 
     def _content(self, what: str, fetch: Callable[[], T]) -> T | None:
         """`fetch()`, or None (logged once per `what`) while the content it reads is missing or malformed.
@@ -58,6 +71,7 @@ class CoordinatorNode:
         except NOT_CONTENT:
             raise
         except VerilocoError as exc:  # store, digest, format, payload or aggregation errors
+            self._error[what] = exc
             if what not in self._missing:
                 self._missing[what] = time.monotonic()
                 self.log("content-missing", what=what, error=f"{type(exc).__name__}: {exc}", retry_s=self.poll_s)
@@ -101,6 +115,7 @@ class CoordinatorNode:
         t0 = time.monotonic()
         built = self._content(f"epoch {e}", functools.partial(build_global, self.chain, self.store, self.ctx, e, self.globals))
         if built is None:
+            self._report_if_withheld(e, self._error.get(f"epoch {e}"))
             return False
         state, included, digest = built
         cid = self.store.put(save_state(state))
@@ -120,3 +135,37 @@ class CoordinatorNode:
             fields["eval_loss"] = round(eval_model(self.ctx, global_params(state)), 4)
         self.log("finalized", **fields)
         return True
+
+    def _report_if_withheld(self, e: int, why: VerilocoError | None) -> None:
+        """Report a passing trainer of epoch e whose payload has stayed missing past its grace, once.
+
+        Only this epoch's payloads (an earlier epoch is over: nothing to challenge), only while
+        nobody has reported it yet. A refused report (the epoch left Auditing, someone else was
+        first) is logged and not retried; an outage propagates and the next poll tries again.
+        """
+        if not isinstance(why, PayloadMissing) or why.epoch != e:
+            return
+        key = (e, why.trainer)
+        if key in self._reported:
+            return
+        now = self.clock()
+        if key not in self._absent:
+            left = max(0, self.chain.epoch_times(self.run_id, e).finalize_deadline - self.chain.now())
+            self._absent[key] = (now, max(self.report_after * left, MIN_REPORT_POLLS * self.poll_s))
+        first, grace = self._absent[key]
+        if now - first < grace:
+            return
+        if self.chain.availability(self.run_id, e, why.trainer).reporter is not None:
+            self._reported.add(key)
+            return  # already challenged: its committee is voting
+        try:
+            tx = self.chain.report_unavailable(self.run_id, e, why.trainer)
+        except ChainUnavailable:
+            raise  # not a refusal: the next poll tries again
+        except ChainError as exc:
+            self._reported.add(key)
+            self.log("report-failed", epoch=e, trainer=why.trainer, error=str(exc))
+            return
+        self._reported.add(key)
+        self.log("reported-unavailable", epoch=e, trainer=why.trainer, payload=why.cid,
+                 missing_s=round(now - first, 1), gas=tx.gas_used)

@@ -5,8 +5,10 @@ states and the payload (all checked against CIDs and on-chain digests), runs the
 verifier/replay.py, publishes the findings as evidence, and posts the verdict. Anything malformed a
 trainer sends is a failed finding, never a crash. A pass also vouches for the payload's
 availability: the verifier keeps its own copy and puts it back into the store whenever it goes
-missing, until the epoch is over (verifier/keeper.py). After an epoch finalizes it recomputes the
-coordinator's aggregate and reports a mismatch.
+missing, until the epoch is over (verifier/keeper.py). A payload reported unavailable is fetched
+by its availability committee; a member votes available (and keeps the copy) iff it gets the
+revealed bytes, else unavailable (docs/protocol.md §10.2). After an epoch finalizes it recomputes
+the coordinator's aggregate and reports a mismatch.
 
 Run it with `veriloco verifier --run ID`.
 """
@@ -129,6 +131,7 @@ class VerifierNode:
         self._keep()
         for e in range(max(0, nxt - 3), nxt):
             self._audit_epoch(e)
+            self._judge_availability(e)
             self._finalize_for_a_silent_coordinator(e)
             self._check_aggregate(e)
         if nxt > last and self.chain.epoch_status(self.run_id, last).phase in (Phase.FINALIZED, Phase.ABORTED):
@@ -160,6 +163,56 @@ class VerifierNode:
                 raise
             except (StoreError, OSError) as exc:
                 self._once(f"keep:{e}", "keep-failed", epoch=e, error=str(exc))
+
+    def _judge_availability(self, e: int) -> None:
+        """Vote on every reported payload of epoch e whose availability committee we are on, once.
+
+        Available iff we fetch the revealed bytes (CID and digest checked, within the store's
+        timeouts) and keep them, like a pass; anything else a trainer did (nothing published,
+        deleted, wrong bytes, too slow) is unavailable. Our own store or chain outage propagates:
+        the vote is retried once the endpoint is back, never cast on our own failure.
+        """
+        if self.chain.epoch_status(self.run_id, e).phase is not Phase.AUDITING:
+            return
+        for ev in self.chain.events(["AvailabilityReported"], run_id=self.run_id, epoch=e):
+            t = ev.args["trainer"]
+            key = f"available:{e}:{t}"
+            if key in self._said or key in self._done():
+                continue
+            a = self.chain.availability(self.run_id, e, t)
+            if a.decision is not None or self.me.lower() not in {v.lower() for v in a.committee}:
+                self._said.add(key)  # nothing for us to do, now or later
+                continue
+            available, detail = self._fetch_reported(e, t)
+            try:
+                tx = self.chain.vote_availability(self.run_id, e, t, available)
+            except ChainUnavailable:
+                raise
+            except ChainError as exc:  # voted before a restart, decided meanwhile, or the epoch moved on
+                self._record(key, {"available": available, "error": str(exc)})
+                self.log("availability-vote-failed", epoch=e, trainer=t, error=str(exc))
+                continue
+            self._record(key, {"available": available})
+            self.log("availability-voted", epoch=e, trainer=t, available=available, detail=detail, gas=tx.gas_used)
+
+    def _fetch_reported(self, e: int, t: str) -> tuple[bool, str]:
+        """(fetched and kept, why): the reported trainer's revealed payload, as a pass would check it."""
+        try:
+            reveal = self.chain.revealed(self.run_id, e, t)[0].args
+            data = revealed_payload(self.store, reveal)
+        except StoreTimeout as exc:  # the trainer's content, not our endpoint: too slow is unavailable
+            return False, f"not retrievable in time: {exc}"
+        except TRANSIENT:
+            raise
+        except (VerilocoError, IndexError, KeyError, ValueError, TypeError) as exc:
+            return False, f"{type(exc).__name__}: {exc}"
+        try:
+            self.keeper.hold(e, Cid(reveal["payloadCid"]), data)
+        except TRANSIENT:
+            raise
+        except (StoreError, OSError) as exc:  # our disk, not the trainer: the bytes were there
+            self.log("keep-failed", epoch=e, trainer=t, error=str(exc))
+        return True, "fetched and kept"
 
     # ------------------------------------------------------------------ audits
 
@@ -359,7 +412,7 @@ class VerifierNode:
         """Liveness: once the coordinator's half of the finalize window has passed (it is silent, or
         was slashed for a wrong model), finalize the recomputed aggregate ourselves; the contract lets
         any staked member do so, and the attestation committee checks our model like anyone's."""
-        from coordinator.build import build_global
+        from coordinator.build import PayloadMissing, build_global
 
         status = self.chain.epoch_status(self.run_id, e)
         if status.phase is not Phase.AUDITING:
@@ -374,6 +427,8 @@ class VerifierNode:
             raise
         except (VerilocoError, OSError) as exc:  # content missing for now: a passing verifier puts it back
             self._once(f"finalize-waiting:{e}", "finalize-waiting", epoch=e, error=str(exc))
+            if isinstance(exc, PayloadMissing) and exc.epoch == e:
+                self._report_for_a_silent_coordinator(e, exc)
             return
         cid = self.store.put(save_state(state))
         self.store.pin(cid)
@@ -386,6 +441,25 @@ class VerifierNode:
             return
         self.log("finalized", epoch=e, included=len(included), model=cid, gas=tx.gas_used,
                  reason="the coordinator did not finalize in its window")
+
+    def _report_for_a_silent_coordinator(self, e: int, missing: Any) -> None:
+        """Past the coordinator's half of the finalize window a passing payload is still missing and
+        nobody has reported it: report it once ourselves (docs/protocol.md §10.3), so the epoch does
+        not depend on the coordinator to get rid of a withholder. The coordinator had its grace."""
+        key = f"report:{e}:{missing.trainer}"
+        if key in self._said:
+            return
+        if self.chain.availability(self.run_id, e, missing.trainer).reporter is None:
+            try:
+                tx = self.chain.report_unavailable(self.run_id, e, missing.trainer)
+            except ChainUnavailable:
+                raise
+            except ChainError as exc:  # someone was first, or the epoch moved on
+                self.log("report-failed", epoch=e, trainer=missing.trainer, error=str(exc))
+            else:
+                self.log("reported-unavailable", epoch=e, trainer=missing.trainer, payload=missing.cid,
+                         gas=tx.gas_used, reason="the coordinator did not report it in its window")
+        self._said.add(key)
 
     def _check_aggregate(self, e: int) -> None:
         """Recompute a finalized epoch's model; on its attestation committee, attest what we computed

@@ -12,6 +12,8 @@ the contract accepts it) but a model nudged away from the true aggregate, or wit
 aggregate times a factor (1e30: finite, but nobody can train on it) (docs/security.md C1).
 `verifier --behaviour lazy` passes every trainer assigned to it without fetching or replaying
 anything, so it can only commit a made-up (zero) replay witness (docs/security.md V3).
+`verifier --behaviour forgetful` judges honestly but keeps no copy of what it passes, so a payload
+its trainer withholds can only be judged by the availability committee (docs/security.md T17).
 The demo's CLI only knows the cheats of trainer/cheats.py, so the test swaps these commands in.
 """
 
@@ -33,8 +35,10 @@ from protocol.digest import state_digest
 from protocol.formats import save_state
 from protocol.run import passing_trainers
 from protocol.store import LocalStore
+from protocol.types import Cid
 from trainer.adversaries import ADVERSARIES, NODE_ADVERSARIES
 from trainer.node import TrainerNode
+from verifier.keeper import Keeper
 from verifier.node import VerifierNode
 from verifier.replay import Finding
 from veriloco.logs import add_log_args
@@ -108,21 +112,37 @@ class LazyVerifier(VerifierNode):
         return [Finding("lazy", True, "not replayed")]
 
 
+class NoCopies(Keeper):
+    """Vouches for payloads without keeping them: nothing is held, so nothing is ever put back."""
+
+    def hold(self, epoch: int, cid: Cid, data: bytes) -> None:
+        return None
+
+
+class ForgetfulVerifier(VerifierNode):
+    """Honest audits and votes; keeps no copy of the payloads it passes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.keeper = NoCopies(self.keeper.root, self.store)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="adversary_node", description=__doc__)
     p.add_argument("role", choices=["trainer", "coordinator", "verifier"])
     p.add_argument("--run", type=int, required=True)
     add_connection_args(p, workdir=True)
     add_log_args(p)  # accepts the demo's --log-format json; this program always writes JSON lines
-    p.add_argument("--behaviour", choices=sorted({*ADVERSARIES, *NODE_ADVERSARIES, "withhold", "lazy"}), default="forge-final")
+    p.add_argument("--behaviour", choices=sorted({*ADVERSARIES, *NODE_ADVERSARIES, "withhold", "lazy", "forgetful"}), default="forge-final")
     p.add_argument("--scale", type=float, help="coordinator: finalize the true aggregate times this factor")
     args = p.parse_args(argv)
     s = resolve(args)
     chain = open_chain(s)
     if args.role == "verifier":
-        if args.behaviour != "lazy":
-            p.error(f"verifier behaviour must be lazy, got {args.behaviour}")
-        LazyVerifier(chain, open_store(s), args.run, s.workdir / f"verifier-{chain.sender}", log=json_logger("verifier")).run()
+        if args.behaviour not in ("lazy", "forgetful"):
+            p.error(f"verifier behaviour must be lazy or forgetful, got {args.behaviour}")
+        verifier = LazyVerifier if args.behaviour == "lazy" else ForgetfulVerifier
+        verifier(chain, open_store(s), args.run, s.workdir / f"verifier-{chain.sender}", log=json_logger("verifier")).run()
     elif args.role == "trainer" and args.behaviour in NODE_ADVERSARIES:
         NODE_ADVERSARIES[args.behaviour](chain, open_store(s), args.run, s.workdir / f"trainer-{chain.sender}",
                                          log=json_logger("trainer")).run()

@@ -9,6 +9,11 @@ whatever it aggregates of trainer0 was put back by the verifier that passed it.
 Expected: every epoch finalizes with trainer0 included and the model equal to the honest
 recomputation; the verifier that passed trainer0 re-published each deleted payload; nobody is
 slashed (trainer0 did its work; its deletion cost the run nothing).
+
+The second test takes the copies away too: both verifiers are adversary_node `forgetful` (honest
+audits, no kept copies), so nobody can produce trainer0's payload. The coordinator reports it once
+it has stayed missing past its grace, the verifier that did not pass trainer0 (its availability
+committee) fails to fetch it and votes unavailable, and the epoch finalizes without trainer0.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +92,79 @@ def test_a_passing_trainer_that_deletes_its_payload_cannot_stall_the_run(
     assert set(withheld.items()) <= republished, log
     alarms = [ev for i in range(opts.verifiers) for ev in _events(logs / f"verifier{i}.jsonl") if ev.get("event") == "alarm"]
     assert alarms == []
+
+
+UNAVAILABLE = 4  # Slashed reason (Veriloco.SLASH_UNAVAILABLE)
+
+
+def _withholding_network(swaps: dict[str, str]) -> Callable[[Control], None]:
+    """An on_tick hook: swap the named nodes for adversary_node behaviours on the first tick, then
+    hold the coordinator (SIGSTOP) while trainer0 has revealed in an auditing epoch whose payload it
+    has not deleted yet, so the coordinator can only aggregate once the payload is gone."""
+    held = {"swapped": False, "paused": False}
+
+    def tick(control: Control) -> None:
+        if not held["swapped"]:  # first tick: the nodes are still importing torch
+            for name, behaviour in swaps.items():
+                n = control.node(name)
+                control.kill(name)
+                n.cmd = [sys.executable, "-m", "tests.security.adversary_node", *n.cmd[3:], "--behaviour", behaviour]
+                n.cheat = behaviour
+                control.restart(name)
+            held["swapped"] = True
+        adversary = control.node(ADVERSARY)
+        withheld = {ev["epoch"] for ev in adversary.events if ev.get("event") == "withholding"}
+        out = any(ev.args["trainer"].lower() == adversary.address.lower()
+                  for ev in control.chain.events(["Slashed"], run_id=control.run_id))
+        pending = not out and any(
+            control.chain.epoch_status(control.run_id, e).phase is Phase.AUDITING and e not in withheld
+            and control.chain.revealed(control.run_id, e, adversary.address) for e in range(EPOCHS))
+        if pending != held["paused"]:
+            os.kill(control.node("coordinator0").proc.pid, signal.SIGSTOP if pending else signal.SIGCONT)
+            held["paused"] = pending
+
+    return tick
+
+
+def test_a_payload_nobody_can_produce_is_judged_unavailable_and_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    tick = _withholding_network({ADVERSARY: "withhold", "verifier0": "forgetful", "verifier1": "forgetful"})
+    seen: dict[str, Any] = {}
+
+    def inspect(chain: Chain, store: Any, run_id: int) -> None:
+        seen["slashed"] = [(ev.args["trainer"], ev.args["epoch"], ev.args["reason"])
+                           for ev in chain.events(["Slashed"], run_id=run_id)]
+        seen["verifiers_slashed"] = [(ev.args["verifier"], ev.args["trainer"], ev.args["epoch"])
+                                     for ev in chain.events(["VerifierSlashed"], run_id=run_id)]
+        seen["passers"] = {(ev.args["trainer"], ev.args["epoch"]): ev.args["verifier"]
+                           for ev in chain.events(["VerdictSubmitted"], run_id=run_id) if ev.args["passed"]}
+        seen["reports"] = [(ev.args["trainer"], ev.args["epoch"], ev.args["reporter"])
+                           for ev in chain.events(["AvailabilityReported"], run_id=run_id)]
+        seen["decided"] = [(ev.args["trainer"], ev.args["epoch"], ev.args["available"])
+                           for ev in chain.events(["AvailabilityDecided"], run_id=run_id)]
+        seen["coordinator"] = chain.run_info(run_id).params.coordinator
+        for e in range(EPOCHS):
+            seen.setdefault("phases", []).append(chain.epoch_status(run_id, e).phase)
+            seen.setdefault("passing", []).append({t.lower() for t in passing_trainers(chain, run_id, e)})
+
+    opts = DemoOptions(trainers=3, verifiers=2, quorum=1, epochs=EPOCHS, steps=4, workdir=tmp_path / "demo", timeout_s=480)
+    s, log = run_network(opts, inspect=inspect, on_tick=tick)
+    logs = opts.workdir / "logs"
+    adversary = next(a for a, kind in s["cheaters"].items() if kind == "withhold")
+    withheld = {ev["epoch"] for ev in _events(logs / f"{ADVERSARY}.jsonl") if ev.get("event") == "withholding"}
+    assert withheld, log  # the attack ran (in epoch 0; slashed there, it is out of the later epochs)
+    assert s["epochs_finalized"] == EPOCHS and seen["phases"] == [Phase.FINALIZED] * EPOCHS, log
+    # the withholder is slashed for it, once per withheld epoch, and left out of those epochs
+    assert sorted(seen["slashed"]) == [(adversary, e, UNAVAILABLE) for e in sorted(withheld)], log
+    assert all(adversary.lower() not in seen["passing"][e] for e in withheld)
+    assert [(t, e, False) for t, e, _ in seen["reports"]] == seen["decided"] == [(adversary, e, False) for e in sorted(withheld)]
+    assert {r for _, _, r in seen["reports"]} == {seen["coordinator"]}  # the coordinator reported; not slashed
+    # the only verifiers slashed vouched for the withheld payload; the committee that judged it is not
+    assert sorted(seen["verifiers_slashed"]) == sorted((seen["passers"][(adversary, e)], adversary, e) for e in withheld)
+    reported = [ev for ev in _events(logs / "coordinator0.jsonl") if ev.get("event") == "reported-unavailable"]
+    assert [ev["epoch"] for ev in reported] == sorted(withheld), log
+    votes = [ev for i in range(opts.verifiers) for ev in _events(logs / f"verifier{i}.jsonl")
+             if ev.get("event") == "availability-voted"]
+    assert [(ev["epoch"], ev["available"]) for ev in votes] == [(e, False) for e in sorted(withheld)], log

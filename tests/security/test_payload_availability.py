@@ -49,10 +49,13 @@ class Log:
         return [f for e, f in self.lines if e == name]
 
 
-def _passed_and_deleted(tmp_path: Path) -> dict[str, Any]:
-    """Epoch 0 in AUDITING: the trainer passed its audit, then deleted its payload from the store."""
+def _passed_and_deleted(tmp_path: Path, verifiers: int = 1, **coordinator_kw: Any) -> dict[str, Any]:
+    """Epoch 0 in AUDITING: the trainer passed its audit, then deleted its payload from the store.
+
+    With two verifiers (quorum 1) the one the seed assigns is `verifier`, the other `bystander`:
+    the trainer's availability committee."""
     configure_determinism(1)
-    net = PyEvmNet(accounts=3)
+    net = PyEvmNet(accounts=2 + verifiers)
     store = LocalStore(tmp_path / "store")
     cfg = RunConfig(name="availability").replace(
         data={"corpus_bytes": 200_000, "batch_size": 4, "seq_len": 32},
@@ -64,7 +67,9 @@ def _passed_and_deleted(tmp_path: Path) -> dict[str, Any]:
     ctx = open_run(net.chain(COORDINATOR), store, run_id)
     spec = RoundSpec.from_config(cfg)
     rank, steps = Schedule(net.chain(COORDINATOR), store, ctx, spec).for_epoch(0)
-    net.chain(VERIFIER).join_verifier(run_id)
+    vaccounts = [VERIFIER, *range(TRAINER + 1, TRAINER + verifiers)]
+    for v in vaccounts:
+        net.chain(v).join_verifier(run_id)
     net.chain(COORDINATOR).stake_coordinator(run_id)
     t = net.chain(TRAINER)
     t.join_trainer(run_id)
@@ -87,21 +92,29 @@ def _passed_and_deleted(tmp_path: Path) -> dict[str, Any]:
                        final=a.final_check, cid_of_leaf=lambda k: store.put(save_state(states[k])))
     t.respond(run_id, 0, store.put(encode_manifest(m)), build_response(digests, seed, me, 2, 10_000))
 
-    vlog = Log()
-    verifier = VerifierNode(net.chain(VERIFIER), store, run_id, tmp_path / "verifier", log=vlog)
-    verifier.ctx, verifier.spec = ctx, spec  # what run() sets up before its loop
-    verifier.schedule = Schedule(verifier.chain, store, ctx, spec)
-    verifier._audit_epoch(0)
+    nodes: list[tuple[VerifierNode, Log]] = []
+    for v in vaccounts:
+        log = Log()
+        node = VerifierNode(net.chain(v), store, run_id, tmp_path / f"verifier{v}", log=log)
+        node.ctx, node.spec = ctx, spec  # what run() sets up before its loop
+        node.schedule = Schedule(node.chain, store, ctx, spec)
+        nodes.append((node, log))
+    for _ in range(2):  # judge and commit, then reveal once every verifier has committed
+        for node, _log in nodes:
+            node._audit_epoch(0)
+    nodes.sort(key=lambda n: n[0].me not in a.verifiers)  # the assigned verifier first
+    (verifier, vlog), others = nodes[0], nodes[1:]
     assert [v["passed"] for v in vlog.events("verified")] == [True], vlog.lines
     assert verifier.keeper.held(0) == [payload]  # kept before the vote
 
     store.path_of(payload).unlink()  # the attack: withdraw the payload once the pass is in
     clog = Log()
-    coordinator = CoordinatorNode(net.chain(COORDINATOR), store, run_id, log=clog, evaluate=False)
+    coordinator = CoordinatorNode(net.chain(COORDINATOR), store, run_id, log=clog, evaluate=False, **coordinator_kw)
     coordinator.ctx = ctx
     coordinator.globals = VerifiedGlobals(coordinator.chain, store, ctx)  # what run() sets up too
     return {"net": net, "store": store, "run_id": run_id, "trainer": me, "payload": Cid(payload),
-            "verifier": verifier, "vlog": vlog, "coordinator": coordinator, "clog": clog, "cfg": cfg}
+            "verifier": verifier, "vlog": vlog, "coordinator": coordinator, "clog": clog, "cfg": cfg,
+            "bystander": others[0] if others else None, "publication": pub}
 
 
 def test_the_verifier_puts_the_payload_back_and_the_epoch_finalizes(tmp_path: Path) -> None:
@@ -140,3 +153,99 @@ def test_without_a_keeper_the_coordinator_waits_until_the_deadline_aborts_the_ep
     assert coordinator._try_finalize(0)  # the loop moves on instead of waiting forever
     assert chain.epoch_status(run_id, 0).phase is Phase.ABORTED
     assert w["clog"].events("aborted") == [{"epoch": 0, "reason": "content still missing at the finalize deadline"}]
+
+
+class Clock:
+    """The coordinator's clock for how long a payload has been missing, moved by hand."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _reported(tmp_path: Path, attack: str) -> dict[str, Any]:
+    """Nobody keeps the deleted (or corrupted) payload; the coordinator reports it once past its grace."""
+    clock = Clock()
+    w = _passed_and_deleted(tmp_path, verifiers=2, clock=clock)
+    coordinator, chain, run_id, store = w["coordinator"], w["net"].chain(COORDINATOR), w["run_id"], w["store"]
+    w["verifier"].keeper.release(0)  # the passing verifier is dishonest: it keeps no copy
+    if attack == "corrupted":  # bytes under the payload's name that are not its bytes
+        path = store.path_of(w["payload"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"not the payload")
+    for _ in range(3):  # within the grace: missing, not yet reported (it may only be slow)
+        assert not coordinator._try_finalize(0)
+        clock.t += 1.0
+    assert chain.events(["AvailabilityReported"], run_id=run_id) == []
+    assert len(w["clog"].events("content-missing")) == 1
+    left = chain.epoch_times(run_id, 0).finalize_deadline - chain.now()
+    clock.t += coordinator.report_after * left
+    assert not coordinator._try_finalize(0)
+    assert not coordinator._try_finalize(0)  # reported once
+    reports = chain.events(["AvailabilityReported"], run_id=run_id)
+    assert [(r.args["trainer"], r.args["reporter"]) for r in reports] == [(w["trainer"], coordinator.chain.sender)]
+    assert [r["trainer"] for r in w["clog"].events("reported-unavailable")] == [w["trainer"]]
+    a = chain.availability(run_id, 0, w["trainer"])
+    bystander, _ = w["bystander"]
+    assert a.committee == [bystander.me] and a.decision is None  # the verifier that did not vouch for it
+    return w
+
+
+@pytest.mark.parametrize("attack", ["deleted", "corrupted"])
+def test_a_payload_nobody_keeps_is_judged_unavailable_and_left_out(tmp_path: Path, attack: str) -> None:
+    w = _reported(tmp_path, attack)
+    coordinator, chain, run_id = w["coordinator"], w["net"].chain(COORDINATOR), w["run_id"]
+    bystander, blog = w["bystander"]
+    w["verifier"]._judge_availability(0)  # not on the committee: does nothing
+    assert w["vlog"].events("availability-voted") == []
+    bystander._judge_availability(0)
+    bystander._judge_availability(0)  # votes once
+    assert [(v["trainer"], v["available"]) for v in blog.events("availability-voted")] == [(w["trainer"], False)]
+    assert chain.availability(run_id, 0, w["trainer"]).decision is False
+    assert bystander.keeper.held(0) == []
+    slashed = [(e.args["trainer"], e.args["reason"]) for e in chain.events(["Slashed"], run_id=run_id)]
+    assert slashed == [(w["trainer"], 4)]  # SLASH_UNAVAILABLE; the reporter is not slashed
+    assert [e.args["verifier"] for e in chain.events(["VerifierSlashed"], run_id=run_id)] == [w["verifier"].me]
+    assert passing_trainers(chain, run_id, 0) == []
+    assert coordinator._try_finalize(0)  # the aggregate leaves it out; the content bookkeeping lets it go on
+    assert chain.events(["EpochFinalized"], run_id=run_id, epoch=0)[0].args["included"] == 0
+
+
+def test_a_payload_that_was_only_slow_costs_the_reporter(tmp_path: Path) -> None:
+    w = _reported(tmp_path, "deleted")
+    coordinator, chain, run_id, store = w["coordinator"], w["net"].chain(COORDINATOR), w["run_id"], w["store"]
+    bystander, blog = w["bystander"]
+    assert store.put(w["publication"]) == w["payload"]  # the trainer serves it after all, late
+    bystander._judge_availability(0)
+    assert [(v["trainer"], v["available"]) for v in blog.events("availability-voted")] == [(w["trainer"], True)]
+    assert bystander.keeper.held(0) == [w["payload"]]  # an available vote keeps the copy, like a pass
+    slashed = [(e.args["trainer"], e.args["reason"]) for e in chain.events(["Slashed"], run_id=run_id)]
+    assert slashed == [(coordinator.chain.sender, 5)]  # SLASH_FALSE_REPORT
+    store.path_of(w["payload"]).unlink()  # gone again: the committee member puts its copy back
+    bystander._keep()
+    assert coordinator._try_finalize(0)
+    assert chain.events(["EpochFinalized"], run_id=run_id, epoch=0)[0].args["included"] == 1
+
+
+def test_past_the_coordinators_window_a_verifier_reports_and_finalizes(tmp_path: Path) -> None:
+    """Liveness without the coordinator: it never runs here; the verifier that did not pass the
+    trainer reports the payload past the coordinator's half of the window, votes, and finalizes."""
+    w = _passed_and_deleted(tmp_path, verifiers=2)
+    chain, run_id = w["net"].chain(COORDINATOR), w["run_id"]
+    w["verifier"].keeper.release(0)
+    bystander, blog = w["bystander"]
+    bystander._finalize_for_a_silent_coordinator(0)  # still the coordinator's turn: nothing
+    assert chain.events(["AvailabilityReported"], run_id=run_id) == []
+    half = chain.epoch_times(run_id, 0).finalize_deadline - chain.run_info(run_id).params.finalize_window // 2
+    w["net"].advance(half - chain.now() + 1)
+    bystander._finalize_for_a_silent_coordinator(0)
+    bystander._finalize_for_a_silent_coordinator(0)  # reports once
+    assert [ev.args["reporter"] for ev in chain.events(["AvailabilityReported"], run_id=run_id)] == [bystander.me]
+    assert len(blog.events("reported-unavailable")) == 1
+    bystander._judge_availability(0)
+    assert chain.availability(run_id, 0, w["trainer"]).decision is False
+    bystander._finalize_for_a_silent_coordinator(0)
+    assert chain.events(["EpochFinalized"], run_id=run_id, epoch=0)[0].args["included"] == 0
+    assert [(e.args["trainer"], e.args["reason"]) for e in chain.events(["Slashed"], run_id=run_id)] == [(w["trainer"], 4)]

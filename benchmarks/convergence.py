@@ -396,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--h", type=int, help="override the preset's initial inner steps per round")
     ap.add_argument("--batch-size", type=int, help="override the preset's per-worker batch")
     ap.add_argument("--inner-lr", type=float, help="override the preset's inner (AdamW) lr")
+    ap.add_argument("--warmup", type=int, help="override the preset's inner warmup steps")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--outer-momentum", type=float, default=0.5)
@@ -429,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         h=a.h or p.h,
         batch_size=a.batch_size or p.batch_size,
         lr=a.inner_lr or p.lr,
+        warmup=p.warmup if a.warmup is None else a.warmup,
     )
     configure_determinism(a.threads)
     corpus = default_corpus(p.corpus_bytes)

@@ -524,6 +524,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def sweep_vs_main(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per sweep setting and local method: paired relative loss against the main outer setting."""
+    res: dict[str, dict[str, Any]] = {}
+    seeds = out["per_seed"]
+    for key in seeds[0]["sweep"]:
+        res[key] = {}
+        for n in seeds[0]["sweep"][key]:
+            alt = [s["sweep"][key][n]["final_eval_loss"] for s in seeds]
+            main_ = [s["methods"][n]["final_eval_loss"] for s in seeds]
+            res[key][n] = paired(relative_gaps(alt, main_)).to_json()
+    return res
+
+
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:+.2f}%"
 
@@ -594,6 +607,7 @@ def render(out: dict[str, Any]) -> str:
     sw = out.get("sweep_outer") or []
     if len(sw) > 1:
         local = [n for n in ms if n != "allreduce"]
+        vs_main = sweep_vs_main(out)
         lines += [
             "",
             "Outer optimizer sweep (equal tokens, same AllReduce runs; gap: paired mean ± sd [95% interval]).",
@@ -609,6 +623,16 @@ def render(out: dict[str, Any]) -> str:
                 + " | ".join(_gap_cell(g[n]) for n in local)
                 + f" | {_gap_cell(diff) if diff else 'n/a'} |"
             )
+        lines += [
+            "",
+            "Each setting's loss against the main setting's, same seed (relative; negative = better):",
+            "",
+            "| outer lr | momentum | " + " | ".join(local) + " |",
+            "|---:|---:|" + "---:|" * len(local),
+        ]
+        for key, per in vs_main.items():
+            lr, mom = parse_outer(key)[0]
+            lines.append(f"| {lr} | {mom} | " + " | ".join(_gap_cell(per[n]) for n in local) + " |")
     pr = out.get("projection_107b_1gbps")
     if isinstance(pr, dict):
         inp = pr["inputs"]

@@ -160,6 +160,19 @@ def test_allreduce_exposes_only_communication_left_after_backward() -> None:
     assert simulated_seconds([no_overlap] * 4, overlaps=False) == pytest.approx(4 * 4.1)
 
 
+def test_normalised_allreduce_update_is_its_median(corpus: Corpus) -> None:
+    from veriloco.simulate import normalise_times
+
+    r = run_method("allreduce", CFG, corpus)
+    r.rounds_detail[0].agg_s = 100.0  # a load burst on the first update
+    step_s = normalise_times({"allreduce": r})
+    assert max(x.agg_s for x in r.rounds_detail) < 100.0
+    assert r.simulated_seconds_1gbps < 50.0
+    assert r.simulated_seconds_1gbps == pytest.approx(
+        simulated_seconds(r.rounds_detail, False, step_s)
+    )
+
+
 def test_timeline_and_equal_time_lookup(corpus: Corpus) -> None:
     rounds = [RoundTiming(2, 1.0, 0.0, 0.0, 3.0)] * 3
     assert simulated_timeline(rounds, overlaps=False) == pytest.approx([4.0, 8.0, 12.0])

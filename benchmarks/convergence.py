@@ -1,50 +1,67 @@
-"""Convergence and traffic: AllReduce vs DiLoCo vs DiLoCoX (and ablations) at an equal token budget.
+"""Convergence and traffic: AllReduce vs DiLoCo vs DiLoCoX (and ablations), paired over seeds.
 
-Runs K=4 simulated trainers (veriloco/simulate.py) on the same model, data and budget, and writes
-JSON with, per method, ``final_eval_loss``, ``bytes_per_worker``, ``compute_seconds`` and
-``simulated_seconds_1gbps``, plus the headline ratios for ``dilocox``; prints a Markdown table and a
-projection of the same traffic formulas to the DiLoCoX paper's setting (107B parameters, 1 Gbps).
+Runs K=4 simulated trainers (veriloco/simulate.py) on the same model, data and token budget, once
+per seed (the seed sets both the model init and the data order, shared by every method within a
+seed), and reports each method's loss gap to AllReduce as a paired mean ± sd with a Student-t 95%
+interval over the seeds (veriloco/stats.py), at equal tokens; a separate table compares the methods
+at equal simulated time (the fastest method's simulated time at 1 Gbps). ``--sweep-outer`` reruns
+the DiLoCo-family methods at other outer lr / momentum settings against the same AllReduce runs.
+Prints Markdown (``--render JSON`` prints it again from a results file) and a projection of the
+traffic formulas to the DiLoCoX paper's setting with every input labelled measured or assumed.
 
-    .venv/bin/python benchmarks/convergence.py --preset ci --out /tmp/convergence-ci.json
-    .venv/bin/python benchmarks/convergence.py --preset small --out benchmarks/results/convergence-small.json
+    .venv/bin/python benchmarks/convergence.py --preset ci --seeds 0 --eval-rows 64 --out /tmp/c.json
+    .venv/bin/python benchmarks/convergence.py --preset tiny --seeds 0,1,2 \
+        --methods allreduce,diloco,dilocox --sweep-outer 1.0:0.0 --out benchmarks/results/convergence-tiny.json
 
 Simulated time uses one per-step training time for every method (the median of all steps measured
-in the run), so methods that ran while the machine was busier are not penalised; measured totals
-are in ``compute_seconds``.
+in that seed's runs), so methods that ran while the machine was busier are not penalised; measured
+totals are in ``compute_seconds``. AllReduce overlaps its bucketed exchange with the backward pass.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from coordinator.outer import OuterConfig
-from protocol.data import batch, default_corpus
+from protocol.data import Corpus, batch, default_corpus
 from protocol.digest import state_digest
 from protocol.model import PRESETS, n_params
 from trainer.inner import InnerConfig, configure_determinism, init_state, train_step
 from veriloco.simulate import (
+    DDP_BUCKET_BYTES,
+    Link,
     MethodResult,
     SimConfig,
-    markdown_table,
+    curve_times,
+    ddp_step_seconds,
+    loss_at_time,
     methods,
     normalise_times,
     run_method,
+    simulated_seconds,
 )
+from veriloco.stats import paired, relative_gaps
 
 ALL = list(methods())
 PAPER = {"params": 107e9, "bandwidth_bps": 1e9, "reported_speedup": 357.0}
+# Compute per step at the paper's scale (assumed): 6 N FLOPs per token, 0.5M tokens per worker
+# step, one 8-GPU node at 312 TFLOPS bf16 dense and 40% MFU.
+ASSUMED_COMPUTE = {"tokens_per_step": 524288, "gpus": 8, "peak_flops": 312e12, "mfu": 0.4}
 
 
 @dataclass(frozen=True)
@@ -58,7 +75,6 @@ class Preset:
     lr: float
     warmup: int
     corpus_bytes: int
-    eval_rows: int
 
 
 PRESETS_BENCH = {
@@ -72,7 +88,18 @@ PRESETS_BENCH = {
         lr=3e-3,
         warmup=16,
         corpus_bytes=1 << 20,
-        eval_rows=32,
+    ),
+    # the sweep preset: the tiny model, 16 rounds of H = 16, a 512-row eval
+    "tiny": Preset(
+        "tiny",
+        steps=256,
+        batch_size=8,
+        seq_len=64,
+        h=16,
+        rank=8,
+        lr=3e-3,
+        warmup=16,
+        corpus_bytes=1 << 20,
     ),
     "small": Preset(
         "small",
@@ -84,12 +111,11 @@ PRESETS_BENCH = {
         lr=2e-3,
         warmup=8,
         corpus_bytes=4 << 20,
-        eval_rows=32,
     ),
 }
 
 
-def machine() -> dict[str, object]:
+def machine() -> dict[str, Any]:
     cpu = platform.processor()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -109,11 +135,11 @@ def machine() -> dict[str, object]:
     }
 
 
-def digest_cost(model: str, batch_size: int, seq_len: int, corpus: object) -> dict[str, float]:
+def digest_cost(model: str, batch_size: int, seq_len: int, corpus: Corpus) -> dict[str, float]:
     """State digest vs train_step time for one step of the preset's model."""
     cfg = PRESETS[model]
     s = init_state(cfg, 0)
-    xy = batch(corpus, 1, 0, 0, 0, batch_size, seq_len)  # type: ignore[arg-type]
+    xy = batch(corpus, 1, 0, 0, 0, batch_size, seq_len)
     step_t, dig_t = [], []
     for _ in range(3):
         t0 = time.perf_counter()
@@ -131,223 +157,510 @@ def digest_cost(model: str, batch_size: int, seq_len: int, corpus: object) -> di
     }
 
 
-def projection(
-    res: dict[str, MethodResult], trainers: int, model_params: int, step_seconds_assumed: float
-) -> dict[str, object]:
-    """Carry the measured traffic ratio to the paper's model size and link.
+def parse_outer(spec: str) -> list[tuple[float, float]]:
+    """``"1.0:0.0,0.7:0.5"`` -> [(1.0, 0.0), (0.7, 0.5)] (outer lr : Nesterov momentum)."""
+    out = []
+    for item in (x for x in spec.split(",") if x.strip()):
+        lr, _, mom = item.partition(":")
+        out.append((float(lr), float(mom or 0.0)))
+    return out
 
-    Allreduce sends 2(K-1)/K * 4N bytes per step. Dilocox's bytes scale with N at the measured
-    compression ratio (conservative: at a fixed rank, the factors of larger matrices compress far
-    better), so its bytes per step are allreduce's divided by the measured traffic reduction.
-    Speed-up = (compute + allreduce comm) / max(compute, dilocox comm): the overlap hides
-    communication shorter than compute, so compute per step bounds it.
-    """
-    x, base = res["dilocox"], res["allreduce"]
-    n = PAPER["params"]
-    bw = PAPER["bandwidth_bps"] / 8
-    measured = base.bytes_per_worker / x.bytes_per_worker
-    ar_step = 2 * (trainers - 1) / trainers * 4 * n / bw
-    dx_step = ar_step / measured
+
+def method_record(r: MethodResult, step_s: float) -> dict[str, Any]:
     return {
-        "params": n,
-        "bandwidth_bps": PAPER["bandwidth_bps"],
-        "trainers": trainers,
-        "compression_ratio_measured": 4
-        * model_params
-        * len(x.payload_bytes)
-        / sum(x.payload_bytes),
-        "mean_h": x.steps_per_worker / max(x.rounds, 1),
-        "allreduce_comm_s_per_step": ar_step,
-        "dilocox_comm_s_per_step": dx_step,
-        "traffic_reduction": measured,
-        "assumed_compute_s_per_step": step_seconds_assumed,
-        "speedup_at_assumed_compute": (step_seconds_assumed + ar_step)
-        / max(step_seconds_assumed, dx_step),
-        "speedup_comm_bound_limit": measured,
+        "final_eval_loss": r.final_eval_loss,
+        "bytes_per_worker": r.bytes_per_worker,
+        "compute_seconds": r.compute_seconds,
+        "simulated_seconds_1gbps": r.simulated_seconds_1gbps,
+        "comm_seconds_1gbps": r.comm_seconds,
+        "rounds": r.rounds,
+        "steps_per_worker": r.steps_per_worker,
+        "schedule_rank_h": r.schedule,
+        "payload_bytes_per_round": r.payload_bytes,
+        "compression_rel_error_per_round": r.rel_error,
+        "eval_curve": r.curve,
+        "eval_curve_simulated_seconds": curve_times(r, step_s),
+        "description": r.description,
+    }
+
+
+def gap_summary(
+    losses: dict[str, list[float]], pairs: tuple[tuple[str, str], ...] = (("dilocox", "diloco"),)
+) -> dict[str, Any]:
+    """Paired gap to AllReduce for every method, and DiLoCoX - DiLoCo (in gap points)."""
+    base = losses["allreduce"]
+    gaps = {n: relative_gaps(v, base) for n, v in losses.items()}
+    out: dict[str, Any] = {
+        "paired_gap_vs_allreduce": {n: paired(g).to_json() for n, g in gaps.items()}
+    }
+    for a, b in pairs:
+        if a in gaps and b in gaps:
+            diff = [x - y for x, y in zip(gaps[a], gaps[b])]
+            out[f"paired_gap_{a}_vs_{b}"] = paired(diff).to_json()
+    return out
+
+
+def uniform_buckets(total_bytes: float, bucket_bytes: int) -> list[tuple[float, float]]:
+    """Equal buckets over a model too large to enumerate: (ready fraction, bytes)."""
+    n = max(1, math.ceil(total_bytes / bucket_bytes))
+    return [((i + 1) / n, total_bytes / n) for i in range(n)]
+
+
+def projection(
+    trainers: int, traffic_reduction: float, compression_ratio: float, mean_h: float
+) -> dict[str, Any]:
+    """Carry the measured traffic reduction to the paper's model size and link.
+
+    AllReduce: fp32 ring all-reduce of 4N bytes per step in DDP buckets, overlapped with the
+    backward pass (``ddp_step_seconds``). DiLoCoX's bytes per step are AllReduce's divided by the
+    measured traffic reduction (conservative: at a fixed rank, larger matrices compress far better),
+    and the one-step delay hides communication shorter than compute, so its step takes
+    max(compute, comm). Speed-up = AllReduce step / DiLoCoX step. Every input is labelled.
+    """
+    n = PAPER["params"]
+    link = Link(PAPER["bandwidth_bps"])
+    c = ASSUMED_COMPUTE
+    compute = 6 * n * c["tokens_per_step"] / (c["gpus"] * c["peak_flops"] * c["mfu"])
+    ar_comm = link.ring_allreduce_seconds(int(4 * n), trainers)
+    buckets = [
+        (ready, link.ring_allreduce_seconds(int(b), trainers))
+        for ready, b in uniform_buckets(4 * n, DDP_BUCKET_BYTES)
+    ]
+    ar_step = ddp_step_seconds(compute, buckets)
+    dx_comm = ar_comm / traffic_reduction
+    dx_step = max(compute, dx_comm)
+    return {
+        "inputs": {
+            "params": {"value": n, "source": "assumed (the paper's model)"},
+            "bandwidth_bps": {
+                "value": PAPER["bandwidth_bps"],
+                "source": "assumed (the paper's link)",
+            },
+            "trainers": {"value": trainers, "source": "assumed (this run's K)"},
+            "traffic_reduction": {
+                "value": traffic_reduction,
+                "source": "measured (this run, mean over seeds)",
+            },
+            "compute_s_per_step": {
+                "value": compute,
+                "source": (
+                    "assumed: 6 N FLOPs/token x {tokens_per_step} tokens on {gpus} GPUs at "
+                    "{peak_flops:.3g} FLOP/s and {mfu} MFU"
+                ).format(**c),
+            },
+            "backward_fraction": {"value": 2 / 3, "source": "assumed (backward = 2x forward)"},
+        },
+        "compression_ratio_measured": compression_ratio,
+        "mean_h_measured": mean_h,
+        "allreduce_comm_s_per_step": ar_comm,
+        "allreduce_step_s_ddp_overlap": ar_step,
+        "dilocox_comm_s_per_step": dx_comm,
+        "dilocox_step_s": dx_step,
+        "speedup": ar_step / dx_step,
+        "speedup_formula": "ddp_step(compute, buckets of 4N fp32 at 1 Gbps) / max(compute, AR comm / traffic reduction)",
+        "speedup_comm_bound_limit": traffic_reduction,
         "paper_reported_speedup": PAPER["reported_speedup"],
     }
+
+
+def run_seed(
+    seed: int,
+    cfg: SimConfig,
+    names: list[str],
+    sweep: list[tuple[float, float]],
+    corpus: Corpus,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """All methods (and the outer sweep's local methods) for one seed, paired by init and data."""
+    c = replace(cfg, init_seed=seed, run_seed=seed)
+    results: dict[str, MethodResult] = {}
+    for n in names:
+        t0 = time.perf_counter()
+        results[n] = run_method(n, c, corpus, say)
+        say(
+            f"== seed {seed} {n}: final eval {results[n].final_eval_loss:.4f} in {time.perf_counter() - t0:.0f} s"
+        )
+    step_s = normalise_times(results)
+    budget = min(r.simulated_seconds_1gbps for r in results.values())
+    equal_time = {}
+    for n, r in results.items():
+        steps, loss = loss_at_time(r, budget, step_s)
+        equal_time[n] = {"steps_per_worker": steps, "eval_loss": loss}
+    swept: dict[str, dict[str, Any]] = {}
+    local = [n for n in names if n != "allreduce"]
+    for lr, mom in sweep:
+        key = f"{lr}:{mom}"
+        oc = replace(c, outer=replace(c.outer, lr=lr, momentum=mom))
+        swept[key] = {}
+        for n in local:
+            r = run_method(n, oc, corpus, say)
+            swept[key][n] = {
+                "final_eval_loss": r.final_eval_loss,
+                "simulated_seconds_1gbps": simulated_seconds(r.rounds_detail, r.overlaps, step_s),
+                "eval_curve": r.curve,
+            }
+            say(f"== seed {seed} outer {key} {n}: final eval {r.final_eval_loss:.4f}")
+    return {
+        "seed": seed,
+        "step_seconds_for_simulation": step_s,
+        "methods": {n: method_record(r, step_s) for n, r in results.items()},
+        "equal_time": {"budget_s": budget, "methods": equal_time},
+        "sweep": swept,
+    }
+
+
+def aggregate_seeds(
+    per_seed: list[dict[str, Any]], names: list[str], cfg: SimConfig
+) -> dict[str, Any]:
+    """Paired statistics over seeds: equal tokens, equal simulated time, and the outer sweep."""
+
+    def col(path: list[str]) -> list[float]:
+        vals = []
+        for s in per_seed:
+            v: Any = s
+            for k in path:
+                v = v[k]
+            vals.append(float(v))
+        return vals
+
+    losses = {n: col(["methods", n, "final_eval_loss"]) for n in names}
+    out: dict[str, Any] = gap_summary(losses)
+    base_bytes = col(["methods", "allreduce", "bytes_per_worker"])
+    base_time = col(["methods", "allreduce", "simulated_seconds_1gbps"])
+    out["methods"] = {
+        n: {
+            "final_eval_loss_mean": statistics.fmean(losses[n]),
+            "final_eval_loss_per_seed": losses[n],
+            "bytes_per_worker_mean": statistics.fmean(col(["methods", n, "bytes_per_worker"])),
+            "traffic_reduction_vs_allreduce": statistics.fmean(
+                b / x for b, x in zip(base_bytes, col(["methods", n, "bytes_per_worker"]))
+            ),
+            "simulated_seconds_1gbps_mean": statistics.fmean(
+                col(["methods", n, "simulated_seconds_1gbps"])
+            ),
+            "speedup_1gbps": statistics.fmean(
+                b / x for b, x in zip(base_time, col(["methods", n, "simulated_seconds_1gbps"]))
+            ),
+            "description": per_seed[0]["methods"][n]["description"],
+        }
+        for n in names
+    }
+    et_losses = {n: col(["equal_time", "methods", n, "eval_loss"]) for n in names}
+    out["equal_simulated_time"] = {
+        "budget": "per seed, the fastest method's simulated time at 1 Gbps; each method's last global model evaluated by then",
+        "budget_s_per_seed": col(["equal_time", "budget_s"]),
+        "steps_per_worker_per_seed": {
+            n: col(["equal_time", "methods", n, "steps_per_worker"]) for n in names
+        },
+        "eval_loss_mean": {n: statistics.fmean(v) for n, v in et_losses.items()},
+        **gap_summary(et_losses),
+    }
+    sweep_keys = list(per_seed[0]["sweep"])
+    local = [n for n in names if n != "allreduce"]
+    rows = [
+        {
+            "outer": {"lr": cfg.outer.lr, "momentum": cfg.outer.momentum},
+            "main": True,
+            **gap_summary({n: losses[n] for n in names}),
+        }
+    ]
+    for key in sweep_keys:
+        lr, mom = parse_outer(key)[0]
+        sl = {"allreduce": losses["allreduce"]}
+        sl.update({n: col(["sweep", key, n, "final_eval_loss"]) for n in local})
+        rows.append({"outer": {"lr": lr, "momentum": mom}, "main": False, **gap_summary(sl)})
+    out["sweep_outer"] = rows
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", choices=sorted(PRESETS_BENCH), default="ci")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, help="results JSON to write")
+    ap.add_argument(
+        "--render", type=Path, help="print the Markdown of an existing results JSON and exit"
+    )
     ap.add_argument(
         "--methods", default=",".join(ALL), help="comma-separated subset of " + ",".join(ALL)
+    )
+    ap.add_argument(
+        "--seeds",
+        default="0,1,2",
+        help="comma-separated seeds (init and data order), default 0,1,2",
+    )
+    ap.add_argument(
+        "--eval-rows", type=int, default=512, help="validation rows of seq_len tokens (default 512)"
     )
     ap.add_argument("--trainers", type=int, default=4)
     ap.add_argument("--steps", type=int, help="override the preset's inner steps per worker")
     ap.add_argument("--h", type=int, help="override the preset's initial inner steps per round")
+    ap.add_argument("--batch-size", type=int, help="override the preset's per-worker batch")
+    ap.add_argument("--inner-lr", type=float, help="override the preset's inner (AdamW) lr")
+    ap.add_argument("--warmup", type=int, help="override the preset's inner warmup steps")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--outer-momentum", type=float, default=0.5)
+    ap.add_argument(
+        "--sweep-outer",
+        default="",
+        help="extra outer settings LR:MOMENTUM,... for the local methods",
+    )
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
+    if a.render:
+        print(render(json.loads(a.render.read_text())))
+        return 0
+    if a.out is None:
+        ap.error("--out is required (or --render)")
     names = [n for n in a.methods.split(",") if n]
     unknown = set(names) - set(ALL)
     if unknown or "allreduce" not in names:
         ap.error(
             f"methods must include allreduce and come from {ALL}; got unknown {sorted(unknown)}"
         )
+    seeds = [int(x) for x in a.seeds.split(",") if x.strip()]
+    if not seeds or len(set(seeds)) != len(seeds):
+        ap.error(f"--seeds needs distinct integers, got {a.seeds!r}")
+    if a.eval_rows < 1:
+        ap.error("--eval-rows must be positive")
     p = PRESETS_BENCH[a.preset]
-    steps = a.steps or p.steps
-    if a.h:
-        p = replace(p, h=a.h)
+    p = replace(
+        p,
+        steps=a.steps or p.steps,
+        h=a.h or p.h,
+        batch_size=a.batch_size or p.batch_size,
+        lr=a.inner_lr or p.lr,
+        warmup=p.warmup if a.warmup is None else a.warmup,
+    )
     configure_determinism(a.threads)
     corpus = default_corpus(p.corpus_bytes)
     model = PRESETS[p.model]
     cfg = SimConfig(
         model=model,
         trainers=a.trainers,
-        steps=steps,
+        steps=p.steps,
         batch_size=p.batch_size,
         seq_len=p.seq_len,
         h=p.h,
         rank=p.rank,
-        inner=InnerConfig(lr=p.lr, warmup_steps=p.warmup, total_steps=steps),
+        inner=InnerConfig(lr=p.lr, warmup_steps=p.warmup, total_steps=p.steps),
         outer=OuterConfig(lr=a.outer_lr, momentum=a.outer_momentum),
-        eval_rows=p.eval_rows,
+        eval_rows=a.eval_rows,
     )
+    sweep = [s for s in parse_outer(a.sweep_outer) if s != (a.outer_lr, a.outer_momentum)]
     info = machine()
     t_start = time.perf_counter()
     say = (lambda _: None) if a.quiet else (lambda s: print(s, flush=True))
-    results: dict[str, MethodResult] = {}
-    for n in names:
-        t0 = time.perf_counter()
-        results[n] = run_method(n, cfg, corpus, say)
-        say(
-            f"== {n}: final eval {results[n].final_eval_loss:.4f} in {time.perf_counter() - t0:.0f} s"
-        )
-    step_s = normalise_times(results)
-    base = results["allreduce"]
-    out: dict[str, object] = {
+    per_seed = [run_seed(seed, cfg, names, sweep, corpus, say) for seed in seeds]
+    out: dict[str, Any] = {
         "benchmark": "convergence",
         "preset": a.preset,
         "command": " ".join(
             [Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]
         ),
         "machine": info,
+        "seeds": seeds,
+        "eval_rows": a.eval_rows,
         "config": {
             "model": p.model,
             "model_config": asdict(model),
             "n_params": n_params(model),
             "trainers": a.trainers,
-            "steps_per_worker": steps,
+            "steps_per_worker": p.steps,
             "batch_size": p.batch_size,
             "seq_len": p.seq_len,
-            "tokens_total": steps * p.batch_size * p.seq_len * a.trainers,
+            "tokens_total": p.steps * p.batch_size * p.seq_len * a.trainers,
             "h_initial": p.h,
             "rank_initial": p.rank,
             "inner": asdict(cfg.inner),
             "outer": asdict(cfg.outer),
+            "seeds_set": "init_seed = run_seed = seed for every method",
             "corpus_digest": "0x" + corpus.digest.hex(),
             "corpus_bytes": len(corpus.tokens),
-            "eval_rows": p.eval_rows,
+            "eval_rows": a.eval_rows,
+            "eval_tokens": a.eval_rows * p.seq_len,
             "bandwidth_bps": cfg.bandwidth_bps,
-            "step_seconds_for_simulation": step_s,
+            "latency_s": cfg.latency_s,
+            "allreduce_bucket_bytes": cfg.bucket_bytes,
         },
-        "methods": {
-            n: {
-                "final_eval_loss": r.final_eval_loss,
-                "bytes_per_worker": r.bytes_per_worker,
-                "compute_seconds": r.compute_seconds,
-                "simulated_seconds_1gbps": r.simulated_seconds_1gbps,
-                "comm_seconds_1gbps": r.comm_seconds,
-                "loss_gap_vs_allreduce": r.final_eval_loss / base.final_eval_loss - 1.0,
-                "traffic_reduction_vs_allreduce": base.bytes_per_worker / r.bytes_per_worker,
-                "rounds": r.rounds,
-                "steps_per_worker": r.steps_per_worker,
-                "schedule_rank_h": r.schedule,
-                "payload_bytes_per_round": r.payload_bytes,
-                "compression_rel_error_per_round": r.rel_error,
-                "eval_curve": r.curve,
-                "description": r.description,
-            }
-            for n, r in results.items()
-        },
+        **aggregate_seeds(per_seed, names, cfg),
+        "per_seed": per_seed,
         "digest_cost": digest_cost(p.model, p.batch_size, p.seq_len, corpus),
     }
-    if "dilocox" in results:
-        x = results["dilocox"]
-        out["loss_gap_vs_allreduce"] = x.final_eval_loss / base.final_eval_loss - 1.0
-        out["traffic_reduction_vs_allreduce"] = base.bytes_per_worker / x.bytes_per_worker
-        targets: dict[str, object] = {
-            "loss_within_3pct": out["loss_gap_vs_allreduce"] <= 0.03,  # type: ignore[operator]
-            "traffic_reduction_ge_500x": out["traffic_reduction_vs_allreduce"] >= 500,  # type: ignore[operator]
+    if "dilocox" in names:
+        gx = out["paired_gap_vs_allreduce"]["dilocox"]
+        ms = out["methods"]
+        out["loss_gap_vs_allreduce"] = gx["mean"]
+        out["traffic_reduction_vs_allreduce"] = ms["dilocox"]["traffic_reduction_vs_allreduce"]
+        targets: dict[str, Any] = {
+            "loss_within_2pct_paired_mean": gx["mean"] <= 0.02,
+            "traffic_reduction_ge_500x": out["traffic_reduction_vs_allreduce"] >= 500,
         }
-        if "dilocox_blocking" in results:
-            blk = results["dilocox_blocking"]
+        dd = out.get("paired_gap_dilocox_vs_diloco")
+        if isinstance(dd, dict):
+            ci = dd["ci95"]
+            targets["within_0.3_points_of_diloco"] = dd["mean"] <= 0.003 or (
+                ci is not None and ci[0] <= 0 <= ci[1]
+            )
+        if "dilocox_blocking" in names:
             out["overlap_speedup_vs_blocking"] = (
-                blk.simulated_seconds_1gbps / x.simulated_seconds_1gbps
+                ms["dilocox_blocking"]["simulated_seconds_1gbps_mean"]
+                / ms["dilocox"]["simulated_seconds_1gbps_mean"]
             )
-            targets["overlap_faster_than_blocking"] = (
-                x.simulated_seconds_1gbps < blk.simulated_seconds_1gbps
-            )
+            targets["overlap_faster_than_blocking"] = out["overlap_speedup_vs_blocking"] > 1
         out["targets"] = targets
-        # compute per step at the paper's scale: 6 N tokens FLOPs, 0.5M tokens per worker step, one
-        # 8-GPU node at 312 TFLOPS bf16 and 40% MFU (an assumption, stated in the JSON)
-        assumed = 6 * PAPER["params"] * 524288 / (8 * 312e12 * 0.4)
-        out["projection_107b_1gbps"] = projection(results, a.trainers, n_params(model), assumed)
+        payloads = [x for s in per_seed for x in s["methods"]["dilocox"]["payload_bytes_per_round"]]
+        rounds = [s["methods"]["dilocox"]["rounds"] for s in per_seed]
+        out["projection_107b_1gbps"] = projection(
+            a.trainers,
+            out["traffic_reduction_vs_allreduce"],
+            4 * n_params(model) * len(payloads) / sum(payloads),
+            p.steps / statistics.fmean(rounds),
+        )
     out["wall_seconds"] = time.perf_counter() - t_start
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(render(out, results))
+    print(render(out))
     return 0
 
 
-def render(out: dict[str, object], results: dict[str, MethodResult]) -> str:
+def sweep_vs_main(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per sweep setting and local method: paired relative loss against the main outer setting."""
+    res: dict[str, dict[str, Any]] = {}
+    seeds = out["per_seed"]
+    for key in seeds[0]["sweep"]:
+        res[key] = {}
+        for n in seeds[0]["sweep"][key]:
+            alt = [s["sweep"][key][n]["final_eval_loss"] for s in seeds]
+            main_ = [s["methods"][n]["final_eval_loss"] for s in seeds]
+            res[key][n] = paired(relative_gaps(alt, main_)).to_json()
+    return res
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:+.2f}%"
+
+
+def _gap_cell(g: dict[str, Any]) -> str:
+    """``+2.10% ± 0.80 [-0.30, +4.50]`` (points of the baseline's loss)."""
+    mean = g["mean"]
+    sd, ci = g["sd"], g["ci95"]
+    if sd is None or ci is None:
+        return _pct(mean)
+    return f"{mean * 100:+.2f}% ± {sd * 100:.2f} [{ci[0] * 100:+.2f}, {ci[1] * 100:+.2f}]"
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def render(out: dict[str, Any]) -> str:
+    """The Markdown report, from the results JSON alone (so docs can be regenerated from it)."""
     cfg = out["config"]
-    assert isinstance(cfg, dict)
+    ms = out["methods"]
+    gaps = out["paired_gap_vs_allreduce"]
+    seeds = out["seeds"]
     lines = [
         (
             f"### Convergence, preset `{out['preset']}` ({cfg['model']}, {cfg['n_params'] / 1e6:.2f}M params, "
-            f"K={cfg['trainers']}, {cfg['steps_per_worker']} steps/worker x {cfg['batch_size']}x{cfg['seq_len']} tokens)"
+            f"K={cfg['trainers']}, {cfg['steps_per_worker']} steps/worker x {cfg['batch_size']}x{cfg['seq_len']} tokens, "
+            f"H={cfg['h_initial']}, outer lr {cfg['outer']['lr']} momentum {cfg['outer']['momentum']}; "
+            f"seeds {seeds}, eval {out['eval_rows']} rows)"
         ),
         "",
-        markdown_table(results),
+        "Equal tokens. Gap to AllReduce: paired mean ± sd [95% t interval] over the seeds.",
         "",
+        "| method | mean final eval loss | gap vs allreduce | bytes/worker | traffic reduction | sim. s @1 Gbps | speed-up |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    if "loss_gap_vs_allreduce" in out:
-        t = out["targets"]
-        assert isinstance(t, dict)
+    for n, m in ms.items():
         lines.append(
-            f"dilocox vs allreduce: loss gap {out['loss_gap_vs_allreduce'] * 100:+.2f}% (target <= 3%: "  # type: ignore[operator]
-            f"{'met' if t['loss_within_3pct'] else 'missed'}), traffic reduction "
-            f"{out['traffic_reduction_vs_allreduce']:,.0f}x (target >= 500x: "
-            f"{'met' if t['traffic_reduction_ge_500x'] else 'missed'})"
+            f"| {n} | {m['final_eval_loss_mean']:.4f} | {_gap_cell(gaps[n])} | {_human(m['bytes_per_worker_mean'])} "
+            f"| {m['traffic_reduction_vs_allreduce']:,.0f}x | {m['simulated_seconds_1gbps_mean']:.1f} "
+            f"| {m['speedup_1gbps']:.2f}x |"
         )
-        if "overlap_speedup_vs_blocking" in out:
-            lines.append(
-                f"overlap vs blocking (simulated 1 Gbps): {out['overlap_speedup_vs_blocking']:.4f}x "
-                f"({'faster' if t['overlap_faster_than_blocking'] else 'not faster'})"
-            )
-        pr = out["projection_107b_1gbps"]
-        assert isinstance(pr, dict)
-        lines += [
-            "",
-            "| projection to 107B params, 1 Gbps | value |",
-            "|---|---:|",
-            f"| measured compression ratio (fp32 / payload) | {pr['compression_ratio_measured']:,.0f}x |",
-            f"| mean H | {pr['mean_h']:.1f} |",
-            f"| allreduce comm per step | {pr['allreduce_comm_s_per_step']:,.0f} s |",
-            f"| dilocox comm per step | {pr['dilocox_comm_s_per_step']:,.2f} s |",
-            f"| traffic reduction | {pr['traffic_reduction']:,.0f}x |",
-            (
-                f"| speed-up at assumed compute {pr['assumed_compute_s_per_step']:.0f} s/step | "
-                f"{pr['speedup_at_assumed_compute']:,.1f}x |"
-            ),
-            f"| speed-up, communication-bound limit | {pr['speedup_comm_bound_limit']:,.0f}x |",
-            f"| DiLoCoX paper, reported | {pr['paper_reported_speedup']:.0f}x |",
-        ]
-    dc = out["digest_cost"]
-    assert isinstance(dc, dict)
+    dd = out.get("paired_gap_dilocox_vs_diloco")
+    if isinstance(dd, dict):
+        lines += ["", f"DiLoCoX - DiLoCo (gap points, paired): {_gap_cell(dd)}"]
+    et = out["equal_simulated_time"]
+    budgets = ", ".join(f"{b:.1f}" for b in et["budget_s_per_seed"])
     lines += [
         "",
         (
-            f"state digest: {dc['state_digest_ms']:.1f} ms per step for a {dc['state_bytes'] / 2**20:.1f} MiB state "
-            f"({dc['digest_overhead'] * 100:.1f}% of a {dc['train_step_ms']:.0f} ms train_step)"
+            f"Equal simulated time (1 Gbps): each method's last global model by the fastest method's "
+            f"simulated time ({budgets} s per seed). Not equal tokens: slower methods have taken fewer steps."
         ),
+        "",
+        "| method | steps/worker reached (mean) | mean eval loss | gap vs allreduce |",
+        "|---|---:|---:|---:|",
     ]
+    for n in ms:
+        steps = et["steps_per_worker_per_seed"][n]
+        lines.append(
+            f"| {n} | {sum(steps) / len(steps):.0f} | {et['eval_loss_mean'][n]:.4f} "
+            f"| {_gap_cell(et['paired_gap_vs_allreduce'][n])} |"
+        )
+    sw = out.get("sweep_outer") or []
+    if len(sw) > 1:
+        local = [n for n in ms if n != "allreduce"]
+        vs_main = sweep_vs_main(out)
+        lines += [
+            "",
+            "Outer optimizer sweep (equal tokens, same AllReduce runs; gap: paired mean ± sd [95% interval]).",
+            "",
+            "| outer lr | momentum | " + " | ".join(local) + " | dilocox - diloco |",
+            "|---:|---:|" + "---:|" * len(local) + "---:|",
+        ]
+        for row in sw:
+            g = row["paired_gap_vs_allreduce"]
+            diff = row.get("paired_gap_dilocox_vs_diloco")
+            lines.append(
+                f"| {row['outer']['lr']} | {row['outer']['momentum']} | "
+                + " | ".join(_gap_cell(g[n]) for n in local)
+                + f" | {_gap_cell(diff) if diff else 'n/a'} |"
+            )
+        lines += [
+            "",
+            "Each setting's loss against the main setting's, same seed (relative; negative = better):",
+            "",
+            "| outer lr | momentum | " + " | ".join(local) + " |",
+            "|---:|---:|" + "---:|" * len(local),
+        ]
+        for key, per in vs_main.items():
+            lr, mom = parse_outer(key)[0]
+            lines.append(f"| {lr} | {mom} | " + " | ".join(_gap_cell(per[n]) for n in local) + " |")
+    pr = out.get("projection_107b_1gbps")
+    if isinstance(pr, dict):
+        inp = pr["inputs"]
+        lines += [
+            "",
+            "| projection to 107B params, 1 Gbps | value | source |",
+            "|---|---:|---|",
+            f"| parameters | {inp['params']['value']:.3g} | {inp['params']['source']} |",
+            f"| link | {inp['bandwidth_bps']['value'] / 1e9:g} Gbps | {inp['bandwidth_bps']['source']} |",
+            f"| trainers K | {inp['trainers']['value']} | {inp['trainers']['source']} |",
+            f"| traffic reduction (bytes) | {inp['traffic_reduction']['value']:,.0f}x | {inp['traffic_reduction']['source']} |",
+            f"| compute per step | {inp['compute_s_per_step']['value']:,.0f} s | {inp['compute_s_per_step']['source']} |",
+            f"| AllReduce comm per step (fp32 ring) | {pr['allreduce_comm_s_per_step']:,.0f} s | formula |",
+            f"| AllReduce step, DDP-overlapped | {pr['allreduce_step_s_ddp_overlap']:,.0f} s | formula |",
+            f"| DiLoCoX comm per step | {pr['dilocox_comm_s_per_step']:,.2f} s | formula (measured reduction) |",
+            f"| speed-up (AllReduce step / max(compute, DiLoCoX comm)) | {pr['speedup']:,.1f}x | derived |",
+            f"| speed-up, communication-bound limit | {pr['speedup_comm_bound_limit']:,.0f}x | = measured traffic reduction |",
+            f"| DiLoCoX paper, reported | {pr['paper_reported_speedup']:.0f}x | the paper |",
+        ]
+    dc = out.get("digest_cost")
+    if isinstance(dc, dict):
+        lines += [
+            "",
+            (
+                f"state digest: {dc['state_digest_ms']:.1f} ms per step for a {dc['state_bytes'] / 2**20:.1f} MiB state "
+                f"({dc['digest_overhead'] * 100:.1f}% of a {dc['train_step_ms']:.0f} ms train_step)"
+            ),
+        ]
     return "\n".join(lines)
 
 

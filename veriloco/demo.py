@@ -48,8 +48,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--methods", default=DEFAULT_METHODS, help=f"comma-separated, from {','.join(methods())}"
     )
+    p.add_argument("--outer-lr", type=float, default=1.0, help="outer lr (default 1.0)")
     p.add_argument(
-        "--outer-momentum", type=float, default=0.5, help="outer Nesterov momentum (default 0.5)"
+        "--outer-momentum",
+        type=float,
+        default=0.0,
+        help="outer Nesterov momentum (default 0: plain averaging, best in few rounds)",
     )
     p.add_argument(
         "--threads", type=positive, default=1, help="torch threads (fixed for reproducibility)"
@@ -75,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         h=args.h,
         inner=InnerConfig(lr=3e-3, warmup_steps=max(1, steps // 16), total_steps=steps),
-        outer=OuterConfig(momentum=args.outer_momentum),
+        outer=OuterConfig(lr=args.outer_lr, momentum=args.outer_momentum),
     )
     print("building the corpus (Python standard library sources) ...", flush=True)
     corpus = default_corpus(1 << 20)

@@ -12,10 +12,14 @@ budget (every worker runs the same number of inner steps on batches of the same 
   (dense int4, no low rank), ``fixed_rank`` (no rank/H adaptation).
 
 Traffic model (bytes *sent* per worker): ring all-reduce of ``B`` bytes sends ``2 (K-1)/K B``; a
-compressed payload cannot be summed in flight, so it is all-gathered: ``(K-1) P``. Workers are run
-one after another; a round's compute time is the slowest worker's plus the aggregation. Simulated
-wall time (``simulated_seconds``) adds bytes / bandwidth per round, or hides the exchange of round
-r behind the compute of round r+1 where the method overlaps.
+compressed payload cannot be summed in flight, so it is all-gathered: ``(K-1) P``. Every method's
+bytes go through one ``Link`` (bandwidth plus per-message latency). Workers are run one after
+another; a round's compute time is the slowest worker's plus the aggregation. Simulated wall time
+(``simulated_seconds``) adds the exchange per round, or hides the exchange of round r behind the
+compute of round r+1 where the method overlaps. AllReduce overlaps as DDP does: gradients are
+all-reduced in buckets (reverse layer order), each bucket's exchange running while the backward pass
+of the layers before it continues, so only what is left after the backward is exposed
+(``ddp_step_seconds``).
 """
 
 from __future__ import annotations
@@ -59,6 +63,86 @@ Progress = Callable[[str], None]
 
 class SimulationError(VerilocoError):
     """A simulation request that cannot run (unknown method, impossible budget)."""
+
+
+# torch DDP's defaults: bucket_cap_mb=25, and a 1 MiB first bucket so communication starts early.
+DDP_BUCKET_BYTES = 25 * 2**20
+DDP_FIRST_BUCKET_BYTES = 2**20
+# Share of a training step's compute in the backward pass (backward ~ 2x forward FLOPs).
+BACKWARD_FRACTION = 2 / 3
+
+
+@dataclass(frozen=True)
+class Link:
+    """The one network model every method's exchange goes through: per-worker send bandwidth
+    plus a fixed latency per message (a ring all-reduce step or an all-gather hop)."""
+
+    bandwidth_bps: float = 1e9
+    latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.bandwidth_bps <= 0 or self.latency_s < 0:
+            raise SimulationError(f"link needs bandwidth > 0 and latency >= 0: {self}")
+
+    def seconds(self, nbytes: int, messages: int = 1) -> float:
+        """Time to send ``nbytes`` in ``messages`` sequential messages."""
+        return nbytes * 8 / self.bandwidth_bps + (messages * self.latency_s if nbytes else 0.0)
+
+    def ring_allreduce_seconds(self, nbytes: int, k: int) -> float:
+        """Ring all-reduce of ``nbytes`` among ``k`` peers: 2(K-1) steps of B/K each."""
+        return self.seconds(ring_allreduce_bytes(nbytes, k), 2 * (k - 1))
+
+    def allgather_seconds(self, payload_bytes: int, k: int) -> float:
+        """All-gather of one ``payload_bytes`` payload per peer: (K-1) hops."""
+        return self.seconds((k - 1) * payload_bytes, k - 1)
+
+
+def ddp_buckets(
+    shapes: dict[str, tuple[int, ...]],
+    bucket_bytes: int = DDP_BUCKET_BYTES,
+    first_bucket_bytes: int = DDP_FIRST_BUCKET_BYTES,
+    bytes_per_param: int = 4,
+) -> list[tuple[float, int]]:
+    """DDP's gradient buckets: parameters in reverse registration order (the order backward
+    finishes them), packed up to the cap (the first bucket smaller). Each bucket is
+    (fraction of the backward pass done when its last gradient is ready, bytes); the readiness
+    assumes backward time proportional to parameter count."""
+    sizes = [math.prod(s) * bytes_per_param for s in reversed(list(shapes.values()))]
+    total = sum(sizes)
+    if total == 0:
+        return []
+    out: list[tuple[float, int]] = []
+    done = cur = 0
+    cap = first_bucket_bytes
+    for b in sizes:
+        cur += b
+        done += b
+        if cur >= cap:
+            out.append((done / total, cur))
+            cur, cap = 0, bucket_bytes
+    if cur:
+        out.append((1.0, cur))
+    return out
+
+
+def ddp_step_seconds(
+    compute_s: float,
+    buckets: list[tuple[float, float]],
+    backward_fraction: float = BACKWARD_FRACTION,
+) -> float:
+    """Forward + backward + bucketed exchange of one data-parallel step.
+
+    ``buckets`` are (backward fraction done when ready, seconds on the link), in backward order.
+    A bucket's exchange starts when its gradients are ready and the link is free; the step ends
+    when both the backward and the last exchange are done, so only communication left over after
+    the backward is exposed (all of the last bucket's, at least).
+    """
+    fwd = compute_s * (1 - backward_fraction)
+    bwd = compute_s * backward_fraction
+    link_free = 0.0
+    for ready, comm in buckets:
+        link_free = max(fwd + bwd * ready, link_free) + comm
+    return max(compute_s, link_free)
 
 
 @dataclass(frozen=True)
@@ -142,6 +226,8 @@ class SimConfig:
     init_seed: int = 0
     eval_rows: int = 64
     bandwidth_bps: float = 1e9
+    latency_s: float = 0.0  # per message, for every method's exchange
+    bucket_bytes: int = DDP_BUCKET_BYTES  # AllReduce's gradient buckets (DDP's default cap)
 
     def __post_init__(self) -> None:
         if self.trainers < 1 or self.steps < 1 or self.batch_size < 1 or self.h < 1:
@@ -154,6 +240,10 @@ class SimConfig:
         """Tokens per training row."""
         return self.seq_len or self.model.seq_len
 
+    @property
+    def link(self) -> Link:
+        return Link(self.bandwidth_bps, self.latency_s)
+
 
 @dataclass
 class RoundTiming:
@@ -164,6 +254,9 @@ class RoundTiming:
     codec_s: float  # slowest worker's compression time
     agg_s: float  # after the exchange: decoding the payloads, averaging, the optimizer update
     comm_s: float  # bytes sent per worker over the link
+    # AllReduce only: per gradient bucket (backward fraction done when ready, link seconds); the
+    # exchange then overlaps the backward pass instead of following the round
+    buckets: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass
@@ -207,26 +300,70 @@ class _Evaluator:
         return eval_loss(lambda x, y: loss_fn(self.cfg.model, params, x, y), self.batches)
 
 
-def simulated_seconds(
+def _work_wait(r: RoundTiming, step_seconds: float | None) -> tuple[float, float]:
+    train = r.steps * step_seconds if step_seconds is not None else r.train_s
+    if r.buckets:  # AllReduce: the exchange runs inside the step; the optimizer update follows it
+        if step_seconds is not None:  # the common step time includes the update; take it out
+            train = max(train - r.agg_s, 0.0)
+        return ddp_step_seconds(train, list(r.buckets)) + r.codec_s, r.agg_s
+    return train + r.codec_s, r.comm_s + r.agg_s
+
+
+def simulated_timeline(
     rounds: list[RoundTiming], overlaps: bool, step_seconds: float | None = None
-) -> float:
-    """Wall time of a run over the modelled link.
+) -> list[float]:
+    """When each round's result (the new global model) is available, in simulated seconds.
 
     Per round the critical path is training (``steps * step_seconds`` when given, so methods
     measured under different machine load compare fairly, else the measured time) plus encoding.
-    Blocking methods then wait for the exchange and the aggregation; overlapping ones hide round r's
-    exchange + aggregation behind round r+1's training, exposing only the last one.
+    Blocking methods then wait for the exchange and the aggregation; overlapping ones run round r's
+    exchange + aggregation during round r+1's training, so round r+1 ends when both have.
     """
-    if not rounds:
-        return 0.0
-    work = [
-        (r.steps * step_seconds if step_seconds is not None else r.train_s) + r.codec_s
-        for r in rounds
-    ]
-    wait = [r.comm_s + r.agg_s for r in rounds]
+    ww = [_work_wait(r, step_seconds) for r in rounds]
+    out: list[float] = []
+    t = 0.0
     if not overlaps:
-        return sum(work) + sum(wait)
-    return work[0] + sum(max(w, x) for w, x in zip(work[1:], wait[:-1])) + wait[-1]
+        for w, x in ww:
+            t += w + x
+            out.append(t)
+        return out
+    prev_wait = 0.0
+    for w, x in ww:
+        t += max(w, prev_wait)  # this round's training alongside the previous exchange
+        out.append(t + x)
+        prev_wait = x
+    return out
+
+
+def simulated_seconds(
+    rounds: list[RoundTiming], overlaps: bool, step_seconds: float | None = None
+) -> float:
+    """Wall time of a run over the modelled link (see ``simulated_timeline``); the last exchange
+    is always exposed."""
+    tl = simulated_timeline(rounds, overlaps, step_seconds)
+    return tl[-1] if tl else 0.0
+
+
+def curve_times(result: MethodResult, step_seconds: float | None = None) -> list[float]:
+    """Simulated time of each point of ``result.curve`` (0 for the initial model)."""
+    tl = simulated_timeline(result.rounds_detail, result.overlaps, step_seconds)
+    at: dict[int, float] = {0: 0.0}
+    done = 0
+    for r, t in zip(result.rounds_detail, tl):
+        done += r.steps
+        at[done] = t
+    return [at[s] for s, _ in result.curve]
+
+
+def loss_at_time(
+    result: MethodResult, budget_s: float, step_seconds: float | None = None
+) -> tuple[int, float]:
+    """(inner steps done, eval loss) of the last evaluated global model available by ``budget_s``."""
+    best = result.curve[0]
+    for point, t in zip(result.curve, curve_times(result, step_seconds)):
+        if t <= budget_s * (1 + 1e-12):
+            best = point
+    return best
 
 
 def normalise_times(results: dict[str, MethodResult]) -> float:
@@ -234,13 +371,18 @@ def normalise_times(results: dict[str, MethodResult]) -> float:
 
     Methods run one after another on a shared machine see different load; using one step time
     makes their simulated times differ only by what they do differently (encoding, exchange,
-    overlap). Returns the step time used.
+    overlap). AllReduce's per-step optimizer update likewise takes its median, so a slow first
+    step or a burst of load does not count against it. Returns the step time used.
     """
     steps = [t for r in results.values() for t in r.step_seconds]
     if not steps:
         return 0.0
     step_s = statistics.median(steps)
     for r in results.values():
+        updates = [x.agg_s for x in r.rounds_detail if x.buckets]
+        if updates:  # every AllReduce step's update is the same work: one (median) time for all
+            u = statistics.median(updates)
+            r.rounds_detail = [replace(x, agg_s=u) if x.buckets else x for x in r.rounds_detail]
         r.simulated_seconds_1gbps = simulated_seconds(r.rounds_detail, r.overlaps, step_s)
     return step_s
 
@@ -283,7 +425,11 @@ def run_allreduce(cfg: SimConfig, corpus: Corpus, progress: Progress) -> MethodR
     evaluate = _Evaluator(cfg, corpus)
     state = init_state(m, cfg.init_seed)
     per_step_bytes = ring_allreduce_bytes(4 * n_params(m), cfg.trainers)
-    comm_step = per_step_bytes * 8 / cfg.bandwidth_bps
+    buckets = tuple(
+        (ready, cfg.link.ring_allreduce_seconds(nbytes, cfg.trainers))
+        for ready, nbytes in ddp_buckets(param_shapes(m), cfg.bucket_bytes)
+    )
+    comm_step = sum(c for _, c in buckets)
     rounds: list[RoundTiming] = []
     step_times: list[float] = []
     curve = [(0, evaluate(section(state, PARAM)))]
@@ -299,7 +445,14 @@ def run_allreduce(cfg: SimConfig, corpus: Corpus, progress: Progress) -> MethodR
         update = time.perf_counter() - t0
         step_times += [t + update for t in times]
         rounds.append(
-            RoundTiming(steps=1, train_s=max(times), codec_s=0.0, agg_s=update, comm_s=comm_step)
+            RoundTiming(
+                steps=1,
+                train_s=max(times),
+                codec_s=0.0,
+                agg_s=update,
+                comm_s=comm_step,
+                buckets=buckets,
+            )
         )
         if (step + 1) % cfg.h == 0 or step + 1 == cfg.steps:
             curve.append((step + 1, evaluate(section(state, PARAM))))
@@ -385,13 +538,13 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
         globals_.append(global_params(g))
         if ccfg is None:
             per_worker = ring_allreduce_bytes(dense_bytes, cfg.trainers)
+            comm = cfg.link.ring_allreduce_seconds(dense_bytes, cfg.trainers)
         else:
             per_worker = (cfg.trainers - 1) * max(sizes)
+            comm = cfg.link.allgather_seconds(max(sizes), cfg.trainers)
             history.append(EpochRecord(rank=rank, h=h, profiles=tuple(profiles)))
         sent += per_worker
-        rounds.append(
-            RoundTiming(h, max(train_t), max(codec_t), agg, per_worker * 8 / cfg.bandwidth_bps)
-        )
+        rounds.append(RoundTiming(h, max(train_t), max(codec_t), agg, comm))
         schedule.append((rank, h))
         payload_sizes.append(sum(sizes) // len(sizes))
         rel_errors.append(sum(errs) / len(errs) if errs else 0.0)

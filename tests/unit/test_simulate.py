@@ -8,15 +8,22 @@ from protocol.data import Corpus, default_corpus
 from protocol.model import GPTConfig, n_params
 from trainer.inner import InnerConfig, configure_determinism
 from veriloco.simulate import (
+    DDP_BUCKET_BYTES,
+    Link,
     RoundTiming,
     SimConfig,
     SimulationError,
     compare,
+    curve_times,
+    ddp_buckets,
+    ddp_step_seconds,
+    loss_at_time,
     markdown_table,
     methods,
     ring_allreduce_bytes,
     run_method,
     simulated_seconds,
+    simulated_timeline,
     summary,
 )
 
@@ -94,6 +101,90 @@ def test_simulated_time_overlaps_exchange_with_next_round() -> None:
         3 * (4.0 + 0.1 + 0.7)
     )
     assert simulated_seconds([], overlaps=True) == 0.0
+
+
+def test_ddp_overlaps_each_bucket_with_the_rest_of_the_backward() -> None:
+    # compute 3 s: forward 1 s, backward 2 s; two buckets, each half the parameters
+    halves = [(0.5, 0.5), (1.0, 0.5)]
+    # bucket 1 ready at 2 s, sent by 2.5; bucket 2 ready at 3 s, sent by 3.5: only it is exposed
+    assert ddp_step_seconds(3.0, halves) == pytest.approx(3.5)
+    slow = [(0.5, 1.5), (1.0, 1.5)]  # bucket 2 waits for the link: 2 + 1.5 + 1.5
+    assert ddp_step_seconds(3.0, slow) == pytest.approx(5.0)
+    one = [(1.0, 0.5)]  # a single bucket cannot overlap anything: compute + exchange
+    assert ddp_step_seconds(3.0, one) == pytest.approx(3.5)
+    assert ddp_step_seconds(3.0, []) == 3.0
+    # overlap never makes a step slower than compute or faster than compute + last bucket
+    many = [((i + 1) / 10, 0.05) for i in range(10)]
+    assert ddp_step_seconds(3.0, many) == pytest.approx(3.05)
+
+
+def test_ddp_buckets_follow_backward_order_and_caps() -> None:
+    shapes = {"a": (256,), "b": (512,), "c": (1024,)}  # 1, 2 and 4 KiB of fp32
+    # reverse order c, b, a; first bucket closes at >= 4 KiB, the next at >= 2 KiB
+    b = ddp_buckets(shapes, bucket_bytes=2048, first_bucket_bytes=4096)
+    assert b == [(4096 / 7168, 4096), (6144 / 7168, 2048), (1.0, 1024)]
+    assert ddp_buckets(shapes) == [(1.0, 7168)]  # DDP's caps: one bucket for a tiny model
+    assert sum(n for _, n in ddp_buckets({"x": (30, 2**20)}, DDP_BUCKET_BYTES)) == 120 * 2**20
+
+
+def test_one_link_model_for_every_method(corpus: Corpus) -> None:
+    link = Link(bandwidth_bps=8e6, latency_s=0.01)  # 1 MB/s
+    assert link.seconds(1_000_000) == pytest.approx(1.01)
+    assert link.ring_allreduce_seconds(4_000_000, 4) == pytest.approx(6.0 + 0.06)
+    assert link.allgather_seconds(1_000_000, 4) == pytest.approx(3.0 + 0.03)
+    assert link.seconds(0, 5) == 0.0
+    with pytest.raises(SimulationError):
+        Link(bandwidth_bps=0)
+    cfg = SimConfig(
+        model=TOY, trainers=2, steps=4, batch_size=2, h=2, rank=2, eval_rows=4,
+        bandwidth_bps=8e6, latency_s=0.01,
+    )  # fmt: skip
+    dense = 4 * n_params(TOY)
+    ar = run_method("allreduce", cfg, corpus)
+    assert all(r.comm_s == pytest.approx(dense / 1e6 + 0.02) for r in ar.rounds_detail)
+    assert len(ar.rounds_detail[0].buckets) == 1  # the toy model fits DDP's first bucket
+    dl = run_method("diloco", cfg, corpus)
+    assert all(r.comm_s == pytest.approx(dense / 1e6 + 0.02) for r in dl.rounds_detail)
+    dx = run_method("dilocox", cfg, corpus)
+    for r, p in zip(dx.rounds_detail, dx.payload_bytes):
+        assert r.comm_s == pytest.approx(p / 1e6 + 0.01, rel=0.05)  # K-1 = 1 hop, the largest
+
+
+def test_allreduce_exposes_only_communication_left_after_backward() -> None:
+    step = RoundTiming(steps=1, train_s=3.0, codec_s=0.0, agg_s=0.1, comm_s=1.0,
+                       buckets=((0.5, 0.5), (1.0, 0.5)))  # fmt: skip
+    assert simulated_seconds([step] * 4, overlaps=False) == pytest.approx(4 * 3.6)
+    # with a common step time (which includes the update), the update is not counted twice
+    assert simulated_seconds([step] * 4, overlaps=False, step_seconds=3.1) == pytest.approx(4 * 3.6)
+    no_overlap = RoundTiming(steps=1, train_s=3.0, codec_s=0.0, agg_s=0.1, comm_s=1.0)
+    assert simulated_seconds([no_overlap] * 4, overlaps=False) == pytest.approx(4 * 4.1)
+
+
+def test_normalised_allreduce_update_is_its_median(corpus: Corpus) -> None:
+    from veriloco.simulate import normalise_times
+
+    r = run_method("allreduce", CFG, corpus)
+    r.rounds_detail[0].agg_s = 100.0  # a load burst on the first update
+    step_s = normalise_times({"allreduce": r})
+    assert max(x.agg_s for x in r.rounds_detail) < 100.0
+    assert r.simulated_seconds_1gbps < 50.0
+    assert r.simulated_seconds_1gbps == pytest.approx(
+        simulated_seconds(r.rounds_detail, False, step_s)
+    )
+
+
+def test_timeline_and_equal_time_lookup(corpus: Corpus) -> None:
+    rounds = [RoundTiming(2, 1.0, 0.0, 0.0, 3.0)] * 3
+    assert simulated_timeline(rounds, overlaps=False) == pytest.approx([4.0, 8.0, 12.0])
+    # overlapped: round r's exchange runs during round r+1's training
+    assert simulated_timeline(rounds, overlaps=True) == pytest.approx([4.0, 7.0, 10.0])
+    r = run_method("diloco", CFG, corpus)
+    times = curve_times(r)
+    assert times[0] == 0.0 and times[-1] == pytest.approx(r.simulated_seconds_1gbps)
+    assert times == sorted(times) and len(times) == len(r.curve)
+    assert loss_at_time(r, times[-1]) == r.curve[-1]
+    assert loss_at_time(r, (times[1] + times[2]) / 2) == r.curve[1]
+    assert loss_at_time(r, 0.0) == r.curve[0]
 
 
 def test_unknown_method_and_bad_config_are_errors(corpus: Corpus) -> None:

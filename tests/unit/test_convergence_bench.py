@@ -1,0 +1,68 @@
+"""The convergence benchmark's report: paired per-seed gaps under the keys the issue fixes, labelled projection."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.convergence import gap_summary, main, parse_outer, projection, render
+
+pytestmark = pytest.mark.unit
+
+
+def test_gap_summary_pairs_by_seed() -> None:
+    s = gap_summary(
+        {"allreduce": [2.0, 4.0, 3.0], "diloco": [2.02, 4.08, 3.03], "dilocox": [2.04, 4.08, 3.06]}
+    )
+    g = s["paired_gap_vs_allreduce"]
+    assert g["allreduce"]["mean"] == 0.0 and g["allreduce"]["sd"] == 0.0
+    assert g["diloco"]["per_seed"] == pytest.approx([0.01, 0.02, 0.01])
+    assert g["dilocox"]["mean"] == pytest.approx(0.02)
+    d = s["paired_gap_dilocox_vs_diloco"]
+    assert d["per_seed"] == pytest.approx([0.01, 0.0, 0.01])
+    lo, hi = d["ci95"]
+    assert lo < d["mean"] < hi
+
+
+def test_projection_labels_every_input() -> None:
+    p = projection(4, traffic_reduction=900.0, compression_ratio=280.0, mean_h=8.0)
+    assert all(
+        v["source"].split(" ")[0].rstrip(":") in ("measured", "assumed")
+        for v in p["inputs"].values()
+    )
+    assert p["inputs"]["traffic_reduction"]["source"].startswith("measured")
+    # the DDP overlap hides at most the backward pass: the step is at least the exchange
+    assert p["allreduce_comm_s_per_step"] < p["allreduce_step_s_ddp_overlap"]
+    assert p["speedup"] == pytest.approx(
+        p["allreduce_step_s_ddp_overlap"]
+        / max(p["inputs"]["compute_s_per_step"]["value"], p["dilocox_comm_s_per_step"])
+    )
+    assert parse_outer("1.0:0,0.7:0.5") == [(1.0, 0.0), (0.7, 0.5)]
+
+
+def test_two_seed_run_writes_the_agreed_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "c.json"
+    argv = ["--preset", "ci", "--seeds", "3,4", "--eval-rows", "8", "--steps", "4", "--h", "2",
+            "--methods", "allreduce,diloco,dilocox", "--sweep-outer", "1.0:0.0", "--quiet", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    r = json.loads(out.read_text())
+    assert r["seeds"] == [3, 4] and r["eval_rows"] == 8
+    for m in ("allreduce", "diloco", "dilocox"):
+        g = r["paired_gap_vs_allreduce"][m]
+        assert len(g["per_seed"]) == 2 and len(g["ci95"]) == 2 and g["sd"] >= 0
+        assert g["ci95"][0] <= g["mean"] <= g["ci95"][1]
+    assert set(r["paired_gap_dilocox_vs_diloco"]) >= {"mean", "ci95"}
+    assert [s["seed"] for s in r["per_seed"]] == [3, 4]
+    losses = [s["methods"]["allreduce"]["final_eval_loss"] for s in r["per_seed"]]
+    assert losses[0] != losses[1]  # seeds change init and data
+    assert [row["outer"] for row in r["sweep_outer"]] == [
+        {"lr": 0.7, "momentum": 0.5},
+        {"lr": 1.0, "momentum": 0.0},
+    ]
+    et = r["equal_simulated_time"]
+    assert len(et["budget_s_per_seed"]) == 2 and "dilocox" in et["paired_gap_vs_allreduce"]
+    text = capsys.readouterr().out
+    assert text.strip() == render(r).strip()
+    assert "Equal simulated time" in text and "| assumed (the paper's model) |" in text

@@ -10,6 +10,7 @@ summary (and, with --report DIR, summary.json plus a loss-curve PNG).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -375,7 +376,10 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
 def _store_args(store: Any) -> str:
     """`veriloco store get` flags that reach the demo's store once the demo has ended (its chain is gone)."""
     if isinstance(store, LocalStore):
-        return f"--store-dir {shlex.quote(str(store.root))}"
+        root = store.root.absolute()
+        with contextlib.suppress(ValueError):  # the shorter path when it lies under the current folder
+            root = root.relative_to(Path.cwd())
+        return f"--store-dir {shlex.quote(str(root))}"
     return f"--store ipfs --ipfs-api {getattr(store, 'api', '')}"  # an IPFS node: reachable while it runs
 
 
@@ -445,7 +449,7 @@ def _print_summary(s: dict[str, Any], say: Any) -> None:
         say(f"  cheaters              {', '.join(f'{a} ({k})' for a, k in s['cheaters'].items())}")
     moved, baseline = headline(s)
     say(f"  bytes per trainer     {moved}")
-    say(f"  AllReduce would send  {baseline}")
+    say(f"  baseline              {baseline}")
     say(f"  gas used              {s['gas_used']:,}")
     which = "the initial model" if s["final_model_epoch"] < 0 else f"finalized in epoch {s['final_model_epoch']}"
     say(f"  final model           {s['final_model_cid']} ({which})")

@@ -91,7 +91,7 @@ def headline(c: Mapping[str, Any]) -> tuple[str, str]:
              f"{c['bytes_received_per_trainer']:,} received)")
     if c["allreduce_bytes_equivalent"] is None:
         return moved, "no AllReduce baseline with one trainer"
-    baseline = f"{c['allreduce_bytes_equivalent']:,} for the same {c['steps_per_trainer']:g} steps"
+    baseline = f"AllReduce would send {c['allreduce_bytes_equivalent']:,} for the same {c['steps_per_trainer']:g} steps"
     ratio = c["reduction_vs_allreduce"]
     if ratio is None:
         return moved, baseline

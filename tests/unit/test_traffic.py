@@ -49,7 +49,7 @@ def test_allreduce_baseline_is_the_ring_formula_over_the_steps_trained() -> None
     assert c["reduction_vs_allreduce"] == 2.4
     moved, baseline = headline(c)
     assert moved == "150,000 (120,000 sent, 30,000 received)"
-    assert baseline == "360,000 for the same 60 steps: 2.4x more"
+    assert baseline == "AllReduce would send 360,000 for the same 60 steps: 2.4x more"
     # more traffic than AllReduce is said as such, not as "0.4x more"
     c = compare([TrainerTraffic(900_000, 0, 60, 2)], 4, params)
     assert headline(c)[1].endswith(": 2.5x less")
@@ -100,3 +100,11 @@ def test_a_trainer_curve_counts_its_own_steps_and_a_resumed_step_once() -> None:
            {"event": "step", "epoch": 1, "step": 2, "of": 3, "loss": 3.0},
            {"event": "step", "epoch": 1, "step": 3, "of": 3, "loss": 2.9}]
     assert loss_curve(ev) == ([1, 2, 3, 4, 5], [4.0, 3.0, 3.4, 3.0, 2.9])
+
+
+def test_the_fetch_command_names_the_store_folder_from_where_the_user_stands(tmp_path: Path, monkeypatch) -> None:
+    from veriloco.netdemo import _store_args
+
+    monkeypatch.chdir(tmp_path)
+    assert _store_args(LocalStore(tmp_path / "demo" / "store")) == "--store-dir demo/store"
+    assert _store_args(LocalStore(tmp_path.parent / "elsewhere store")) == f"--store-dir '{tmp_path.parent}/elsewhere store'"

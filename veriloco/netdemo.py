@@ -496,9 +496,9 @@ def _write_report(summary: dict[str, Any], nodes: list[NodeProc], report: Path) 
             continue
         xs, losses = loss_curve(n.events)
         ax.plot(xs, losses, alpha=0.5, lw=1, label=f"{n.name} train loss")
-    xs = eval_steps([p["epoch"] for p in summary["eval_curve"]],
+    at = eval_steps([p["epoch"] for p in summary["eval_curve"]],
                     [_trained_steps(n.events) for n in nodes if n.role == "trainer" and n.cheat is None])
-    ax.plot(xs, [p["eval_loss"] for p in summary["eval_curve"]], "k-o", lw=2, label="global model eval loss")
+    ax.plot(at, [p["eval_loss"] for p in summary["eval_curve"]], "k-o", lw=2, label="global model eval loss")
     ax.set_xlabel("inner step")
     ax.set_ylabel("loss (nats/byte)")
     ax.set_title("veriloco demo: verified DiLoCoX training")

@@ -10,8 +10,10 @@ processes) and reports, side by side with AllReduce:
   Measured per trainer from its first inner step to its last epoch's end; median over trainers.
 - `verifier_compute_fraction`: CPU seconds verifiers spend judging (fetching, parsing, replaying,
   re-encoding, chain reads) over the CPU seconds trainers spend in inner steps, all nodes summed.
-- `bytes_per_trainer_per_epoch`: payload plus audit-response bytes a trainer publishes per epoch,
-  against the bytes a ring AllReduce of fp32 gradients would send per worker for the same steps.
+- `bytes_per_trainer_per_epoch`: every store byte a trainer sends and receives per epoch (payloads,
+  audit states and manifests up; config, corpus, models and peers' payloads down), against the bytes
+  a ring AllReduce of fp32 gradients would send per worker for the same steps: the definition
+  `veriloco demo`'s summary uses (veriloco/traffic.py).
 
 All processes share this machine's cores: wall-clock fractions include that contention, which is
 why compute is counted in CPU seconds.
@@ -37,6 +39,7 @@ import torch
 
 from protocol.model import n_params, preset
 from veriloco.netdemo import DemoOptions, run_demo
+from veriloco.traffic import compare, trainer_traffic
 
 
 def _events(path: Path) -> list[dict[str, Any]]:
@@ -56,13 +59,12 @@ def measure(opts: DemoOptions, segment: int = 1) -> dict[str, Any]:
     with open(os.devnull, "w") as quiet:
         summary = run_demo(opts, out=quiet, config=opts.config().replace(audit={"segment": segment}))
     logs = {p.stem: _events(p) for p in (opts.workdir / "logs").glob("*.jsonl")}
-    overheads, compute_total, digest_total, per_epoch_bytes = [], 0.0, 0.0, []
+    overheads, compute_total, digest_total, traffic = [], 0.0, 0.0, []
     for name, evs in logs.items():
         if not name.startswith("trainer"):
             continue
         steps = [ev for ev in evs if ev["event"] == "step"]
         trained = [ev for ev in evs if ev["event"] == "trained"]
-        responded = {ev["epoch"]: ev.get("audit_bytes", 0) for ev in evs if ev["event"] == "responded"}
         if not steps or not trained:
             continue
         compute = sum(ev["compute_s"] for ev in trained)
@@ -73,8 +75,7 @@ def measure(opts: DemoOptions, segment: int = 1) -> dict[str, Any]:
         overheads.append(1.0 - compute / wall)
         compute_total += compute
         digest_total += digest
-        for ev in trained:
-            per_epoch_bytes.append(ev["payload_bytes"] + responded.get(ev["epoch"], 0))
+        traffic.append(trainer_traffic(evs))
     verifier_s = sum(ev["cpu_s"] for name, evs in logs.items() if name.startswith("verifier")
                      for ev in evs if ev["event"] == "verified")
     finalized = {ev["epoch"]: ev["t"] for name, evs in logs.items() if name.startswith("coordinator")
@@ -90,8 +91,10 @@ def measure(opts: DemoOptions, segment: int = 1) -> dict[str, Any]:
     cycle = statistics.median(b - a for a, b in itertools.pairwise(ends)) if len(ends) > 1 else float("nan")
     cfg = preset(opts.preset)
     k, h = opts.trainers, opts.steps
-    allreduce = 2 * (k - 1) / k * 4 * n_params(cfg) * h
-    bytes_per_epoch = statistics.mean(per_epoch_bytes)
+    moved = compare(traffic, k, n_params(cfg))
+    epochs = max(1.0, moved["epochs_per_trainer"])
+    bytes_per_epoch = moved["bytes_per_trainer"] / epochs
+    allreduce = (moved["allreduce_bytes_equivalent"] or 0) / epochs
     return {
         "preset": opts.preset,
         "trainers": k,
@@ -114,8 +117,11 @@ def measure(opts: DemoOptions, segment: int = 1) -> dict[str, Any]:
         "trainer_compute_seconds": round(compute_total, 2),
         "verifier_compute_seconds": round(verifier_s, 2),
         "bytes_per_trainer_per_epoch": round(bytes_per_epoch),
+        "bytes_sent_per_trainer_per_epoch": round(moved["bytes_sent_per_trainer"] / epochs),
+        "bytes_received_per_trainer_per_epoch": round(moved["bytes_received_per_trainer"] / epochs),
+        "steps_per_trainer_per_epoch": round(moved["steps_per_trainer"] / epochs, 1),
         "allreduce_bytes_per_trainer_per_epoch": round(allreduce),
-        "traffic_reduction_vs_allreduce": round(allreduce / bytes_per_epoch, 1),
+        "traffic_reduction_vs_allreduce": moved["reduction_vs_allreduce"],
         "gas_used": summary["gas_used"],
     }
 

@@ -445,3 +445,60 @@ class IpfsStore(Store):
             self._client.pin.add(c, opts={"timeout": f"{self.deadline:g}s"}, timeout=self.deadline)
         except self._errors as exc:
             raise self._translate(exc, "pinning", c) from None
+
+
+class Metered(Store):
+    """A store that counts the bytes a node sends (`put`) and receives (`get`) through it.
+
+    What a node reports as its traffic is measured here, at the one edge all its content passes,
+    rather than added up from what it thinks it published: nothing it uploads or downloads is missed.
+    """
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.sent = 0
+        self.received = 0
+
+    @property
+    def where(self) -> str:
+        return self.inner.where
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def put_stream(self, chunks: Iterable[bytes | bytearray | memoryview]) -> Cid:
+        def counted() -> Iterator[bytes | bytearray | memoryview]:
+            for chunk in chunks:
+                self.sent += memoryview(chunk).nbytes
+                yield chunk
+
+        return self.inner.put_stream(counted())
+
+    def _stream(self, cid: Cid, max_size: int) -> Iterator[bytes]:
+        for chunk in self.inner._stream(cid, max_size):
+            self.received += len(chunk)
+            yield chunk
+
+    def get(self, cid: str, *, max_size: int = DEFAULT_MAX_SIZE, digest: bytes | None = None) -> bytes:
+        data = self.inner.get(cid, max_size=max_size, digest=digest)
+        self.received += len(data)
+        return data
+
+    def get_to_file(
+        self,
+        cid: str,
+        path: Path | str,
+        *,
+        max_size: int = DEFAULT_MAX_SIZE,
+        digest: bytes | None = None,
+        progress: Progress | None = None,
+    ) -> int:
+        size = self.inner.get_to_file(cid, path, max_size=max_size, digest=digest, progress=progress)
+        self.received += size
+        return size
+
+    def has(self, cid: str) -> bool:
+        return self.inner.has(cid)
+
+    def pin(self, cid: str) -> None:
+        self.inner.pin(cid)

@@ -30,7 +30,7 @@ from protocol.membership import check_joinable
 from protocol.outage import TRANSIENT, through_outages
 from protocol.run import RunContext, open_run, params_of
 from protocol.statedir import run_dir
-from protocol.store import Store
+from protocol.store import Metered, Store
 from protocol.types import Cid
 from trainer.checkpoints import EpochDir
 from trainer.delay import StartRule, public_history_end
@@ -80,7 +80,8 @@ class TrainerNode:
     ) -> None:
         if chain.sender is None:
             raise TrainerError("a trainer node needs a signing key")
-        self.chain, self.store, self.run_id = chain, store, run_id
+        self.chain, self.run_id = chain, run_id
+        self.store = Metered(store)  # its traffic, logged with each event that moves content (`traffic`)
         self.me = chain.sender
         self.root = Path(workdir)
         self.behaviour = behaviour or Behaviour()
@@ -134,7 +135,11 @@ class TrainerNode:
         while e < epochs and through_outages(functools.partial(self._epoch, e), self.log, f"epoch {e}"):
             e += 1
         through_outages(lambda: self._wait(lambda: not self._pending(), "the last audits to close"), self.log, "closing")
-        self.log("finished", epochs=e)
+        self.log("finished", epochs=e, **self.traffic())
+
+    def traffic(self) -> dict[str, int]:
+        """Store bytes this process has sent and received so far (veriloco/traffic.py adds them up)."""
+        return {"sent_bytes": self.store.sent, "received_bytes": self.store.received}
 
     def _join(self) -> Any:
         m = self.chain.member(self.run_id, self.me)
@@ -281,7 +286,7 @@ class TrainerNode:
         self.log("trained", epoch=e, steps=steps, rank=rank, loss=round(sum(losses[-4:]) / max(1, len(losses[-4:])), 4),
                  seconds=round(time.monotonic() - t0, 2), compute_s=round(compute_s, 3), digest_s=round(digest_s, 3),
                  payload_bytes=final.stats.payload_bytes, dense_bytes=final.stats.dense_bytes,
-                 base_epoch=meta.get("base_epoch"), base_digest=meta.get("base_digest"))
+                 base_epoch=meta.get("base_epoch"), base_digest=meta.get("base_digest"), **self.traffic())
 
     def _publish(self, e: int, d: EpochDir) -> None:
         pub = d.read_bytes("payload.bin")
@@ -318,7 +323,7 @@ class TrainerNode:
         if tx is None:
             return
         d.update(status=COMMITTED, gas_commit=tx.gas_used)
-        self.log("committed", epoch=e, payload_cid=m["payload_cid"], gas=tx.gas_used)
+        self.log("committed", epoch=e, payload_cid=m["payload_cid"], gas=tx.gas_used, **self.traffic())
 
     def _send(self, what: str, d: EpochDir, send: Callable[[], TxResult]) -> TxResult | None:
         """Send a commit or reveal (None if it did not land). Only the contract's own refusal (a named
@@ -425,7 +430,7 @@ class TrainerNode:
         tx = self.chain.respond(self.run_id, e, mcid, response)
         d.update(status=RESPONDED, manifest_cid=mcid, gas_respond=tx.gas_used)
         self.log("responded", epoch=e, transitions=list(a.steps), final=a.final_check, manifest=mcid, gas=tx.gas_used,
-                 audit_bytes=published[0] + len(encoded))
+                 audit_bytes=published[0] + len(encoded), **self.traffic())
 
     def _prune(self, e: int) -> None:
         """Keep the last two epochs (the next start-rule check needs e-1); drop older checkpoints."""

@@ -10,8 +10,10 @@ summary (and, with --report DIR, summary.json plus a loss-curve PNG).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -39,10 +41,12 @@ from protocol.run import (
     params_of,
     publish_run,
 )
+from protocol.store import LocalStore
 from protocol.tokens import load_corpus_dir
 from veriloco.argtypes import positive, seconds
 from veriloco.logs import fields_text
 from veriloco.nodes import CHEAT_KINDS
+from veriloco.traffic import compare, headline, trainer_traffic
 
 PHASES = {p: p.name.lower() for p in Phase}
 
@@ -334,7 +338,7 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
             for ev in n.read():
                 if ev.get("event") in ("committed", "revealed", "responded", "verified", "finalized", "skipped",
                                        "commit-failed", "reveal-failed", "alarm", "error", "joined"):
-                    detail = {k: v for k, v in ev.items() if k not in ("t", "node", "event")}
+                    detail = {k: v for k, v in ev.items() if k not in ("t", "node", "event", "sent_bytes", "received_bytes")}
                     say(f"  [{time.monotonic() - t_start:6.1f}s] {n.name:18s} {ev['event']:10s} {fields_text(detail)[:150]}")
         try:
             line = _status_line(chain, run_id, cfg.schedule.epochs)
@@ -369,6 +373,16 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
         n.read()
 
 
+def _store_args(store: Any) -> str:
+    """`veriloco store get` flags that reach the demo's store once the demo has ended (its chain is gone)."""
+    if isinstance(store, LocalStore):
+        root = store.root.absolute()
+        with contextlib.suppress(ValueError):  # the shorter path when it lies under the current folder
+            root = root.relative_to(Path.cwd())
+        return f"--store-dir {shlex.quote(str(root))}"
+    return f"--store ipfs --ipfs-api {getattr(store, 'api', '')}"  # an IPFS node: reachable while it runs
+
+
 def _summarize(chain: Chain, store: Any, run_id: int, cfg: RunConfig, nodes: list[NodeProc], opts: DemoOptions,
                seconds: float) -> dict[str, Any]:
     ctx = open_run(chain, store, run_id)
@@ -390,22 +404,15 @@ def _summarize(chain: Chain, store: Any, run_id: int, cfg: RunConfig, nodes: lis
     slashed = sorted({s["account"] for s in slashes})
     rewards = sum(int(ev.args["paid"]) for ev in chain.events(["RewardsPaid"], run_id=run_id))
     trainers = [n for n in nodes if n.role == "trainer"]
-    payload_bytes: dict[str, list[int]] = {}
-    steps_total = 0
-    for n in trainers:
-        sizes = [ev["payload_bytes"] for ev in n.events if ev.get("event") == "trained"]
-        payload_bytes[n.address] = sizes
-        steps_total = max(steps_total, sum(ev["steps"] for ev in n.events if ev.get("event") == "trained"))
-    honest = [s for n in trainers if n.cheat is None for s in payload_bytes[n.address]]
-    k = opts.trainers
-    params = n_params(cfg.model_config())
+    honest = [n for n in trainers if n.cheat is None] or trainers
+    traffic = compare([trainer_traffic(n.events) for n in honest], opts.trainers, n_params(cfg.model_config()))
     gas = 0
     for n in nodes:
         gas += sum(int(ev.get("gas", 0)) for ev in n.events)
     return {
         "run_id": run_id,
         "seconds": round(seconds, 1),
-        "trainers": k,
+        "trainers": opts.trainers,
         "verifiers": opts.verifiers,
         "cheaters": {n.address: n.cheat for n in trainers if n.cheat},
         "epochs": epochs,
@@ -419,9 +426,13 @@ def _summarize(chain: Chain, store: Any, run_id: int, cfg: RunConfig, nodes: lis
         "verdicts": {"pass": verdicts.get("pass", 0), "fail": verdicts.get("fail", 0)},
         "rewards_paid_wei": rewards,
         "reward_pool_left_wei": int(chain.run_info(run_id).pool),
-        "bytes_per_trainer": round(sum(honest) / max(1, len({n.address for n in trainers if n.cheat is None}))),
-        # ring AllReduce of fp32 gradients every inner step, per worker: 2 (K-1)/K * 4 bytes * params * steps
-        "allreduce_bytes_equivalent": round(2 * (k - 1) / k * 4 * params * steps_total),
+        "final_model_cid": cid,
+        "config_cid": ctx.info.params.config_cid,
+        "fetch_model": f"veriloco store get {cid} {_store_args(store)} -o model.safetensors",
+        "export_model": f"veriloco store get {ctx.info.params.config_cid} {_store_args(store)} -o run.json && "
+                        "veriloco export --state model.safetensors --config run.json --out model/",
+        # every store byte an honest trainer sent and received, against AllReduce for its steps (veriloco/traffic.py)
+        **traffic,
         "gas_used": gas,
     }
 
@@ -436,9 +447,39 @@ def _print_summary(s: dict[str, Any], say: Any) -> None:
     say(f"  rewards paid          {s['rewards_paid_wei'] / 1e18:g} ETH (pool left {s['reward_pool_left_wei'] / 1e18:g} ETH)")
     if s["cheaters"]:
         say(f"  cheaters              {', '.join(f'{a} ({k})' for a, k in s['cheaters'].items())}")
-    ratio = s["allreduce_bytes_equivalent"] / max(1, s["bytes_per_trainer"])
-    say(f"  bytes per trainer     {s['bytes_per_trainer']:,} (AllReduce would send {s['allreduce_bytes_equivalent']:,}: {ratio:.0f}x more)")
+    moved, baseline = headline(s)
+    say(f"  bytes per trainer     {moved}")
+    say(f"  baseline              {baseline}")
     say(f"  gas used              {s['gas_used']:,}")
+    which = "the initial model" if s["final_model_epoch"] < 0 else f"finalized in epoch {s['final_model_epoch']}"
+    say(f"  final model           {s['final_model_cid']} ({which})")
+    say(f"  fetch it              {s['fetch_model']}")
+    say(f"  export it             {s['export_model']}")
+
+
+def _trained_steps(events: list[dict[str, Any]]) -> dict[int, int]:
+    return {int(ev["epoch"]): int(ev["steps"]) for ev in events if ev.get("event") == "trained"}
+
+
+def loss_curve(events: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
+    """A trainer's inner-step losses against its own step count across epochs (H adapts per epoch);
+    steps replayed after a resume count once, with their latest loss."""
+    steps = {(int(ev["epoch"]), int(ev["step"])): (int(ev["of"]), float(ev["loss"]))
+             for ev in events if ev.get("event") == "step"}
+    h = {e: of for (e, _), (of, _) in steps.items()}
+    before, offset = {}, 0
+    for e in sorted(h):
+        before[e], offset = offset, offset + h[e]
+    points = sorted((before[e] + k, loss) for (e, k), (_, loss) in steps.items())
+    return [x for x, _ in points], [y for _, y in points]
+
+
+def eval_steps(epochs: list[int], trained: list[dict[int, int]]) -> list[float]:
+    """Where each global eval point goes on the plot's inner-step axis: the steps trainers actually
+    trained up to and including that epoch (H adapts per epoch), averaged over trainers; epoch -1
+    (the initial model) is step 0."""
+    n = max(1, len(trained))
+    return [sum(h for t in trained for e, h in t.items() if e <= epoch) / n for epoch in epochs]
 
 
 def _write_report(summary: dict[str, Any], nodes: list[NodeProc], report: Path) -> None:
@@ -453,11 +494,11 @@ def _write_report(summary: dict[str, Any], nodes: list[NodeProc], report: Path) 
     for n in nodes:
         if n.role != "trainer":
             continue
-        losses = [ev["loss"] for ev in n.events if ev.get("event") == "step"]
-        ax.plot(range(1, len(losses) + 1), losses, alpha=0.5, lw=1, label=f"{n.name} train loss")
-    steps_per_epoch = max((ev["steps"] for n in nodes for ev in n.events if ev.get("event") == "trained"), default=1)
-    xs = [(p["epoch"] + 1) * steps_per_epoch for p in summary["eval_curve"]]
-    ax.plot(xs, [p["eval_loss"] for p in summary["eval_curve"]], "k-o", lw=2, label="global model eval loss")
+        xs, losses = loss_curve(n.events)
+        ax.plot(xs, losses, alpha=0.5, lw=1, label=f"{n.name} train loss")
+    at = eval_steps([p["epoch"] for p in summary["eval_curve"]],
+                    [_trained_steps(n.events) for n in nodes if n.role == "trainer" and n.cheat is None])
+    ax.plot(at, [p["eval_loss"] for p in summary["eval_curve"]], "k-o", lw=2, label="global model eval loss")
     ax.set_xlabel("inner step")
     ax.set_ylabel("loss (nats/byte)")
     ax.set_title("veriloco demo: verified DiLoCoX training")

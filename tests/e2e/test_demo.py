@@ -34,3 +34,9 @@ def test_the_readme_adversary_demo_prints_its_summary_and_slashes_every_cheater_
     assert set(s["slashed"]) == set(s["cheaters"]), out
     # once each: a cheater caught in epoch e is taken out of e+1 too, not slashed again there
     assert sorted(x["account"] for x in s["slashes"]) == sorted(s["cheaters"]), s["slashes"]
+    # honest traffic: every store byte up and down, against AllReduce for the steps trained; the model's CID
+    assert s["bytes_sent_per_trainer"] > 0 and s["bytes_received_per_trainer"] > 0
+    assert s["bytes_per_trainer"] == pytest.approx(s["bytes_sent_per_trainer"] + s["bytes_received_per_trainer"], abs=1)
+    assert s["allreduce_bytes_equivalent"] > 0 and "AllReduce would send" in done.stdout
+    assert s["final_model_cid"] in done.stdout and s["fetch_model"] in done.stdout
+    assert (tmp_path / "report" / "loss.png").stat().st_size > 0

@@ -49,6 +49,7 @@ from veriloco.simulate import (
     SimConfig,
     curve_times,
     ddp_step_seconds,
+    human_bytes,
     loss_at_time,
     methods,
     normalise_times,
@@ -550,12 +551,6 @@ def _gap_cell(g: dict[str, Any]) -> str:
     return f"{mean * 100:+.2f}% ± {sd * 100:.2f} [{ci[0] * 100:+.2f}, {ci[1] * 100:+.2f}]"
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
 
 
 def render(out: dict[str, Any]) -> str:
@@ -579,7 +574,7 @@ def render(out: dict[str, Any]) -> str:
     ]
     for n, m in ms.items():
         lines.append(
-            f"| {n} | {m['final_eval_loss_mean']:.4f} | {_gap_cell(gaps[n])} | {_human(m['bytes_per_worker_mean'])} "
+            f"| {n} | {m['final_eval_loss_mean']:.4f} | {_gap_cell(gaps[n])} | {human_bytes(m['bytes_per_worker_mean'])} "
             f"| {m['traffic_reduction_vs_allreduce']:,.0f}x | {m['simulated_seconds_1gbps_mean']:.1f} "
             f"| {m['speedup_1gbps']:.2f}x |"
         )

@@ -622,14 +622,15 @@ def markdown_table(results: dict[str, MethodResult], baseline: str = "allreduce"
     for n, r in results.items():
         q = ratios.get(n, {})
         rows.append(
-            f"| {n} | {r.final_eval_loss:.4f} | {q.get('loss_gap', 0.0) * 100:+.2f}% | {_human(r.bytes_per_worker)} "
+            f"| {n} | {r.final_eval_loss:.4f} | {q.get('loss_gap', 0.0) * 100:+.2f}% | {human_bytes(r.bytes_per_worker)} "
             f"| {q.get('traffic_reduction', 1.0):,.0f}x | {r.compute_seconds:.1f} | {r.simulated_seconds_1gbps:.1f} "
             f"| {q.get('speedup_1gbps', 1.0):.2f}x |"
         )
     return "\n".join(rows)
 
 
-def _human(n: float) -> str:
+def human_bytes(n: float) -> str:
+    """A byte count for tables: B, KiB, MiB, ..."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"

@@ -91,7 +91,8 @@ class WithholdingTrainer(TrainerNode):
             self._withhold()
 
     def _withhold(self) -> None:
-        if not isinstance(self.store, LocalStore):
+        store = getattr(self.store, "inner", self.store)  # the trainer meters its store (protocol.store.Metered)
+        if not isinstance(store, LocalStore):
             raise TypeError("withhold deletes from a shared LocalStore; this node uses another store")
         for e in self._pending():
             if e in self.withheld or self._phase(e) is not Phase.AUDITING:
@@ -100,7 +101,7 @@ class WithholdingTrainer(TrainerNode):
                 continue
             cid = self._dir(e).meta["payload_cid"]
             with contextlib.suppress(FileNotFoundError):
-                self.store.path_of(cid).unlink()
+                store.path_of(cid).unlink()
             self.withheld.add(e)
             self.log("withholding", epoch=e, payload=cid)
 

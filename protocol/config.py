@@ -66,6 +66,9 @@ class InnerSection:
     warmup_steps: int = 10
     total_steps: int = 1000  # cosine horizon over all epochs
     grad_clip: float = 1.0
+    # micro-batches per inner step; part of the step's definition when audits are per shard
+    # (trainer/blockstep.py), so every trainer and verifier of a run uses the same number
+    microbatches: int = field(default=1, metadata=_NEW)
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,9 @@ class AuditSection:
     # max per-tensor relative error in tolerant mode: verifier.calibrate.CALIBRATED_TOLERANCE, measured
     # across thread counts, processes and pipeline splits (docs/results-verification.md)
     tolerance: float = 2e-5
+    # "state": a challenge replays whole-model steps from published full states (docs/protocol.md §5);
+    # "shard": one audit block of a segment from that block's state and boundary tensors (§5.3)
+    unit: str = field(default="state", metadata=_NEW)
 
 
 @dataclass(frozen=True)
@@ -206,6 +212,12 @@ def _check(cfg: RunConfig) -> list[str]:
         p.append("basis-point fields (audit.final_check_bps, stakes.slash_bps) must be within 0..10000")
     if a.segment < 1:
         p.append("audit.segment must be at least 1")
+    if a.unit not in ("state", "shard"):
+        p.append(f"audit.unit must be 'state' or 'shard', got {a.unit!r}")
+    if a.unit == "shard" and a.mode != "exact":
+        p.append("audit.unit = 'shard' replays one block bit for bit: it needs audit.mode = 'exact'")
+    if cfg.inner.microbatches < 1 or cfg.data.batch_size % cfg.inner.microbatches:
+        p.append(f"inner.microbatches must divide data.batch_size {cfg.data.batch_size}, got {cfg.inner.microbatches}")
     if a.mode == "tolerant" and (a.segment > 16 or a.tolerance <= 0):
         # honest divergence compounds over replayed steps: past 16 it outgrows the calibrated bound
         p.append("tolerant mode needs audit.tolerance > 0 and audit.segment <= 16 (the calibrated range)")

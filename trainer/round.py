@@ -45,6 +45,9 @@ class RoundSpec:
     run_seed: int
     batch_size: int
     seq_len: int
+    microbatches: int = 1
+    shard: bool = False  # audit.unit = "shard": block-wise steps and step leaves (protocol.leaf)
+    segment: int = 1
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> RoundSpec:
@@ -69,6 +72,9 @@ class RoundSpec:
             run_seed=cfg.data.run_seed,
             batch_size=cfg.data.batch_size,
             seq_len=cfg.data.seq_len,
+            microbatches=i.microbatches,
+            shard=cfg.audit.unit == "shard",
+            segment=cfg.audit.segment,
         )
 
 

@@ -1,0 +1,260 @@
+"""The inner step cut into audit blocks: what a verifier can replay one block of, bit for bit.
+
+A model is a chain of *audit blocks* (``protocol.leaf.block_names``: the embeddings, each
+transformer block, the final norm and head). The block-wise step runs every block as its own
+autograd graph on a detached input, micro-batch by micro-batch, so each block's part of the step
+is a pure function of (its state, its input activations, the gradient arriving at its output) and
+of nothing else. The trainer records those *boundary tensors*; a verifier given one block's state
+and its boundaries replays that block alone (``replay_block``) and gets the trainer's bits, because
+it runs the very same ``BlockRun`` code on the very same inputs. Pipeline stages (trainer/stages.py)
+run the same ``BlockRun``s in their own processes, so a pipelined trainer is bitwise equal to a
+single-process one: the split changes where a block runs, never what it computes.
+
+The step, per micro-batch m of M (rows ``m*B/M .. (m+1)*B/M``): forward through the blocks; the
+head's output is ``cross_entropy / M``; backward in reverse. Per block, gradients accumulate over
+micro-batches in order (``g_0 + g_1 + ...``); its squared norm ``sq_b`` sums its tensors in name
+order; the global norm is ``sqrt(sq_0 + sq_1 + ...)`` in block order (fp32); then the same AdamW as
+``trainer.inner.apply_update``, elementwise, so updating block by block changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from protocol.leaf import block_names
+from protocol.model import GPTConfig, model_class
+from trainer.inner import (
+    PARAM,
+    STEP,
+    InnerConfig,
+    Params,
+    State,
+    TrainerError,
+    apply_update,
+    check_state,
+    squared_norm,
+)
+
+Batch = tuple[Tensor, Tensor]
+
+
+class _Embed(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cls = model_class(cfg)
+        self.cfg = cfg
+        self.cls.add_embed(self, cfg)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        return self.cls.embed(self, idx)  # type: ignore[arg-type]
+
+
+class _Layer(nn.Module):
+    def __init__(self, cfg: GPTConfig, i: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleDict({str(i): model_class(cfg).block(cfg)})
+        self.i = str(i)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.blocks[self.i](x)  # type: ignore[no-any-return]
+
+
+class _Head(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cls = model_class(cfg)
+        self.cfg = cfg
+        self.cls.add_head(self, cfg)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.cls.head(self, x)  # type: ignore[arg-type]
+
+
+def block_module(cfg: GPTConfig, b: int) -> nn.Module:
+    """A parameter-less (meta) module for audit block ``b``; names match the full model's."""
+    with torch.device("meta"):
+        if b == 0:
+            return _Embed(cfg)
+        if b <= cfg.n_layer:
+            return _Layer(cfg, b - 1)
+        return _Head(cfg)
+
+
+class BlockRun:
+    """Block ``b``'s forward on one micro-batch, kept for its backward.
+
+    ``inp`` is the token ids (block 0) or the previous block's output activations; ``target`` the
+    token targets, given to the head only. ``out`` is the activation handed to the next block, or,
+    for the head, the micro-batch's ``cross_entropy / M`` (a 0-d tensor).
+    """
+
+    def __init__(
+        self, cfg: GPTConfig, b: int, leaves: Mapping[str, Tensor], module: nn.Module,
+        inp: Tensor, micro: int, target: Tensor | None = None,
+    ) -> None:
+        self.b, self.last = b, b == cfg.n_layer + 1
+        self.leaves = leaves
+        self.inp = inp if b == 0 else inp.detach().requires_grad_(True)
+        with torch.enable_grad():
+            out = functional_call(module, dict(leaves), (self.inp,), strict=True)
+            if self.last:
+                if target is None:
+                    raise TrainerError("the head block needs the micro-batch's targets")
+                self.loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+                out = self.loss / micro
+        self.out: Tensor = out
+
+    def backward(self, g_out: Tensor | None) -> tuple[Params, Tensor | None]:
+        """(the block's parameter gradients for this micro-batch, the gradient at its input)."""
+        names = list(self.leaves)
+        wrt = [self.leaves[n] for n in names] + ([self.inp] if self.b > 0 else [])
+        if self.last:
+            grads = torch.autograd.grad(self.out, wrt)
+        else:
+            if g_out is None or g_out.shape != self.out.shape:
+                shape = None if g_out is None else tuple(g_out.shape)
+                raise TrainerError(f"block {self.b} needs an output gradient of shape {tuple(self.out.shape)}, got {shape}")
+            grads = torch.autograd.grad(self.out, wrt, grad_outputs=g_out)
+        g_in = grads[len(names)] if self.b > 0 else None
+        return dict(zip(names, grads[: len(names)])), g_in
+
+
+def accumulate(acc: Params | None, g: Mapping[str, Tensor]) -> Params:
+    """Micro-batch gradient accumulation in arrival order (the first is taken as is)."""
+    return dict(g) if acc is None else {n: acc[n] + g[n] for n in acc}
+
+
+def global_norm(sqs: Sequence[Tensor]) -> Tensor:
+    """sqrt(sq_0 + sq_1 + ...) in block order, fp32: every block clips with this norm."""
+    total = torch.zeros((), dtype=torch.float32, device=sqs[0].device)
+    for s in sqs:
+        total = total + s.to(torch.float32)
+    return total.sqrt()
+
+
+@dataclass
+class BlockIO:
+    """What audit block b exchanged in one step (all micro-batches concatenated along the batch).
+
+    ``act``: its output activations (None for the head); ``grad_in``: the gradient at its input (None
+    for the embeddings); ``sq``: its squared gradient norm, fp32, 0-d.
+    """
+
+    act: Tensor | None
+    grad_in: Tensor | None
+    sq: Tensor
+
+
+def microbatches(batch: Batch, micro: int) -> list[Batch]:
+    x, y = batch
+    if micro < 1 or x.shape[0] % micro:
+        raise TrainerError(f"batch size {x.shape[0]} is not divisible into {micro} micro-batches")
+    return list(zip(x.chunk(micro), y.chunk(micro)))
+
+
+def block_leaves(state: Mapping[str, Tensor], names: Sequence[str]) -> dict[str, Tensor]:
+    return {n: state[PARAM + n].detach().requires_grad_(True) for n in names}
+
+
+def blockwise_step(
+    state: Mapping[str, Tensor], batch: Batch, model_cfg: GPTConfig, inner_cfg: InnerConfig, micro: int = 1,
+) -> tuple[State, float, list[BlockIO]]:
+    """One inner step, block by block: (new state, loss before the step, every block's boundaries)."""
+    check_state(state, model_cfg)
+    dev = state[STEP].device
+    groups = block_names(model_cfg)
+    mods = [block_module(model_cfg, b) for b in range(len(groups))]
+    leaves = [block_leaves(state, names) for names in groups]
+    acc: list[Params | None] = [None] * len(groups)
+    acts: list[list[Tensor]] = [[] for _ in groups]
+    gins: list[list[Tensor]] = [[] for _ in groups]
+    losses: list[float] = []
+    for x, y in microbatches(batch, micro):
+        x, y = x.to(dev), y.to(dev)
+        runs: list[BlockRun] = []
+        h = x
+        for b in range(len(groups)):
+            run = BlockRun(model_cfg, b, leaves[b], mods[b], h, micro, y if b == len(groups) - 1 else None)
+            runs.append(run)
+            h = run.out.detach()
+            if not run.last:
+                acts[b].append(h)
+        losses.append(float(runs[-1].loss.detach()))
+        g: Tensor | None = None
+        for run in reversed(runs):
+            grads, g = run.backward(g)
+            acc[run.b] = accumulate(acc[run.b], grads)
+            if g is not None:
+                gins[run.b].append(g)
+    loss = sum(losses) / len(losses)
+    if not math.isfinite(loss):
+        raise TrainerError(f"loss is {loss} at step {int(state[STEP].item())}; lower the learning rate or check the data")
+    grads_all = [a if a is not None else {} for a in acc]
+    sqs = [squared_norm(a) for a in grads_all]
+    norm = global_norm(sqs)
+    merged: Params = {n: t for a in grads_all for n, t in a.items()}
+    new = apply_update(state, merged, inner_cfg, norm=norm)
+    ios = [
+        BlockIO(torch.cat(acts[b]) if acts[b] else None, torch.cat(gins[b]) if gins[b] else None, sqs[b])
+        for b in range(len(groups))
+    ]
+    return new, loss, ios
+
+
+def replay_block(
+    block_state: Mapping[str, Tensor], b: int, batch: Batch, model_cfg: GPTConfig, inner_cfg: InnerConfig,
+    micro: int, inp: Tensor | None, g_out: Tensor | None, sqs: Sequence[Tensor],
+    on_grads: Callable[[Params], None] | None = None,
+) -> tuple[State, BlockIO]:
+    """Block ``b``'s share of one step, alone: its new state and what it exchanged.
+
+    ``block_state`` holds the block's ``param/``, ``adam.m/``, ``adam.v/`` entries (``ef/`` may be
+    absent: an inner step does not touch it) and ``meta/step``. ``inp`` is the input activations of
+    all micro-batches (None for block 0, which reads the batch's ids); ``g_out`` the gradient at its
+    output (None for the head, which reads the targets); ``sqs`` every block's committed squared
+    norm, of which this block's own entry is replaced by what the replay computes.
+    """
+    groups = block_names(model_cfg)
+    if not 0 <= b < len(groups):
+        raise TrainerError(f"audit block {b} does not exist; the model has {len(groups)}")
+    if len(sqs) != len(groups):
+        raise TrainerError(f"{len(sqs)} squared norms for {len(groups)} blocks")
+    names = groups[b]
+    dev = block_state[STEP].device
+    mod = block_module(model_cfg, b)
+    leaves = block_leaves(block_state, names)
+    parts = microbatches(batch, micro)
+    last = b == len(groups) - 1
+    ins = [x.to(dev) for x, _ in parts] if b == 0 else _chunks(inp, micro, "input activations")
+    gouts = [None] * micro if last else _chunks(g_out, micro, "output gradient")
+    acc: Params | None = None
+    acts: list[Tensor] = []
+    gins: list[Tensor] = []
+    for m, (_, y) in enumerate(parts):
+        run = BlockRun(model_cfg, b, leaves, mod, ins[m], micro, y.to(dev) if last else None)
+        if not last:
+            acts.append(run.out.detach())
+        grads, g_in = run.backward(gouts[m])
+        acc = accumulate(acc, grads)
+        if g_in is not None:
+            gins.append(g_in)
+    assert acc is not None
+    if on_grads is not None:
+        on_grads(acc)
+    sq = squared_norm(acc)
+    norm = global_norm([sq if j == b else s for j, s in enumerate(sqs)])
+    new = apply_update(block_state, acc, inner_cfg, norm=norm)
+    return new, BlockIO(torch.cat(acts) if acts else None, torch.cat(gins) if gins else None, sq)
+
+
+def _chunks(t: Tensor | None, micro: int, what: str) -> list[Tensor]:
+    if t is None or t.dim() < 1 or t.shape[0] % micro:
+        raise TrainerError(f"{what} missing or not divisible into {micro} micro-batches")
+    return list(t.chunk(micro))

@@ -130,4 +130,4 @@ class LocalEngine:
         self.state = None
 
 
-__all__ = ["Engine", "LocalEngine", "BatchOf", "restrict", "boundary_of", "compress_seed"]
+__all__ = ["BatchOf", "Engine", "LocalEngine", "boundary_of", "compress_seed", "restrict"]

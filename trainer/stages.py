@@ -431,7 +431,7 @@ class StagedEngine:
     def begin(self, d: EpochDir, steps: int, g: Params, prev: EpochDir | None) -> StepLeaf:
         use = prev if prev is not None and self.has_states(prev) else None
         self.steps = steps
-        calls = {s: ("begin", (d, steps, {n: g[n].detach().cpu() for r in [self.ranges[s]] for b in r for n in self.groups[b]}, use))
+        calls = {s: ("begin", (d, steps, {n: g[n].detach().cpu() for b in self.ranges[s] for n in self.groups[b]}, use))
                  for s in range(self.S)}
         return self._leaf(self._ask(calls))
 

@@ -319,8 +319,8 @@ def serve(stage: int, stages: int, addr: str, port: int) -> None:
         msg: list[Any] = [None]
         dist.recv_object_list(msg, src=0)
         spec, every, threads, device = msg[0]
+        configure_determinism(threads, device)
         dev = _stage_device(device, stage)
-        configure_determinism(threads, dev.type)
         group = dist.new_group(list(range(1, stages + 1)), backend="nccl" if dev.type == "cuda" else "gloo")
         st = _Stage(spec, every, stage, stages, group, dev)
         while True:
@@ -381,6 +381,9 @@ class StagedEngine:
         self.owner = [s for s, r in enumerate(self.ranges) for _ in r]
         self.steps = 0
         self.procs: list[Any] = []
+        if launch and device.startswith("cuda") and torch.cuda.device_count() < stages:
+            raise TrainerError(f"{stages} stages on CUDA need a GPU each (NCCL), this host has {torch.cuda.device_count()}; "
+                               f"use at most {torch.cuda.device_count()} stages or device cpu")
         port = port or _free_port()
         if launch:
             ctx = mp.get_context("spawn")

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from trainer.checkpoints import EpochDir
 from trainer.compress import CompressionConfig
 from trainer.delay import StartRule
 from trainer.engine import LocalEngine
-from trainer.inner import InnerConfig, configure_determinism
+from trainer.inner import InnerConfig, TrainerError, configure_determinism
 from trainer.round import RoundSpec
 from trainer.stages import StagedEngine, tensor_bytes
 
@@ -71,6 +72,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory):
     whole = tensor_bytes(local.state)
     eng = StagedEngine(SPEC, every=2, stages=2)
     try:
+        with pytest.raises(TrainerError, match="stage 0: the engine has no epoch begun"):
+            eng.step(EpochDir(staged_root, 0), 0, _batch(0))  # every stage refuses alike; none is left waiting
         got = _epochs(eng, staged_root, g)
         held = eng.held_bytes()
         owner = eng.owner[B]
@@ -137,3 +140,25 @@ def test_stages_started_by_torchrun_resume_a_crashed_epoch_to_the_same_leaves(ru
     leaves, losses, want_payload, _ = runs["got"][1]
     assert leaf.digest == leaves[3] and loss == losses[2]
     assert payload == want_payload
+
+
+def test_three_uneven_stages_of_a_llama_give_the_local_leaves(tmp_path: Path) -> None:
+    cfg = preset("llama-tiny")
+    spec = replace(SPEC, model=cfg, microbatches=1)
+    g = init_params(cfg, 3)
+
+    def run(eng) -> list:
+        d = EpochDir(tmp_path / type(eng).__name__, 0)
+        x = torch.randint(0, cfg.vocab_size, (4, 16), generator=torch.Generator().manual_seed(5))
+        out = [eng.begin(d, 2, g, None).digest]
+        out += [eng.step(d, k, (x, torch.roll(x, -k - 1, 1)))[1].digest for k in range(2)]
+        return [*out, eng.finish(d, 2, 3)[0]]
+
+    want = run(LocalEngine(spec, every=1))
+    eng = StagedEngine(spec, every=1, stages=3)
+    try:
+        assert [len(r) for r in eng.ranges] == [2, 1, 1]  # embeddings + block 0 | block 1 | head
+        got = run(eng)
+    finally:
+        eng.close()
+    assert got == want

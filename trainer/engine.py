@@ -13,6 +13,7 @@ later state and boundary tensor of the epoch: steps are bitwise reproducible.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -58,6 +59,10 @@ class Engine(Protocol):
 
     def close(self) -> None: ...
 
+    @property
+    def timings(self) -> dict[str, float]:
+        """Cumulative CPU seconds: ``compute_s`` (the steps), ``commit_s`` (hashing the leaves)."""
+
 
 def tensor_bytes(obj: object) -> int:
     """Bytes of the tensors reachable from ``obj`` through dicts, lists and tuples (numel x element size)."""
@@ -90,6 +95,11 @@ class LocalEngine:
         self.state: State | None = None
         self.committer: LeafCommitter | None = None
         self.steps = 0
+        self._timings = {"compute_s": 0.0, "commit_s": 0.0}
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return self._timings
 
     def _step(self, state: State, batch: Batch) -> tuple[State, float, list[BlockIO]]:
         return blockwise_step(state, batch, self.spec.model, self.spec.inner, self.spec.microbatches)
@@ -112,10 +122,15 @@ class LocalEngine:
     def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, StepLeaf]:
         if self.state is None or self.committer is None:
             raise TrainerError("the engine has no epoch begun or resumed")
+        t = time.process_time()
         self.state, loss, ios = self._step(self.state, batch)
+        t_step = time.process_time()
+        leaf = self.committer.leaf(k + 1, self.state, ios)
+        self._timings["compute_s"] += t_step - t
+        self._timings["commit_s"] += time.process_time() - t_step
         if (k + 1) % self.every == 0 or k + 1 == self.steps:
             d.save_step(k + 1, self.state)
-        return loss, self.committer.leaf(k + 1, self.state, ios)
+        return loss, leaf
 
     def finish(self, d: EpochDir, rank: int, seed: int) -> tuple[bytes, CompressionStats]:
         if self.state is None:

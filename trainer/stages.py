@@ -43,6 +43,7 @@ import argparse
 import math
 import os
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -171,13 +172,17 @@ class _Stage:
         start = self._load(d, "state-000000")
         self.ef = {b: part_digest(start, self.groups[b], (EF,)) for b in self.blocks}
 
-    def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, list[BlockEntry], tuple[int, int]]:
+    def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, tuple[float, float], list[BlockEntry], tuple[int, int]]:
         if self.state is None:
             raise TrainerError("the engine has no epoch begun or resumed")
+        t = time.process_time()
         self.state, loss, ios, _ = self._pipe(self.state, batch, None)
+        t_step = time.process_time()
+        entries = self._entries(k + 1, self.state, ios)
+        spent = (t_step - t, time.process_time() - t_step)
         if (k + 1) % self.every == 0 or k + 1 == self.steps:
             self._save(d, f"state-{k + 1:06d}", self.state)
-        return loss, self._entries(k + 1, self.state, ios), _meta(self.state)
+        return loss, spent, entries, _meta(self.state)
 
     def finish(self, d: EpochDir, rank: int, seed: int) -> tuple[bytes, CompressionStats]:
         if self.state is None:
@@ -380,6 +385,7 @@ class StagedEngine:
         self.ranges = stage_blocks(len(self.groups), stages)
         self.owner = [s for s, r in enumerate(self.ranges) for _ in r]
         self.steps = 0
+        self._timings = {"compute_s": 0.0, "commit_s": 0.0}
         self.procs: list[Any] = []
         if launch and device.startswith("cuda") and torch.cuda.device_count() < stages:
             raise TrainerError(f"{stages} stages on CUDA need a GPU each (NCCL), this host has {torch.cuda.device_count()}; "
@@ -444,7 +450,15 @@ class StagedEngine:
 
     def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, StepLeaf]:
         got = self._all("step", d, k, batch)
-        return got[0][0], self._leaf({s: got[s][1:] for s in got})
+        for s in range(self.S):  # CPU seconds summed over the stages, which run in parallel
+            self._timings["compute_s"] += got[s][1][0]
+            self._timings["commit_s"] += got[s][1][1]
+        return got[0][0], self._leaf({s: got[s][2:] for s in got})
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """Cumulative CPU seconds of all stages together: ``compute_s`` (the steps), ``commit_s`` (their leaf digests)."""
+        return self._timings
 
     def finish(self, d: EpochDir, rank: int, seed: int) -> tuple[bytes, CompressionStats]:
         got = self._all("finish", d, rank, seed)

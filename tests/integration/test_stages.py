@@ -76,11 +76,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory):
             eng.step(EpochDir(staged_root, 0), 0, _batch(0))  # every stage refuses alike; none is left waiting
         got = _epochs(eng, staged_root, g)
         held = eng.held_bytes()
+        timings = dict(eng.timings)
         owner = eng.owner[B]
         audits = _audit(local, local_root, B), _audit(eng, staged_root, B)
     finally:
         eng.close()
-    return {"want": want, "got": got, "whole": whole, "held": held, "owner": owner, "audits": audits, "root": staged_root}
+    return {"timings": timings, "want": want, "got": got, "whole": whole, "held": held, "owner": owner, "audits": audits, "root": staged_root}
 
 
 def test_two_stages_give_the_local_leaves_and_payload_bytes_for_two_epochs(runs) -> None:
@@ -89,6 +90,7 @@ def test_two_stages_give_the_local_leaves_and_payload_bytes_for_two_epochs(runs)
         assert gloss == wloss
         assert gp == wp
         assert gs == ws
+    assert runs["timings"]["compute_s"] > 0 and runs["timings"]["commit_s"] > 0
 
 
 def test_no_process_holds_the_whole_state(runs) -> None:

@@ -2,7 +2,8 @@
 
 Both run the same block-wise steps on the same batches; the run checks that their leaves and
 payloads are bitwise equal, and reports the wall time per step (min and median over the steps after
-the first), the time to finish (compress) and the bytes of training state (params, Adam moments,
+the first), the time to finish (compress), the CPU seconds of the steps and of their leaf digests
+(``Engine.timings``, summed over the stages) and the bytes of training state (params, Adam moments,
 error buffer, meta) each process holds, from that process's own tensor accounting (``held_bytes``).
 
     nice -n 19 .venv/bin/python -m benchmarks.stages --preset small --stages 2 --out benchmarks/results/stages.json
@@ -49,13 +50,15 @@ def _epoch(eng: Engine, root: Path, spec: RoundSpec, steps: int, batches: list) 
         leaves.append(leaf.digest.hex())
         losses.append(loss)
     held = eng.held_bytes()
+    cpu = {k: round(v, 3) for k, v in eng.timings.items()}  # CPU seconds, all stages together
     t0 = time.perf_counter()
     payload, stats = eng.finish(d, spec.compression.rank_initial, 7)
     finish_s = time.perf_counter() - t0
     warm = times[1:] or times
     return {
         "begin_s": round(begin_s, 3), "step_s_min": round(min(warm), 3), "step_s_median": round(statistics.median(warm), 3),
-        "finish_s": round(finish_s, 3), "held_bytes": held, "largest_process_bytes": max(held),
+        "finish_s": round(finish_s, 3), "cpu_s": cpu,
+        "commit_over_compute": round(cpu["commit_s"] / cpu["compute_s"], 4), "held_bytes": held, "largest_process_bytes": max(held),
         "payload_bytes": stats.payload_bytes, "losses": losses, "_leaves": leaves, "_payload": payload,
     }
 

@@ -495,8 +495,12 @@ class StagedEngine:
         if not self.open:
             return
         self.open = False
-        for s in range(self.S):
-            dist.send_object_list([("close", ())], dst=s + 1)
+        try:
+            for s in range(self.S):
+                dist.send_object_list([("close", ())], dst=s + 1)
+        except RuntimeError:  # a stage already gone: stop the ones this engine started
+            for p in self.procs:
+                p.terminate()
         for p in self.procs:
             p.join(timeout=30)
         dist.destroy_process_group()

@@ -27,7 +27,9 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from protocol.payload import decode, encode, encode_raw, unwrap, wrap
-from trainer.inner import EF, PARAM, State, section, with_section
+from trainer.checkpoints import EpochDir
+from trainer.engine import Engine, LocalEngine
+from trainer.inner import EF, PARAM, Params, State, section, with_section
 from trainer.node import Behaviour, TrainerNode
 from trainer.round import Final
 
@@ -106,10 +108,23 @@ class PlantedStartNode(TrainerNode):
 
     def _start(self, e: int) -> tuple[State, int, str, bool]:
         state, base_epoch, base_digest, continued = super()._start(e)
-        if e in self.plant_epochs:
-            self.log("planting", epoch=e, scale=self.scale)
-            state = plant_error_buffer(state, self.scale)
-        return state, base_epoch, base_digest, continued
+        return self._plant(e, state), base_epoch, base_digest, continued
+
+    def _plant(self, e: int, state: State) -> State:
+        if e not in self.plant_epochs:
+            return state
+        self.log("planting", epoch=e, scale=self.scale)
+        return plant_error_buffer(state, self.scale)
+
+    def make_engine(self) -> Engine:
+        """In a sharded run the start state is built by the engine: plant it there."""
+        node = self
+
+        class Planted(LocalEngine):
+            def start(self, d: EpochDir, g: Params, prev: EpochDir | None) -> State:
+                return node._plant(d.epoch, super().start(d, g, prev))
+
+        return Planted(self.spec, self.every)
 
 
 ADVERSARIES: dict[str, type[Behaviour]] = {"forge-final": ForgeFinal, "stale-copy": StaleCopy}

@@ -104,11 +104,14 @@ class LocalEngine:
     def _step(self, state: State, batch: Batch) -> tuple[State, float, list[BlockIO]]:
         return blockwise_step(state, batch, self.spec.model, self.spec.inner, self.spec.microbatches)
 
-    def begin(self, d: EpochDir, steps: int, g: Params, prev: EpochDir | None) -> StepLeaf:
+    def start(self, d: EpochDir, g: Params, prev: EpochDir | None) -> State:
+        """S_e by the start rule (docs/protocol.md §8)."""
         if prev is not None and self.has_states(prev):
-            state = start_state(self.spec, g, prev.load("state-000000"), prev.load("carried"))
-        else:
-            state = start_state(self.spec, g, None, None)
+            return start_state(self.spec, g, prev.load("state-000000"), prev.load("carried"))
+        return start_state(self.spec, g, None, None)
+
+    def begin(self, d: EpochDir, steps: int, g: Params, prev: EpochDir | None) -> StepLeaf:
+        state = self.start(d, g, prev)
         self.state, self.steps = state, steps
         self.committer = LeafCommitter(self.spec.model, self.spec.segment, steps + 1)
         d.save_step(0, state)

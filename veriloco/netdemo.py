@@ -90,7 +90,9 @@ class DemoOptions:
             outer={"lr": 1.0, "momentum": 0.0},
             schedule={"epochs": self.epochs, "h_initial": self.steps, "h_min": max(1, self.steps // 2),
                       "h_max": self.steps * 2},
-            audit={"steps": 3, "final_check_bps": 10_000, "quorum": self.quorum, "unit": self.audit_unit,
+            # shard audits: 2 segments of 8 steps, one block each (docs/protocol.md §5.3); whole states: 3 steps
+            audit={"steps": 2 if self.audit_unit == "shard" else 3, "segment": 8 if self.audit_unit == "shard" else 1,
+                   "final_check_bps": 10_000, "quorum": self.quorum, "unit": self.audit_unit,
                    "mode": "tolerant" if self.stages > 1 and self.audit_unit == "state" else "exact"},
             windows={"commit_s": w, "reveal_s": w, "response_s": w, "verdict_s": w, "finalize_s": w},
             stakes={"min_trainers": 1},

@@ -50,7 +50,7 @@ def test_example_run_config_loads() -> None:
     from pathlib import Path
 
     cfg = load_toml(Path(__file__).resolve().parents[2] / "examples" / "run.toml")
-    assert cfg.model.preset == "tiny" and cfg.audit.steps == 3
+    assert cfg.model.preset == "tiny" and (cfg.audit.unit, cfg.audit.steps, cfg.audit.segment) == ("shard", 2, 8)
 
 
 def test_tolerant_mode_stays_in_the_calibrated_range() -> None:
@@ -108,3 +108,13 @@ def test_model_and_data_fields_for_own_data_and_llama() -> None:
         RunConfig().replace(data={"token_dtype": "uint16"})
     with pytest.raises(ConfigError, match="token_dtype must be"):
         RunConfig().replace(data={"token_dtype": "int8"}, model={"vocab_size": 100})
+
+
+def test_shard_audits_need_exact_mode_and_dividing_microbatches() -> None:
+    with pytest.raises(ConfigError, match="needs audit.mode = 'exact'"):
+        RunConfig().replace(audit={"unit": "shard", "mode": "tolerant"})
+    with pytest.raises(ConfigError, match="audit.unit must be"):
+        RunConfig().replace(audit={"unit": "blocks"})
+    with pytest.raises(ConfigError, match="inner.microbatches must divide"):
+        RunConfig().replace(inner={"microbatches": 3})
+    assert b"unit" not in RunConfig().to_json() and b"microbatches" not in RunConfig().to_json()  # old digests hold

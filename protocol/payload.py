@@ -268,6 +268,23 @@ def encode(records: Sequence[Record]) -> bytes:
     return b"".join(head) + b"".join(r.section for r in ordered)
 
 
+def merge(payloads: Sequence[bytes], max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """One payload holding every tensor of ``payloads`` (disjoint names), laid out by `encode`.
+
+    Compression is per tensor, so the payloads of a model's parts (pipeline stages) merge into the
+    very bytes the whole model's compression gives: each section is copied, the header re-encoded.
+    """
+    records: list[Record] = []
+    for data in payloads:
+        for e in parse(data, max_bytes=max_bytes, max_elements=1 << 62):
+            section = bytes(data[e.offset : e.offset + e.length])
+            records.append(Record(e.name, e.dtype, e.shape, e.kind, e.bits, e.scale_dtype, e.group, e.rank, section))
+    try:
+        return encode(records)
+    except ValueError as exc:
+        raise PayloadError(f"cannot merge payloads: {exc}") from exc
+
+
 # ----------------------------------------------------------------------------------------------
 # Decoding
 

@@ -65,7 +65,8 @@ class EpochDir:
         return (self.path / f"{name}.safetensors").exists()
 
     def checkpoints(self) -> list[int]:
-        return sorted(int(p.stem.split("-")[1]) for p in self.path.glob("state-*.safetensors"))
+        """Steps with a checkpoint: ``state-<k>`` or, in a staged run, its parts ``state-<k>.stage<s>``."""
+        return sorted({int(p.stem.split("-")[1].split(".")[0]) for p in self.path.glob("state-*.safetensors")})
 
     def save_step(self, k: int, state: State) -> None:
         self.save(f"state-{k:06d}", state)

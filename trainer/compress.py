@@ -30,6 +30,7 @@ from protocol.payload import (
     encode_lowrank,
     encode_quant,
     encode_raw,
+    merge,
     parse,
     reconstruct,
 )
@@ -88,6 +89,7 @@ class TensorStats:
     rel_error: float  # ||x - decoded|| / ||x|| (0 for a zero tensor)
     energy: float  # ||x||^2
     spectrum: tuple[float, ...]  # leading squared singular values (lowrank only)
+    residual: float = 0.0  # ||x - decoded||^2, kept so parts' statistics merge exactly (merge_compressed)
 
 
 @dataclass(frozen=True)
@@ -241,7 +243,7 @@ def compress(
         new_ef[e.name] = residual.to(delta[e.name].dtype) if cfg.error_feedback else torch.zeros_like(delta[e.name])
         r2, x2 = float(torch.linalg.vector_norm(residual)) ** 2, float(torch.linalg.vector_norm(x)) ** 2
         err2, tot2 = err2 + r2, tot2 + x2
-        tensors[e.name] = TensorStats(KIND_NAMES[e.kind], e.rank, math.sqrt(r2 / x2) if x2 > 0 else 0.0, x2, e.spectrum)
+        tensors[e.name] = TensorStats(KIND_NAMES[e.kind], e.rank, math.sqrt(r2 / x2) if x2 > 0 else 0.0, x2, e.spectrum, r2)
     return Compressed(
         payload,
         new_ef,
@@ -252,6 +254,30 @@ def compress(
             tensors=tensors,
             profile=_profile([(e.energy, e.spectrum) for e in entries if e.kind == LOWRANK]),
         ),
+    )
+
+
+def merge_compressed(parts: Sequence[tuple[bytes, CompressionStats]]) -> tuple[bytes, CompressionStats]:
+    """The payload and statistics of a whole model from those of its parts (disjoint tensor names).
+
+    Byte- and bit-identical to `compress` on the whole: each tensor is compressed alone (seeded by
+    its name), the payload is re-laid out by name, and the error sums run in the same name order.
+    """
+    payload = merge([p for p, _ in parts])
+    tensors: dict[str, TensorStats] = {}
+    for _, st in parts:
+        tensors.update(st.tensors)
+    err2 = tot2 = 0.0
+    entries = parse(payload, max_bytes=max(DEFAULT_MAX_BYTES, len(payload)), max_elements=1 << 62)
+    for e in entries:
+        t = tensors[e.name]
+        err2, tot2 = err2 + t.residual, tot2 + t.energy
+    return payload, CompressionStats(
+        payload_bytes=len(payload),
+        dense_bytes=sum(st.dense_bytes for _, st in parts),
+        rel_error=math.sqrt(err2 / tot2) if tot2 > 0 else 0.0,
+        tensors={e.name: tensors[e.name] for e in entries},
+        profile=_profile([(e.energy, e.spectrum) for e in entries if e.kind == LOWRANK]),
     )
 
 
@@ -327,6 +353,7 @@ __all__ = [
     "compression_seed",
     "factorize",
     "h_for_rank",
+    "merge_compressed",
     "payload_profile",
     "tensor_seed",
 ]

@@ -54,11 +54,25 @@ class Engine(Protocol):
     def audit_block(self, d: EpochDir, start: int, end: int, b: int, batch_of: BatchOf) -> tuple[State, list[tuple[Tensor | None, Tensor | None]]]:
         """Block b's params and moments at leaf ``start`` and, per step start..end-1, its (input, output gradient)."""
 
+    def held_bytes(self) -> list[int]:
+        """Training-state bytes per process (this one first), each from that process's own live tensors."""
+
     def close(self) -> None: ...
 
     @property
     def timings(self) -> dict[str, float]:
         """Cumulative CPU seconds: ``compute_s`` (the steps), ``commit_s`` (hashing the leaves)."""
+
+
+def tensor_bytes(obj: object) -> int:
+    """Bytes of the tensors reachable from ``obj`` through dicts, lists and tuples (numel x element size)."""
+    if isinstance(obj, Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, Mapping):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
 def restrict(state: Mapping[str, Tensor], names: list[str], prefixes: tuple[str, ...]) -> State:
@@ -144,8 +158,11 @@ class LocalEngine:
             bounds.append(boundary_of(ios, b))
         return shard, bounds
 
+    def held_bytes(self) -> list[int]:
+        return [tensor_bytes(self.state)]
+
     def close(self) -> None:
         self.state = None
 
 
-__all__ = ["BatchOf", "Engine", "LocalEngine", "boundary_of", "compress_seed", "restrict"]
+__all__ = ["BatchOf", "Engine", "LocalEngine", "boundary_of", "compress_seed", "restrict", "tensor_bytes"]

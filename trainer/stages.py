@@ -1,36 +1,512 @@
-"""A trainer's inner steps run as S pipeline stages, one process per stage (gloo on loopback).
+"""A trainer's state sharded over S pipeline stage processes, each the owner of its audit blocks.
 
-`veriloco trainer --stages S` uses this. The node process is rank 0 and holds the whole training
-state; for each step it hands every other rank its stage's part (`trainer.pipeline.stage_state`),
-all ranks run `pipeline_train_step` together, and the new parts come back to be merged, so the
-trace digest after every step covers the full state exactly as in a single-process trainer.
-Workers keep nothing between steps, so the node can replay any step from a checkpoint the same way.
+``StagedEngine`` is the ``trainer.engine.Engine`` of a trainer with ``--stages S``. The audit blocks
+(``protocol.leaf.block_names``: embeddings, each transformer block, head) are split into S
+contiguous ranges (``stage_blocks``); stage s is one process that alone holds its blocks'
+parameters, Adam moments and error buffer. The node process (the engine object) holds no training
+tensor: it sends commands, each step's batch, and at ``begin`` each stage's part of the global model
+G; it gets back per-block leaf entries (digests), the loss, payload parts and, for an audit, the
+one block's tensors. ``held_bytes`` reports, from each process's own live tensors, what it holds.
 
-The result equals a single-process step only within fp32 tolerance (micro-batching and the split
-gradient norm change summation order), so a run with pipelined trainers must audit in tolerant
-mode; the calibrated bound covers these splits (docs/results-verification.md).
+A step runs the same ``BlockRun``s as ``trainer.blockstep.blockwise_step``, GPipe-ordered: every
+micro-batch forward (activations ``dist.send`` to the next stage), then backwards m = 0..M-1
+(gradients back), so each block accumulates its micro-batch gradients in the same order; the
+per-block squared norms are all-gathered so every stage clips with ``global_norm`` over all blocks
+in block order. Leaves and payloads are therefore bitwise equal to ``LocalEngine``'s (S = 1): the
+split changes where a block runs, never what it computes. Each stage digests its blocks and
+compresses its tensors itself, in parallel; the node merges the payload parts into the one payload
+``compress`` gives on the whole state (``trainer.compress.merge_compressed``).
+
+Files, in the epoch's ``EpochDir``: ``state-<k>.stage<s>.safetensors`` (checkpoint parts) and
+``carried.stage<s>.safetensors``; ``EpochDir.checkpoints`` lists the steps of either layout.
+
+Processes and rendezvous: torch.distributed, world S + 1, the node rank 0 (it hosts the store),
+stage s rank s + 1; commands go over gloo, stage-to-stage tensors over a stage group (gloo on CPU,
+NCCL when the state lives on CUDA; stage s then uses GPU ``LOCAL_RANK`` or s). By default the engine
+spawns the stages itself (torch.multiprocessing). The stage entry point reads torch's launcher
+environment (RANK = stage index, WORLD_SIZE = S, MASTER_ADDR, LOCAL_RANK), so stages can be started
+on other hosts with torchrun, pointing at the node's port (torchrun keeps MASTER_PORT for its own
+store)::
+
+    # node:   StagedEngine(spec, every, stages=2, launch=False, addr="10.0.0.1", port=29611)
+    torchrun --nnodes 1 --nproc-per-node 2 --master-addr 10.0.0.1 -m trainer.stages --port 29611
+
+A process has one default torch.distributed group, so it drives one ``StagedEngine`` at a time.
+
+``PipelineSteps`` (end of the file) is the legacy state-mode ``--stages``: the node holds the full
+state and ships parts to ``trainer.pipeline`` workers every step, tolerant-equal to one process.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
+import os
 import socket
+import time
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
-from trainer.inner import State, TrainerError, configure_determinism
+from protocol.errors import VerilocoError
+from protocol.leaf import (
+    ZERO,
+    BlockEntry,
+    StepLeaf,
+    block_names,
+    is_state_leaf,
+    part_digest,
+    sq_bytes,
+    tensor_digest,
+)
+from trainer.blockstep import (
+    Batch,
+    BlockIO,
+    BlockRun,
+    accumulate,
+    block_leaves,
+    block_module,
+    global_norm,
+    microbatches,
+)
+from trainer.checkpoints import EpochDir
+from trainer.compress import CompressionStats, compress, merge_compressed
+from trainer.delay import carry, pseudo_gradient
+from trainer.engine import BatchOf, restrict, tensor_bytes
+from trainer.inner import (
+    EF,
+    MOM1,
+    MOM2,
+    PARAM,
+    RNG,
+    STEP,
+    Params,
+    State,
+    TrainerError,
+    apply_update,
+    configure_determinism,
+    section,
+    squared_norm,
+)
 from trainer.pipeline import PipelineConfig, merge_states, pipeline_train_step, stage_state
-from trainer.round import RoundSpec
+from trainer.round import RoundSpec, start_state
 
-Batch = tuple[Tensor, Tensor]
+Bound = tuple[Tensor | None, Tensor | None]
+PORT_ENV = "VERILOCO_STAGE_PORT"  # the node's port, when not passed as --port
+TIMEOUT = timedelta(minutes=30)
+
+
+def stage_blocks(n_blocks: int, stages: int) -> list[range]:
+    """Contiguous audit-block ranges per stage, the first stages taking one more when uneven."""
+    if not 1 <= stages <= n_blocks:
+        raise TrainerError(f"cannot split {n_blocks} audit blocks into {stages} stages; use 1..{n_blocks} stages")
+    base, extra = divmod(n_blocks, stages)
+    out, start = [], 0
+    for s in range(stages):
+        size = base + (1 if s < extra else 0)
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
+def part(name: str, s: int) -> str:
+    """Stage s's file of checkpoint ``name`` (``state-<k>`` or ``carried``)."""
+    return f"{name}.stage{s}"
+
+
+def _cat(ts: Sequence[Tensor]) -> Tensor | None:
+    return torch.cat(list(ts)) if ts else None
+
+
+def _cpu(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.cpu()
+
+
+def _meta(state: Mapping[str, Tensor]) -> tuple[int, int]:
+    return int(state[STEP].item()), int(state[RNG].item())
+
+
+class _Stage:
+    """What one stage process holds and does: its blocks' state, steps, digests, payload part."""
+
+    def __init__(self, spec: RoundSpec, every: int, s: int, stages: int, group: Any, device: torch.device) -> None:
+        self.spec, self.every, self.s, self.S = spec, max(1, every), s, stages
+        self.groups = block_names(spec.model)
+        ranges = stage_blocks(len(self.groups), stages)
+        self.blocks = ranges[s]
+        self.owner = [j for j, r in enumerate(ranges) for _ in r]
+        self.mods = {b: block_module(spec.model, b) for b in self.blocks}
+        self.group, self.device = group, device
+        self.state: State | None = None
+        self.steps = 0
+        self.ef: dict[int, bytes] = {}
+
+    # -- files
+
+    def _load(self, d: EpochDir, name: str) -> State:
+        return {k: v.to(self.device) for k, v in d.load(part(name, self.s)).items()}
+
+    def _save(self, d: EpochDir, name: str, state: State) -> None:
+        d.save(part(name, self.s), state)
+
+    # -- the epoch
+
+    def begin(self, d: EpochDir, steps: int, g: Params, prev: EpochDir | None) -> tuple[list[BlockEntry], tuple[int, int]]:
+        g = {n: t.to(self.device) for n, t in g.items()}
+        if prev is not None:
+            state = start_state(self.spec, g, self._load(prev, "state-000000"), self._load(prev, "carried"))
+        else:
+            state = start_state(self.spec, g, None, None)
+        self.state, self.steps = state, steps
+        self._save(d, "state-000000", state)
+        self.ef = {b: part_digest(state, self.groups[b], (EF,)) for b in self.blocks}
+        return self._entries(0, state, None), _meta(state)
+
+    def resume(self, d: EpochDir, steps: int, k: int) -> None:
+        self.state, self.steps = self._load(d, f"state-{k:06d}"), steps
+        start = self._load(d, "state-000000")
+        self.ef = {b: part_digest(start, self.groups[b], (EF,)) for b in self.blocks}
+
+    def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, tuple[float, float], list[BlockEntry], tuple[int, int]]:
+        if self.state is None:
+            raise TrainerError("the engine has no epoch begun or resumed")
+        t = time.process_time()
+        self.state, loss, ios, _ = self._pipe(self.state, batch, None)
+        t_step = time.process_time()
+        entries = self._entries(k + 1, self.state, ios)
+        spent = (t_step - t, time.process_time() - t_step)
+        if (k + 1) % self.every == 0 or k + 1 == self.steps:
+            self._save(d, f"state-{k + 1:06d}", self.state)
+        return loss, spent, entries, _meta(self.state)
+
+    def finish(self, d: EpochDir, rank: int, seed: int) -> tuple[bytes, CompressionStats]:
+        if self.state is None:
+            raise TrainerError("the engine has no epoch to finish")
+        start, end = self._load(d, "state-000000"), self.state
+        c = compress(pseudo_gradient(start, end), section(end, EF), rank, seed, self.spec.compression)
+        self._save(d, "carried", carry(end, c.new_ef))
+        return c.payload, c.stats
+
+    def has(self, d: EpochDir) -> bool:
+        return d.has(part("state-000000", self.s)) and d.has(part("carried", self.s))
+
+    def checkpoints(self, d: EpochDir) -> list[int]:
+        return [k for k in d.checkpoints() if d.has(part(f"state-{k:06d}", self.s))]
+
+    def block_state(self, d: EpochDir, k: int, b: int, prefixes: tuple[str, ...]) -> State:
+        return restrict(d.load(part(f"state-{k:06d}", self.s)), self.groups[b], prefixes)
+
+    def audit(self, d: EpochDir, base: int, start: int, end: int, b: int, batches: Sequence[Batch]) -> tuple[State, list[Bound]] | None:
+        state = self._load(d, f"state-{base:06d}")
+        for j in range(base, start):
+            state = self._pipe(state, batches[j - base], None)[0]
+        mine = b in self.blocks
+        shard = restrict(state, self.groups[b], (PARAM, MOM1, MOM2)) if mine else {}
+        bounds: list[Bound] = []
+        for j in range(start, end):
+            state, _, _, bound = self._pipe(state, batches[j - base], b if mine else None)
+            bounds.append(bound)
+        if not mine:
+            return None
+        return {k: v.cpu() for k, v in shard.items()}, [(_cpu(i), _cpu(g)) for i, g in bounds]
+
+    def held(self) -> int:
+        return tensor_bytes(self.state)
+
+    # -- one step of this stage
+
+    def _entries(self, k: int, state: State, ios: Mapping[int, BlockIO] | None) -> list[BlockEntry]:
+        at_state = is_state_leaf(k, self.spec.segment, self.steps + 1)
+        out = []
+        for b in self.blocks:
+            names = self.groups[b]
+            p = part_digest(state, names, (PARAM,)) if at_state else ZERO
+            o = part_digest(state, names, (MOM1, MOM2)) if at_state else ZERO
+            e = self.ef[b] if at_state else ZERO
+            if ios is None:
+                out.append(BlockEntry(p, o, e))
+            else:
+                io = ios[b]
+                out.append(BlockEntry(p, o, e, tensor_digest(io.act), tensor_digest(io.grad_in), sq_bytes(io.sq)))
+        return out
+
+    def _pipe(self, state: State, batch: Batch, watch: int | None) -> tuple[State, float, dict[int, BlockIO], Bound]:
+        """This stage's share of one block-wise step (collective over the stages); ``watch``: a block whose boundaries to return."""
+        cfg, micro, grp = self.spec.model, self.spec.microbatches, self.group
+        nb, first, last = len(self.groups), self.s == 0, self.s == self.S - 1
+        prev_rank, next_rank = self.s, self.s + 2  # global ranks of the neighbouring stages
+        dev = state[STEP].device
+        leaves = {b: block_leaves(state, self.groups[b]) for b in self.blocks}
+        acts: dict[int, list[Tensor]] = {b: [] for b in self.blocks}
+        gins: dict[int, list[Tensor]] = {b: [] for b in self.blocks}
+        ins: list[Tensor] = []
+        gouts: list[Tensor] = []
+        chains: list[list[BlockRun]] = []
+        for x, y in microbatches(batch, micro):
+            x, y = x.to(dev), y.to(dev)
+            h = x
+            if not first:
+                h = torch.empty((x.shape[0], x.shape[1], cfg.d_model), dtype=torch.float32, device=dev)
+                dist.recv(h, src=prev_rank, group=grp)
+                ins.append(h)
+            chain = []
+            for b in self.blocks:
+                run = BlockRun(cfg, b, leaves[b], self.mods[b], h, micro, y if b == nb - 1 else None)
+                chain.append(run)
+                h = run.out.detach()
+                if not run.last:
+                    acts[b].append(h)
+            if not last:
+                dist.send(h.contiguous(), dst=next_rank, group=grp)
+            chains.append(chain)
+        losses = [float(c[-1].loss.detach()) for c in chains] if last else []
+        acc: dict[int, Params | None] = {b: None for b in self.blocks}
+        for m, chain in enumerate(chains):
+            g: Tensor | None = None
+            if not last:
+                g = torch.empty_like(acts[self.blocks[-1]][m])
+                dist.recv(g, src=next_rank, group=grp)
+                gouts.append(g)
+            for run in reversed(chain):
+                grads, g = run.backward(g)
+                acc[run.b] = accumulate(acc[run.b], grads)
+                if g is not None:
+                    gins[run.b].append(g)
+            if not first:
+                assert g is not None
+                dist.send(g.contiguous(), dst=prev_rank, group=grp)
+        own = {b: a if a is not None else {} for b, a in acc.items()}
+        sq_own = {b: squared_norm(a) for b, a in own.items()}
+        # every block's squared norm (fp32, exact in fp64) and the loss (a Python float), from their owners
+        vec = torch.zeros(nb + 1, dtype=torch.float64, device=dev)
+        for b, sq in sq_own.items():
+            vec[b] = sq.to(torch.float64)
+        if last:
+            vec[nb] = sum(losses) / len(losses)
+        got = [torch.empty_like(vec) for _ in range(self.S)]
+        dist.all_gather(got, vec, group=grp)
+        loss = float(got[self.S - 1][nb])
+        if not math.isfinite(loss):
+            raise TrainerError(f"loss is {loss} at step {int(state[STEP].item())}; lower the learning rate or check the data")
+        sqs = [sq_own[b] if b in sq_own else got[self.owner[b]][b].to(torch.float32) for b in range(nb)]
+        merged: Params = {n: t for a in own.values() for n, t in a.items()}
+        new = apply_update(state, merged, self.spec.inner, norm=global_norm(sqs))
+        ios = {b: BlockIO(_cat(acts[b]), _cat(gins[b]), sq_own[b]) for b in self.blocks}
+        bound: Bound = (None, None)
+        if watch is not None:
+            b = watch
+            inp = None if b == 0 else _cat(ins) if b == self.blocks[0] else _cat(acts[b - 1])
+            g_out = None if b == nb - 1 else _cat(gouts) if b == self.blocks[-1] else _cat(gins[b + 1])
+            bound = (inp, g_out)
+        return new, loss, ios, bound
+
+
+def _stage_device(device: str, s: int) -> torch.device:
+    if device.startswith("cuda"):
+        local = int(os.environ.get("LOCAL_RANK", s))
+        dev = torch.device("cuda", local % max(1, torch.cuda.device_count()))
+        torch.cuda.set_device(dev)
+        return dev
+    return torch.device("cpu")
+
+
+def serve(stage: int, stages: int, addr: str, port: int) -> None:
+    """Run stage ``stage`` of ``stages``: join the node at addr:port, obey its commands until told to close."""
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # torchrun's store is not the node's
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=stage + 1, world_size=stages + 1,
+                            timeout=TIMEOUT)
+    try:
+        msg: list[Any] = [None]
+        dist.recv_object_list(msg, src=0)
+        spec, every, threads, device = msg[0]
+        configure_determinism(threads, device)
+        dev = _stage_device(device, stage)
+        group = dist.new_group(list(range(1, stages + 1)), backend="nccl" if dev.type == "cuda" else "gloo")
+        st = _Stage(spec, every, stage, stages, group, dev)
+        while True:
+            dist.recv_object_list(msg, src=0)
+            op, args = msg[0]
+            if op == "close":
+                return
+            try:
+                reply: tuple[str, Any] = ("ok", getattr(st, op)(*args))
+            except VerilocoError as exc:
+                reply = ("error", f"stage {stage}: {exc}")
+            except Exception as exc:  # noqa: BLE001 -- reported to the node, which raises; the stage keeps serving
+                reply = ("error", f"stage {stage}: {type(exc).__name__}: {exc}")
+            dist.send_object_list([reply], dst=0)
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawned(stage: int, stages: int, addr: str, port: int) -> None:
+    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(stage), WORLD_SIZE=str(stages))
+    main([])
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m trainer.stages [--port P]``: one stage, from torch's launcher environment (torchrun's)."""
+    ap = argparse.ArgumentParser(prog="python -m trainer.stages", description=main.__doc__)
+    ap.add_argument("--port", type=int, default=None, help=f"the node's port (default: ${PORT_ENV}, else $MASTER_PORT)")
+    a = ap.parse_args(argv)
+    env = os.environ
+    try:
+        stage, stages, addr = int(env["RANK"]), int(env["WORLD_SIZE"]), env.get("MASTER_ADDR", "127.0.0.1")
+        port = a.port if a.port is not None else int(env.get(PORT_ENV) or env["MASTER_PORT"])
+    except KeyError as exc:
+        raise TrainerError(f"{exc.args[0]} is not set: start stages with torchrun or set RANK, WORLD_SIZE, MASTER_PORT") from exc
+    serve(stage, stages, addr, port)
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+class StagedEngine:
+    """The node's side of S stage processes: commands out, digests, payload parts and audit blocks back.
+
+    ``launch=False`` waits for stages started elsewhere (torchrun; see the module docstring) on
+    ``addr:port``. ``device`` ("cpu" or "cuda") is where the stages keep their state.
+    """
+
+    def __init__(self, spec: RoundSpec, every: int, stages: int = 2, threads: int = 1, device: str = "cpu",
+                 launch: bool = True, addr: str = "127.0.0.1", port: int = 0) -> None:
+        if spec.batch_size % spec.microbatches:
+            raise TrainerError(f"batch size {spec.batch_size} is not divisible by {spec.microbatches} micro-batches")
+        self.spec, self.every, self.S = spec, max(1, every), stages
+        self.groups = block_names(spec.model)
+        self.ranges = stage_blocks(len(self.groups), stages)
+        self.owner = [s for s, r in enumerate(self.ranges) for _ in r]
+        self.steps = 0
+        self._timings = {"compute_s": 0.0, "commit_s": 0.0}
+        self.procs: list[Any] = []
+        if launch and device.startswith("cuda") and torch.cuda.device_count() < stages:
+            raise TrainerError(f"{stages} stages on CUDA need a GPU each (NCCL), this host has {torch.cuda.device_count()}; "
+                               f"use at most {torch.cuda.device_count()} stages or device cpu")
+        port = port or _free_port()
+        if launch:
+            ctx = mp.get_context("spawn")
+            self.procs = [ctx.Process(target=_spawned, args=(s, stages, addr, port), daemon=True) for s in range(stages)]
+            for p in self.procs:
+                p.start()
+        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=0, world_size=stages + 1,
+                                timeout=TIMEOUT)
+        for s in range(stages):
+            dist.send_object_list([(spec, self.every, threads, device)], dst=s + 1)
+        dist.new_group(list(range(1, stages + 1)), backend="nccl" if device.startswith("cuda") else "gloo")
+        self.open = True
+
+    # -- the command channel
+
+    def _ask(self, calls: Mapping[int, tuple[str, tuple[Any, ...]]]) -> dict[int, Any]:
+        """Send each listed stage its (op, args), then collect every reply; raise if any stage failed."""
+        if not self.open:
+            raise TrainerError("the staged engine is closed")
+        for s, call in calls.items():
+            dist.send_object_list([call], dst=s + 1)
+        out, errors = {}, []
+        for s in calls:
+            msg: list[Any] = [None]
+            dist.recv_object_list(msg, src=s + 1)
+            status, value = msg[0]
+            if status == "ok":
+                out[s] = value
+            else:
+                errors.append(value)
+        if errors:
+            raise TrainerError("; ".join(errors))
+        return out
+
+    def _all(self, op: str, *args: Any) -> dict[int, Any]:
+        return self._ask({s: (op, args) for s in range(self.S)})
+
+    def _leaf(self, parts: Mapping[int, tuple[list[BlockEntry], tuple[int, int]]]) -> StepLeaf:
+        entries = [e for s in range(self.S) for e in parts[s][0]]
+        metas = {parts[s][1] for s in range(self.S)}
+        if len(metas) != 1:
+            raise TrainerError(f"stages disagree on the step counter and rng: {sorted(metas)}")
+        step, rng = metas.pop()
+        return StepLeaf(step, rng, tuple(entries))
+
+    # -- Engine
+
+    def begin(self, d: EpochDir, steps: int, g: Params, prev: EpochDir | None) -> StepLeaf:
+        use = prev if prev is not None and self.has_states(prev) else None
+        self.steps = steps
+        calls = {s: ("begin", (d, steps, {n: g[n].detach().cpu() for b in self.ranges[s] for n in self.groups[b]}, use))
+                 for s in range(self.S)}
+        return self._leaf(self._ask(calls))
+
+    def resume(self, d: EpochDir, steps: int, k: int) -> None:
+        self.steps = steps
+        self._all("resume", d, steps, k)
+
+    def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, StepLeaf]:
+        got = self._all("step", d, k, batch)
+        for s in range(self.S):  # CPU seconds summed over the stages, which run in parallel
+            self._timings["compute_s"] += got[s][1][0]
+            self._timings["commit_s"] += got[s][1][1]
+        return got[0][0], self._leaf({s: got[s][2:] for s in got})
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """Cumulative CPU seconds of all stages together: ``compute_s`` (the steps), ``commit_s`` (their leaf digests)."""
+        return self._timings
+
+    def finish(self, d: EpochDir, rank: int, seed: int) -> tuple[bytes, CompressionStats]:
+        got = self._all("finish", d, rank, seed)
+        return merge_compressed([got[s] for s in range(self.S)])
+
+    def has_states(self, d: EpochDir) -> bool:
+        return all(self._all("has", d).values())
+
+    def block_state(self, d: EpochDir, k: int, b: int, prefixes: tuple[str, ...]) -> State:
+        s = self._owner(b)
+        return self._ask({s: ("block_state", (d, k, b, prefixes))})[s]
+
+    def audit_block(self, d: EpochDir, start: int, end: int, b: int, batch_of: BatchOf) -> tuple[State, list[Bound]]:
+        s = self._owner(b)
+        common = set.intersection(*(set(c) for c in self._all("checkpoints", d).values()))
+        base = max((c for c in common if c <= start), default=None)
+        if base is None:
+            raise TrainerError(f"no checkpoint at or before step {start} of epoch {d.epoch}")
+        batches = [batch_of(j) for j in range(base, end)]
+        got = self._all("audit", d, base, start, end, b, batches)
+        return got[s]
+
+    def held_bytes(self) -> list[int]:
+        """Training-state bytes per process, from each one's own live tensors: [this node, stage 0, ...]."""
+        got = self._all("held")
+        return [tensor_bytes(vars(self))] + [got[s] for s in range(self.S)]
+
+    def _owner(self, b: int) -> int:
+        if not 0 <= b < len(self.groups):
+            raise TrainerError(f"audit block {b} does not exist; the model has {len(self.groups)}")
+        return self.owner[b]
+
+    def close(self) -> None:
+        if not self.open:
+            return
+        self.open = False
+        try:
+            for s in range(self.S):
+                dist.send_object_list([("close", ())], dst=s + 1)
+        except RuntimeError:  # a stage already gone: stop the ones this engine started
+            for p in self.procs:
+                p.terminate()
+        for p in self.procs:
+            p.join(timeout=30)
+        dist.destroy_process_group()
+
+
+# ---- legacy state-mode pipeline (the node holds the full state) ---------------------------------
 
 
 def _worker(rank: int, world: int, port: int, spec: RoundSpec, micro: int, threads: int) -> None:
@@ -89,3 +565,7 @@ class PipelineSteps:
         for p in self.procs:
             p.join(timeout=30)
         dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -21,6 +21,7 @@ from trainer.compress import (
     compression_seed,
     factorize,
     h_for_rank,
+    merge_compressed,
     payload_profile,
     tensor_seed,
 )
@@ -140,6 +141,20 @@ def test_same_inputs_give_the_same_bytes(seed: int, rank: int) -> None:
     b = compress({k: d[k].clone() for k in reversed(list(d))}, {k: v.clone() for k, v in ef.items()}, rank, seed, CFG)
     assert a.payload == b.payload
     assert all(torch.equal(a.new_ef[k], b.new_ef[k]) for k in d)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**31), rank=st.integers(1, 16), cut=st.integers(1, 3))
+def test_parts_compressed_apart_merge_into_the_whole_payload(seed: int, rank: int, cut: int) -> None:
+    d = _model_delta(seed)
+    ef = {k: v * 0.1 for k, v in _model_delta(seed + 1).items()}
+    whole = compress(d, ef, rank, seed, CFG)
+    names = list(d)
+    parts = [names[:cut], names[cut:]]
+    got = [compress({n: d[n] for n in p}, {n: ef[n] for n in p}, rank, seed, CFG) for p in parts]
+    payload, stats = merge_compressed([(c.payload, c.stats) for c in reversed(got)])
+    assert payload == whole.payload
+    assert stats == whole.stats
 
 
 def test_seed_drives_the_sketch() -> None:

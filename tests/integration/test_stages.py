@@ -1,0 +1,166 @@
+"""Staged engine: S stage processes own their blocks and give LocalEngine's bits, leaves and payload."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from protocol.model import init_params, preset
+from trainer.checkpoints import EpochDir
+from trainer.compress import CompressionConfig
+from trainer.delay import StartRule
+from trainer.engine import LocalEngine
+from trainer.inner import InnerConfig, TrainerError, configure_determinism
+from trainer.round import RoundSpec
+from trainer.stages import StagedEngine, tensor_bytes
+
+pytestmark = pytest.mark.integration
+
+CFG = preset("tiny")
+SPEC = RoundSpec(CFG, InnerConfig(lr=3e-3, warmup_steps=2, total_steps=50), CompressionConfig(), StartRule.DELAYED,
+                 run_seed=1, batch_size=4, seq_len=16, microbatches=2, shard=True, segment=2)
+STEPS = 3
+
+
+def _batch(k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + k)
+    x = torch.randint(0, CFG.vocab_size, (4, 16), generator=g)
+    return x, torch.roll(x, -1, 1)
+
+
+def _epochs(eng, root: Path, g: dict, count: int = 2) -> list:
+    """Leaves, losses and payloads of ``count`` epochs, each continuing the previous one."""
+    out, prev = [], None
+    for e in range(count):
+        d = EpochDir(root, e)
+        leaves = [eng.begin(d, STEPS, g, prev).digest]
+        losses = []
+        for k in range(STEPS):
+            loss, leaf = eng.step(d, k, _batch(10 * e + k))
+            leaves.append(leaf.digest)
+            losses.append(loss)
+        payload, stats = eng.finish(d, 4, 7 + e)
+        out.append((leaves, losses, payload, (stats.payload_bytes, stats.dense_bytes, stats.rel_error)))
+        prev = d
+    return out
+
+
+def _audit(eng, root: Path, b: int):
+    batch_of = lambda j: _batch(10 + j)  # epoch 1's batches
+    shard, bounds = eng.audit_block(EpochDir(root, 1), 1, 3, b, batch_of)
+    ends = [eng.block_state(EpochDir(root, 1), k, b, ("param/", "ef/")) for k in (0, STEPS)]
+    return shard, bounds, ends
+
+
+B = CFG.n_layer  # the last transformer block: stage 1's of 2
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory):
+    configure_determinism(1)
+    g = init_params(CFG, 0)
+    local_root, staged_root = tmp_path_factory.mktemp("local"), tmp_path_factory.mktemp("staged")
+    local = LocalEngine(SPEC, every=2)
+    want = _epochs(local, local_root, g)
+    whole = tensor_bytes(local.state)
+    eng = StagedEngine(SPEC, every=2, stages=2)
+    try:
+        with pytest.raises(TrainerError, match="stage 0: the engine has no epoch begun"):
+            eng.step(EpochDir(staged_root, 0), 0, _batch(0))  # every stage refuses alike; none is left waiting
+        got = _epochs(eng, staged_root, g)
+        held = eng.held_bytes()
+        timings = dict(eng.timings)
+        owner = eng.owner[B]
+        audits = _audit(local, local_root, B), _audit(eng, staged_root, B)
+    finally:
+        eng.close()
+    return {"timings": timings, "want": want, "got": got, "whole": whole, "held": held, "owner": owner, "audits": audits, "root": staged_root}
+
+
+def test_two_stages_give_the_local_leaves_and_payload_bytes_for_two_epochs(runs) -> None:
+    for (wl, wloss, wp, ws), (gl, gloss, gp, gs) in zip(runs["want"], runs["got"], strict=True):
+        assert gl == wl
+        assert gloss == wloss
+        assert gp == wp
+        assert gs == ws
+    assert runs["timings"]["compute_s"] > 0 and runs["timings"]["commit_s"] > 0
+
+
+def test_no_process_holds_the_whole_state(runs) -> None:
+    whole, (node, *stages) = runs["whole"], runs["held"]
+    assert node == 0
+    assert len(stages) == 2 and all(0 < h < whole for h in stages)
+    assert sum(stages) == whole + 16 * (len(stages) - 1)  # each stage keeps its own step and rng words
+    assert max(stages) < 0.75 * whole
+
+
+def test_an_audit_of_a_block_owned_by_stage_one_equals_the_local_one(runs) -> None:
+    assert runs["owner"] == 1
+    (want_shard, want_bounds, want_ends), (got_shard, got_bounds, got_ends) = runs["audits"]
+    assert want_shard.keys() == got_shard.keys()
+    assert all(torch.equal(want_shard[k], got_shard[k]) for k in want_shard)
+    assert len(want_bounds) == len(got_bounds) == 2
+    for (wi, wg), (gi, gg) in zip(want_bounds, got_bounds, strict=True):
+        assert torch.equal(wi, gi) and torch.equal(wg, gg)
+    for want, got in zip(want_ends, got_ends, strict=True):
+        assert want.keys() == got.keys() and all(torch.equal(want[n], got[n]) for n in want)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_stages_started_by_torchrun_resume_a_crashed_epoch_to_the_same_leaves(runs) -> None:
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "-m", "trainer.stages", "--port", str(port)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        eng = StagedEngine(SPEC, every=2, stages=2, launch=False, port=port)
+        try:
+            d = EpochDir(runs["root"], 1)
+            eng.resume(d, STEPS, 2)  # the checkpoint at step 2 (every = 2)
+            loss, leaf = eng.step(d, 2, _batch(12))
+            payload, _ = eng.finish(d, 4, 8)
+        finally:
+            eng.close()
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out.decode()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    leaves, losses, want_payload, _ = runs["got"][1]
+    assert leaf.digest == leaves[3] and loss == losses[2]
+    assert payload == want_payload
+
+
+def test_three_uneven_stages_of_a_llama_give_the_local_leaves(tmp_path: Path) -> None:
+    cfg = preset("llama-tiny")
+    spec = replace(SPEC, model=cfg, microbatches=1)
+    g = init_params(cfg, 3)
+
+    def run(eng) -> list:
+        d = EpochDir(tmp_path / type(eng).__name__, 0)
+        x = torch.randint(0, cfg.vocab_size, (4, 16), generator=torch.Generator().manual_seed(5))
+        out = [eng.begin(d, 2, g, None).digest]
+        out += [eng.step(d, k, (x, torch.roll(x, -k - 1, 1)))[1].digest for k in range(2)]
+        return [*out, eng.finish(d, 2, 3)[0]]
+
+    want = run(LocalEngine(spec, every=1))
+    eng = StagedEngine(spec, every=1, stages=3)
+    try:
+        assert [len(r) for r in eng.ranges] == [2, 1, 1]  # embeddings + block 0 | block 1 | head
+        got = run(eng)
+    finally:
+        eng.close()
+    assert got == want

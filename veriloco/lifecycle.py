@@ -16,7 +16,7 @@ from typing import Any
 
 from eth_account import Account
 
-from protocol.chain import Chain
+from protocol.chain import Chain, MemberInfo
 from protocol.errors import VerilocoError
 from protocol.membership import ROLE_NAMES
 from protocol.statedir import check_run
@@ -46,21 +46,25 @@ def _chain(args: argparse.Namespace) -> Chain:
     return chain
 
 
+def _member(chain: Chain, run: int, none: str) -> tuple[MemberInfo, int]:
+    """This account's membership and when its stake unbonds (if it left); ``none`` is the refusal for a non-member."""
+    assert chain.sender is not None
+    m = chain.member(run, chain.sender)
+    if m.role == 0:
+        raise LifecycleError(f"{chain.sender} {none}")
+    return m, m.left_at + chain.run_info(run).params.unbonding_delay
+
+
 def cmd_leave(args: argparse.Namespace) -> int:
     chain = _chain(args)
-    assert chain.sender is not None
-    m = chain.member(args.run, chain.sender)
-    if m.role == 0:
-        raise LifecycleError(f"{chain.sender} is not a member of run {args.run}; there is nothing to leave")
+    m, available = _member(chain, args.run, f"is not a member of run {args.run}; there is nothing to leave")
     if m.leave_epoch is not None:
-        available = m.left_at + chain.run_info(args.run).params.unbonding_delay
         raise LifecycleError(
             f"{chain.sender} already left run {args.run} (its last epoch was {m.leave_epoch - 1}); its stake unbonds "
             f"at {_at(available, chain.now())}, then `veriloco withdraw --run {args.run}`"
         )
     chain.leave(args.run)
-    m = chain.member(args.run, chain.sender)
-    available = m.left_at + chain.run_info(args.run).params.unbonding_delay
+    m, available = _member(chain, args.run, f"is not a member of run {args.run}")
     role = ROLE_NAMES.get(m.role, str(m.role))
     print(f"left run {args.run} as {role} {chain.sender}: "
           + (f"it takes part in no epoch from {m.leave_epoch} on; " if m.role == 1 else "")
@@ -71,14 +75,10 @@ def cmd_leave(args: argparse.Namespace) -> int:
 
 def cmd_withdraw(args: argparse.Namespace) -> int:
     chain = _chain(args)
-    assert chain.sender is not None
-    m = chain.member(args.run, chain.sender)
-    if m.role == 0:
-        raise LifecycleError(f"{chain.sender} has no stake in run {args.run} (never joined, or already withdrew)")
+    m, available = _member(chain, args.run, f"has no stake in run {args.run} (never joined, or already withdrew)")
     if m.leave_epoch is None:
         raise LifecycleError(f"{chain.sender} is still a member of run {args.run}; `veriloco leave --run {args.run}` "
                              "first, then withdraw once the stake has unbonded")
-    available = m.left_at + chain.run_info(args.run).params.unbonding_delay
     now = chain.now()
     if now < available:
         raise LifecycleError(f"the stake in run {args.run} is still bonded: it unbonds at {_at(available, now)}; "

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from protocol.chain import Chain
-from veriloco.cli import main
+from tests.fixtures.cli import run_cli as cli
 
 pytestmark = pytest.mark.integration
 
@@ -31,13 +31,6 @@ RUN_TOML = (
 )
 
 
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse's own exits (--help, argument errors)
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:

@@ -18,7 +18,7 @@ from eth_account import Account
 
 from protocol.chain import Chain
 from tests.fixtures.chain import Run, Trainer
-from veriloco.cli import main
+from tests.fixtures.cli import run_cli as cli
 
 pytestmark = pytest.mark.integration
 
@@ -58,13 +58,6 @@ def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield net
 
 
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def ok(capsys: pytest.CaptureFixture[str], *argv: str) -> str:

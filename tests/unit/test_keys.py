@@ -12,17 +12,8 @@ import pytest
 from eth_account import Account
 
 from protocol.errors import VerilocoError
-from veriloco.cli import main
+from tests.fixtures.cli import run_cli as _cli
 from veriloco.settings import resolve
-
-
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def _key_of(path: Path, password_file: Path | None = None) -> str:

@@ -43,7 +43,7 @@ from protocol.run import (
 )
 from protocol.store import LocalStore
 from protocol.tokens import load_corpus_dir
-from veriloco.argtypes import positive, seconds
+from veriloco.argtypes import non_negative, positive, seconds
 from veriloco.logs import fields_text
 from veriloco.nodes import CHEAT_KINDS
 from veriloco.traffic import compare, headline, trainer_traffic
@@ -73,6 +73,7 @@ class DemoOptions:
     quorum: int = 3  # verifiers judging each trainer (and attesting each model); a majority decides
     node_dir: Path | None = None  # the nodes' --workdir; default workdir/nodes, emptied by each demo
     corpus: Path | None = None  # a corpus directory (veriloco data prepare|import); None: the stdlib bytes
+    metrics_port: int = 0  # > 0: the nodes serve Prometheus metrics on it and the ports after (verifiers, trainers, coordinator)
 
     def config(self) -> RunConfig:
         w = self.windows_s
@@ -143,11 +144,18 @@ def _spawn(role: str, index: int, account: int, devnet_file: Path, run_id: int, 
     cmd = [sys.executable, "-m", "veriloco.cli", role, "--run", str(run_id), "--devnet", str(devnet_file),
            "--account", str(account), "--workdir", str(opts.node_dir or opts.workdir / "nodes")]
     cmd += ["--log-format", "json"]  # the demo reads the nodes' events
+    if opts.metrics_port:
+        cmd += ["--metrics-port", str(opts.metrics_port + metrics_offset(opts, role, index))]
     if cheat:
         cmd += ["--cheat", cheat]
     if role == "trainer" and opts.stages > 1:
         cmd += ["--stages", str(opts.stages)]
     return NodeProc(role, index, account, address, log_path, cmd, _popen(cmd, log_path), cheat)
+
+
+def metrics_offset(opts: DemoOptions, role: str, index: int) -> int:
+    """Where a node's metrics port lies after `opts.metrics_port`: verifiers, then trainers, then the coordinator."""
+    return {"verifier": index, "trainer": opts.verifiers + index, "coordinator": opts.verifiers + opts.trainers}[role]
 
 
 def _popen(cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -527,6 +535,7 @@ def _cmd(args: argparse.Namespace) -> int:
         trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=args.preset, steps=args.steps,
         chain=args.chain, store=args.store, cheats=_parse_cheats(args.cheat), workdir=args.workdir,
         report=args.report, timeout_s=args.timeout, stages=args.stages, quorum=args.quorum, corpus=args.corpus,
+        metrics_port=args.metrics_port,
     )
     check_options(opts)
     summary = run_demo(opts)
@@ -554,4 +563,6 @@ def register(sub: Any) -> None:
     p.add_argument("--stages", type=positive, default=d.stages,
                    help="run each trainer as S pipeline stages (the run then audits in tolerant mode)")
     p.add_argument("--timeout", type=seconds, default=d.timeout_s, help="give up after this many seconds")
+    p.add_argument("--metrics-port", type=non_negative, default=0, metavar="P",
+                   help="nodes serve Prometheus metrics on 127.0.0.1:P, P+1, ... (verifiers, trainers, coordinator)")
     p.set_defaults(func=_cmd)

@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from protocol.errors import VerilocoError
-from veriloco.argtypes import non_negative, positive, run_id
+from veriloco.argtypes import non_negative, positive, run_id, tcp_port
 from veriloco.dashboard import Cache, gather
 
 Gather = Callable[[], dict[str, Any]]
@@ -214,6 +214,18 @@ def serve(view: View, store: Any, port: int = 0, refresh_s: int = 5) -> Threadin
     return server
 
 
+def start_dashboard(chain: Any, store: Any, run: int, port: int, refresh_s: int = 5, eval_rows: int = 64) -> ThreadingHTTPServer:
+    """Serve a run's dashboard from a daemon thread (the demo's --dashboard); `.shutdown()` stops it."""
+    cache = Cache()
+    try:
+        server = serve(View(lambda: gather(chain, store, run, cache, eval_rows=eval_rows), max_age=refresh_s / 2),
+                       store, port, refresh_s)
+    except OSError as exc:
+        raise DashboardError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}; pick another port") from None
+    threading.Thread(target=server.serve_forever, name="dashboard", daemon=True).start()
+    return server
+
+
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from protocol.chain import Chain
     from protocol.statedir import check_run
@@ -249,7 +261,7 @@ def register(sub: Any) -> None:
 
     d = sub.add_parser("dashboard", help="serve a live web page of a run on 127.0.0.1, from the chain and the store")
     d.add_argument("--run", type=run_id, required=True, help="run id")
-    d.add_argument("--port", type=non_negative, default=8600, help="port on 127.0.0.1 (0: any free port; default 8600)")
+    d.add_argument("--port", type=tcp_port, default=8600, help="port on 127.0.0.1 (0: any free port; default 8600)")
     d.add_argument("--refresh", type=positive, default=5, help="seconds between page reloads (default 5)")
     d.add_argument("--eval-rows", type=non_negative, default=64,
                    help="validation rows to evaluate each finalized model on (0: no loss curve; default 64)")

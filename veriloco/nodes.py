@@ -15,7 +15,7 @@ from eth_account import Account
 
 from protocol.chain import Chain
 from protocol.statedir import check_run
-from veriloco.argtypes import non_negative, positive, run_id
+from veriloco.argtypes import positive, run_id, tcp_port
 from veriloco.logs import add_log_args, logger_from_args, node_logger
 from veriloco.settings import Settings, add_connection_args, open_store, resolve
 
@@ -98,7 +98,7 @@ def register(sub: Any) -> None:
         p.add_argument("--run", type=run_id, required=True, help="run id (see `veriloco run create`)")
         add_connection_args(p, workdir=True)
         add_log_args(p)
-        p.add_argument("--metrics-port", type=non_negative, default=0,
+        p.add_argument("--metrics-port", type=tcp_port, default=0,
                        help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off, the default)")
         if name != "coordinator":
             p.add_argument("--threads", type=positive, default=1, help="torch threads; replay is exact only at equal settings")

@@ -29,7 +29,7 @@ from veriloco.netdemo import DemoOptions, metrics_offset
 
 pytestmark = pytest.mark.e2e
 
-METRIC = re.compile(r"^(veriloco_[a-z_]+)(\{[^}]*\})? (\S+)$", re.M)
+METRIC = re.compile(r"^(veriloco_[a-z_]+)(\{[^}]*\})? (\S+)$", re.MULTILINE)
 
 
 def free_ports(n: int) -> int:
@@ -56,7 +56,7 @@ def free_ports(n: int) -> int:
 
 
 def get(url: str, timeout: float = 60) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (127.0.0.1 only)
+    with urllib.request.urlopen(url, timeout=timeout) as r:
         return bytes(r.read())
 
 

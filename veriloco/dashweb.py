@@ -21,6 +21,7 @@ from typing import Any
 
 from protocol.errors import VerilocoError
 from veriloco.argtypes import non_negative, positive, run_id, tcp_port
+from veriloco.chaincmds import SLASH_REASONS
 from veriloco.dashboard import Cache, gather
 
 Gather = Callable[[], dict[str, Any]]
@@ -52,6 +53,17 @@ def _e(v: Any) -> str:
 
 def _cid(cid: str) -> str:
     return f'<a class="cid" href="/cid/{_e(cid)}" title="{_e(cid)}">{_e(cid[:8])}…{_e(cid[-4:])}</a>' if cid else "-"
+
+
+def _files(cids: list[str]) -> str:
+    """A list of CID links, folded (an audit publishes several states)."""
+    if not cids:
+        return "-"
+    return f'<details><summary>{len(cids)} files</summary>{"<br>".join(_cid(c) for c in cids)}</details>'
+
+
+def _eth(wei: Any) -> str:
+    return f"{int(wei) / 1e18:g} ETH" if isinstance(wei, int) else "-"
 
 
 def _addr(a: str) -> str:
@@ -116,7 +128,7 @@ def _epoch_html(r: dict[str, Any]) -> str:
             f'<tr><td>{t["slot"]}</td><td>{_addr(t["address"])}</td><td>{_e(t["state"])}</td>'
             f'<td class="r">{t["steps"] or "-"}</td><td class="cid">{_e(t["trace_root"][:12]) or "-"}</td>'
             f'<td>{_cid(t["payload_cid"])}</td><td>{_cid(t["manifest_cid"])}</td>'
-            f'<td>{" ".join(_cid(c) for c in t.get("state_cids", [])) or "-"}</td>'
+            f'<td>{_files(t.get("state_cids", []))}</td>'
             f'<td>{votes}</td><td class="{cls}">{_e(t["outcome"])}</td>'
             f'<td class="r">{_n(t["published_bytes"])}</td><td class="r">{_n(t["allreduce_bytes"])}</td></tr>')
     events = "".join(f'<li>{_e(ev["name"])} {_e(json.dumps(ev["args"], default=str))}</li>' for ev in r["events"])
@@ -141,14 +153,17 @@ def render(d: dict[str, Any], refresh_s: int = 5) -> str:
     cards = [
         ("state", d["state"]), ("epochs finalized", f'{d["epochs_finalized"]}/{d["epochs_total"] or "?"}'),
         ("trainers", f'{run["active_trainers"]}/{run["max_trainers"]}'), ("verifiers", run["verifiers"]),
-        ("verdicts", f'{t["verdicts_pass"]} pass, {t["verdicts_fail"]} fail'), ("slashes", t["slashes"]),
+        ("verdicts", f'{t["verdicts_pass"]} pass, {t["verdicts_fail"]} fail'), ("slashes", f'{t["slashes"]} ({_eth(t["slashed_wei"])})' if t["slashes"] else "0"),
         ("transactions", _n(t["transactions"])), ("gas used", _n(t["gas_used"])),
         ("bytes published", _n(t["published_bytes"])), ("AllReduce bytes", _n(t["allreduce_bytes"])),
         ("AllReduce / published", ratio),
     ]
-    slashes = "".join(f'<li>epoch {s["args"].get("epoch")}: {_e(s["name"])} {_addr(s["args"].get("trainer") or "")}'
-                      f'{" verifier " + _addr(s["args"]["verifier"]) if s["args"].get("verifier") else ""} '
-                      f'{_n(s["args"].get("amount"))} wei</li>' for s in d["slashes"])
+    slashes = "".join(
+        f'<li>epoch {_e(s["args"].get("epoch"))}: '
+        + (f'verifier {_addr(s["args"]["verifier"])} (outvoted on trainer {_addr(s["args"].get("trainer") or "")})'
+           if s["name"] == "VerifierSlashed" else
+           f'trainer {_addr(s["args"].get("trainer") or "")} ({_e(SLASH_REASONS.get(s["args"].get("reason"), "?"))})')
+        + f' lost {_eth(s["args"].get("amount"))}</li>' for s in d["slashes"])
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="{int(refresh_s)}">
 <title>veriloco run {d["run_id"]}</title><style>{CSS}</style></head><body>

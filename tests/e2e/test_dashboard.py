@@ -1,19 +1,20 @@
 """The dashboard and the nodes' metrics, on a real network (the demo's processes on a py-evm devnet).
 
-While the run goes on, every node's `/metrics` is scraped once its first epoch is final; after the
-nodes stop (the devnet still up), `veriloco dashboard`'s server is started on the run, and its JSON,
-its page, a CID it links to and a headless Chromium screenshot of the page are checked against what
-the demo's own summary (from the nodes' logs) says.
+While the run goes on, every node's `/metrics` and the demo's live dashboard are read once the first
+epoch is final; after the nodes stop (the devnet still up), `veriloco dashboard` is started on the
+run as a user types it, and its JSON, its page, a CID it links to and a headless Chromium
+screenshot of the page are checked against what the demo's own summary (from the nodes' logs) says.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
 import subprocess
-import threading
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -23,11 +24,10 @@ import pytest
 
 from protocol.chain import Chain, Phase
 from tests.fixtures.network import run_network
-from veriloco.dashboard import Cache, gather
-from veriloco.dashweb import View, serve
 from veriloco.netdemo import DemoOptions, metrics_offset
 
 pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
 
 METRIC = re.compile(r"^(veriloco_[a-z_]+)(\{[^}]*\})? (\S+)$", re.MULTILINE)
 
@@ -80,7 +80,7 @@ def screenshot(url: str, out: Path) -> None:
 
 def test_dashboard_and_metrics_of_a_live_run(tmp_path: Path) -> None:
     opts = DemoOptions(trainers=2, verifiers=1, quorum=1, epochs=2, steps=8, workdir=tmp_path / "demo",
-                       timeout_s=300, metrics_port=free_ports(4))
+                       timeout_s=300, metrics_port=free_ports(4), dashboard_port=free_ports(1))
     scrapes: dict[str, dict[str, float]] = {}
     seen: dict[str, Any] = {}
 
@@ -90,12 +90,18 @@ def test_dashboard_and_metrics_of_a_live_run(tmp_path: Path) -> None:
         for n in c.nodes:
             port = opts.metrics_port + metrics_offset(opts, n.role, n.index)
             scrapes[n.role + str(n.index)] = metrics(get(f"http://127.0.0.1:{port}/metrics").decode())
+        seen["live"] = json.loads(get(f"http://127.0.0.1:{opts.dashboard_port}/api/run.json"))  # the demo's --dashboard
 
     def inspect(chain: Chain, store: Any, run_id: int) -> None:
-        server = serve(View(lambda: gather(chain, store, run_id, Cache()), max_age=60), store, 0, refresh_s=5)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+        """`veriloco dashboard` as a user starts it, on the finished run (the devnet is still up)."""
+        port = free_ports(1)
+        cmd = [sys.executable, "-m", "veriloco.cli", "dashboard", "--run", str(run_id), "--rpc-url", chain.where,
+               "--contract", chain.address, "--store", "local", "--store-dir", str(store.root), "--port", str(port)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
         try:
+            seen["banner"] = proc.stdout.readline() if proc.stdout else ""
+            url = f"http://127.0.0.1:{port}"
             seen["json"] = json.loads(get(url + "/api/run.json"))
             seen["html"] = get(url + "/").decode()
             seen["config"] = get(url + "/cid/" + seen["json"]["run"]["config_cid"])
@@ -107,11 +113,14 @@ def test_dashboard_and_metrics_of_a_live_run(tmp_path: Path) -> None:
             if chromium():
                 screenshot(url + "/", tmp_path / "dashboard.png")
         finally:
-            server.shutdown()
-            server.server_close()
+            proc.terminate()
+            proc.wait(timeout=30)
 
     summary, _ = run_network(opts, inspect=inspect, on_tick=on_tick)
     assert summary["epochs_finalized"] == 2
+    live = seen["live"]  # mid-run: epoch 0 final, epoch 1 not yet
+    assert live["state"] == "running" and live["epochs"][0]["phase"] == "finalized" and live["epochs_finalized"] == 1
+    assert seen["banner"].startswith("dashboard of run ")
 
     # --- the dashboard: the run as the chain and the store show it, agreeing with the nodes' own logs
     d = seen["json"]

@@ -79,7 +79,7 @@ def _data() -> dict[str, Any]:
             "run": {"config_cid": "QmConfig", "init_model_cid": "QmInit", "coordinator": "0x" + "ff" * 20,
                     "active_trainers": 1, "max_trainers": 4, "verifiers": 1, "quorum": 1, "audit_steps": 2},
             "loss_curve": [{"epoch": -1, "eval_loss": 5.5}, {"epoch": 0, "eval_loss": 2.5}],
-            "totals": {"transactions": 9, "gas_used": 1_000_000, "verdicts_pass": 1, "verdicts_fail": 0, "slashes": 0,
+            "totals": {"transactions": 9, "gas_used": 1_000_000, "verdicts_pass": 1, "verdicts_fail": 0, "slashes": 0, "slashed_wei": 0,
                        "published_bytes": 1234, "allreduce_bytes": 5678, "allreduce_over_published": 4.6},
             "slashes": [], "epochs": [epoch]}
 

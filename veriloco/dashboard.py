@@ -46,6 +46,18 @@ class Cache:
     evals: dict[bytes, float] = field(default_factory=dict)  # model digest -> eval loss
     epochs: dict[int, tuple[int, dict[str, Any]]] = field(default_factory=dict)  # finished epoch -> (its event count, report)
     ctx: Any = None  # protocol.run.RunContext, opened on the first eval
+    events: list[ChainEvent] = field(default_factory=list)  # the run's events so far, in chain order
+    stream: Any = None  # the EventStream that reads the ones after them
+
+
+def run_events(chain: Chain, run_id: int, cache: Cache) -> list[ChainEvent]:
+    """All of the run's events so far; each refresh reads only the blocks since the last."""
+    if cache.stream is None:
+        cache.stream = chain.stream(run_id=run_id)
+    while True:
+        cache.events += cache.stream.poll()
+        if cache.stream.cursor > cache.stream.last_seen_head:
+            return cache.events
 
 
 def _plain(v: Any) -> Any:
@@ -174,7 +186,7 @@ def gather(chain: Chain, store: Store, run_id: int, cache: Cache | None = None, 
     info = chain.run_info(run_id)
     n_epochs = run_epochs(info, store)
     overall = run_state(chain, info, n_epochs)
-    events = chain.events(run_id=run_id)
+    events = run_events(chain, run_id, cache)
     params = _n_params(chain, store, run_id, cache)
     epochs = [epoch_facts(chain, store, run_id, e, events, cache, params, eval_rows) for e in range(info.next_epoch)]
     p = info.params

@@ -90,7 +90,8 @@ def audit_seed(block_hash: bytes, chain_id: int, contract: str, run_id: int, epo
     )
 
 
-def _draw(seed: bytes, trainer: str, label: str, *extra: int) -> int:
+def draw(seed: bytes, trainer: str, label: str, *extra: int) -> int:
+    """uint256(keccak(abi.encode(seed, trainer, label, *extra))): every public draw of an audit (§5)."""
     types = ["bytes32", "address", "string"] + ["uint256"] * len(extra)
     return int.from_bytes(keccak(encode(types, [_b32("seed", seed), to_checksum_address(trainer), label, *extra])), "big")
 
@@ -99,12 +100,12 @@ def challenged_steps(seed: bytes, trainer: str, audit_steps: int, leaf_count: in
     """The transitions k -> k+1 drawn for a trainer, in draw order (duplicates kept)."""
     if leaf_count < 2:
         raise ValueError(f"a trace needs at least 2 leaves, got {leaf_count}")
-    return [_draw(seed, trainer, "step", j) % (leaf_count - 1) for j in range(audit_steps)]
+    return [draw(seed, trainer, "step", j) % (leaf_count - 1) for j in range(audit_steps)]
 
 
 def final_check(seed: bytes, trainer: str, final_check_bps: int) -> bool:
     """Whether the end-state -> payload transition is checked for this trainer."""
-    return _draw(seed, trainer, "final") % BPS < final_check_bps
+    return draw(seed, trainer, "final") % BPS < final_check_bps
 
 
 def assigned_verifiers(seed: bytes, trainer: str, verifiers: Sequence[str], quorum: int) -> list[Address]:
@@ -113,7 +114,7 @@ def assigned_verifiers(seed: bytes, trainer: str, verifiers: Sequence[str], quor
     keccak(abi.encode(key, j)), key = keccak(abi.encode(seed, trainer, "verifiers")) — distinct, and
     independent of list order."""
     v = len(verifiers)
-    key = _draw(seed, trainer, "verifiers").to_bytes(32, "big")
+    key = draw(seed, trainer, "verifiers").to_bytes(32, "big")
     moved: dict[int, int] = {}  # position -> list index now there, where it differs
     out: list[Address] = []
     for j in range(min(quorum, v)):

@@ -123,8 +123,8 @@ class StepLeaf:
         entries = []
         for i in range(n):
             o = head + i * ENTRY_BYTES
-            d = [Digest(data[o + 32 * j : o + 32 * (j + 1)]) for j in range(5)]
-            entries.append(BlockEntry(*d, sq=data[o + 160 : o + 164]))
+            p, opt, ef, act, grad = (Digest(data[o + 32 * j : o + 32 * (j + 1)]) for j in range(5))
+            entries.append(BlockEntry(p, opt, ef, act, grad, data[o + 160 : o + 164]))
         return cls(step, rng, tuple(entries))
 
     @property

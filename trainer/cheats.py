@@ -2,7 +2,9 @@
 
 - `lazy`: trains only the first step of each epoch honestly and forges the rest (the step counter
   advances, the weights do not), then answers audits with its forged states. Any challenged forged
-  transition fails replay, so with s sampled steps it escapes with probability (1/H)^s.
+  transition fails replay, so with s sampled steps it escapes with probability (1/H)^s. In a sharded
+  run (`audit.unit = "shard"`) it trains nothing and commits zero boundary tensors; any replayed
+  block fails.
 - `noise`: trains honestly but publishes a random payload of the right format and shapes. The
   final state → payload replay catches it whenever the final check is drawn (probability q).
 - `copy`: does no work; commits to a placeholder, then at reveal time takes an honest trainer's
@@ -19,15 +21,34 @@ from typing import Any
 
 import torch
 
+from protocol.leaf import block_count
 from protocol.payload import wrap
+from trainer.blockstep import Batch, BlockIO
 from trainer.compress import compress
+from trainer.engine import Engine, LocalEngine
 from trainer.inner import STEP, State
 from trainer.node import Behaviour, TrainerNode
 from trainer.round import Final, compress_seed
 
 
+class LazyEngine(LocalEngine):
+    """A sharded trainer that does no work: the step counter advances, nothing else; zero boundaries."""
+
+    def _step(self, state: State, batch: Batch) -> tuple[State, float, list[BlockIO]]:
+        forged = dict(state)
+        forged[STEP] = state[STEP] + 1
+        x = batch[0]
+        zeros = torch.zeros(x.shape[0], x.shape[1], self.spec.model.d_model)
+        n = block_count(self.spec.model)
+        return forged, 0.0, [BlockIO(zeros if b < n - 1 else None, zeros if b > 0 else None, torch.zeros(()))
+                             for b in range(n)]
+
+
 class Lazy(Behaviour):
     name = "lazy"
+
+    def engine(self, node: TrainerNode) -> Engine:
+        return LazyEngine(node.spec, node.every)
 
     def step(self, node: TrainerNode, state: State, epoch: int, k: int) -> tuple[State, float]:
         if k == 0:

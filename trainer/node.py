@@ -20,23 +20,35 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.build import ModelUnavailable, VerifiedGlobals
-from protocol import merkle
+from protocol import merkle, shard_audit
 from protocol.chain import Chain, ChainError, ChainUnavailable, ContractRevert, Phase, TxResult
 from protocol.chain_audit import build_response
 from protocol.digest import keccak, state_digest
 from protocol.errors import VerilocoError
 from protocol.formats import build_manifest, encode_manifest, save_state
+from protocol.leaf import block_count
 from protocol.membership import check_joinable
 from protocol.outage import TRANSIENT, through_outages
+from protocol.payload import wrap
 from protocol.run import RunContext, open_run, params_of
 from protocol.statedir import run_dir
 from protocol.store import Metered, Store
 from protocol.types import Cid
 from trainer.checkpoints import EpochDir
 from trainer.delay import StartRule, public_history_end
-from trainer.inner import State, TrainerError, configure_determinism
-from trainer.round import Final, RoundSpec, epoch_batch, final_transition, replay_step, start_state
+from trainer.engine import Engine, LocalEngine
+from trainer.inner import Params, State, TrainerError, configure_determinism
+from trainer.round import (
+    Final,
+    RoundSpec,
+    compress_seed,
+    epoch_batch,
+    final_transition,
+    replay_step,
+    start_state,
+)
 from trainer.schedule import Schedule
+from trainer.shard_response import shard_response
 from trainer.stages import PipelineSteps
 
 Log = Callable[..., None]
@@ -55,6 +67,10 @@ class Behaviour:
 
     def step(self, node: TrainerNode, state: State, epoch: int, k: int) -> tuple[State, float]:
         return node.inner_step(state, epoch, k)
+
+    def engine(self, node: TrainerNode) -> Engine:
+        """Where a sharded run's steps happen (``audit.unit = "shard"``; ``step`` is the whole-state hook)."""
+        return node.make_engine()
 
     def publication(self, node: TrainerNode, final: Final, epoch: int) -> bytes:
         return final.publication
@@ -90,6 +106,7 @@ class TrainerNode:
         self._last_service = 0.0
         self.stages, self.microbatches = stages, microbatches
         self.pipeline: PipelineSteps | None = None
+        self.engine: Engine | None = None  # sharded runs: where the training state lives
 
     # ------------------------------------------------------------------ main loop
 
@@ -97,7 +114,9 @@ class TrainerNode:
         configure_determinism(self.threads)
         self.ctx: RunContext = open_run(self.chain, self.store, self.run_id)
         self.spec = RoundSpec.from_config(self.ctx.config)
-        if self.stages > 1:
+        if self.spec.shard:
+            self.engine = self.behaviour.engine(self)
+        elif self.stages > 1:
             if self.ctx.config.audit.mode != "tolerant":
                 raise TrainerError(
                     f"--stages {self.stages}: pipelined steps match a verifier's single-process replay only "
@@ -109,6 +128,16 @@ class TrainerNode:
         finally:
             if self.pipeline is not None:
                 self.pipeline.close()
+            if self.engine is not None:
+                self.engine.close()
+
+    def make_engine(self) -> Engine:
+        """The sharded run's state holder: this process (S = 1) or S stage processes."""
+        if self.stages == 1:
+            return LocalEngine(self.spec, self.every)
+        from trainer.stages import StagedEngine
+
+        return StagedEngine(self.spec, self.every, self.stages, self.threads)
 
     def inner_step(self, state: State, epoch: int, k: int) -> tuple[State, float]:
         """Inner step k of `epoch` on this trainer's batch: in this process, or across its pipeline stages."""
@@ -216,9 +245,9 @@ class TrainerNode:
         ph = self._phase(e)
         return ph is Phase.COMMITTING or (ph is Phase.NOT_STARTED)
 
-    def _start(self, e: int) -> tuple[State, int, str, bool]:
-        """S_e (docs/protocol.md §8), the epoch whose verified base it builds on, that base's digest, and
-        whether it continues e-1.
+    def _base(self, e: int) -> tuple[Params, int, str, EpochDir | None]:
+        """The verified global model epoch e builds on, its epoch and digest, and e-1's directory when
+        e continues it (docs/protocol.md §8).
 
         The global model is this node's own recomputation (coordinator/build.py), not the one the
         coordinator finalized: a wrong aggregate is logged there and never trained on.
@@ -232,10 +261,16 @@ class TrainerNode:
         if prev is not None:  # the rule depends on whether e-1 was revealed: wait until that is settled
             self._wait(lambda: prev.meta.get("status") != COMMITTED, f"epoch {e - 1} reveals")
         revealed = e >= 1 and self.chain.submission(self.run_id, e - 1, self.me).state >= 2
-        if prev is not None and revealed and prev.has("state-000000") and prev.has("carried"):
-            return start_state(self.spec, g, prev.load("state-000000"), prev.load("carried")), before, base_digest, True
-        if revealed:
+        has = prev is not None and (self.engine.has_states(prev) if self.engine else prev.has("state-000000") and prev.has("carried"))
+        if revealed and not has:
             self.log("warning", epoch=e, detail="epoch e-1 was revealed but its local states are lost; starting fresh")
+        return g, before, base_digest, prev if revealed and has else None
+
+    def _start(self, e: int) -> tuple[State, int, str, bool]:
+        """S_e, the epoch whose verified base it builds on, that base's digest, and whether it continues e-1."""
+        g, before, base_digest, prev = self._base(e)
+        if prev is not None:
+            return start_state(self.spec, g, prev.load("state-000000"), prev.load("carried")), before, base_digest, True
         return start_state(self.spec, g, None, None), before, base_digest, False
 
     def _train(self, e: int, d: EpochDir) -> None:
@@ -247,6 +282,8 @@ class TrainerNode:
             d.update(status=CLOSED)
 
     def _train_steps(self, e: int, d: EpochDir) -> None:
+        if self.engine is not None:
+            return self._train_shards(e, d, self.engine)
         meta = d.meta
         rank, steps = self.schedule.for_epoch(e)
         ckpts = d.checkpoints()
@@ -286,6 +323,41 @@ class TrainerNode:
         self.log("trained", epoch=e, steps=steps, rank=rank, loss=round(sum(losses[-4:]) / max(1, len(losses[-4:])), 4),
                  seconds=round(time.monotonic() - t0, 2), compute_s=round(compute_s, 3), digest_s=round(digest_s, 3),
                  payload_bytes=final.stats.payload_bytes, dense_bytes=final.stats.dense_bytes,
+                 base_epoch=meta.get("base_epoch"), base_digest=meta.get("base_digest"), **self.traffic())
+
+    def _train_shards(self, e: int, d: EpochDir, eng: Engine) -> None:
+        """A sharded epoch: the engine trains and keeps the state; the node keeps the leaves' preimages
+        (checkpointed with them, so a killed node resumes at its last checkpoint)."""
+        meta = d.meta
+        rank, steps = self.schedule.for_epoch(e)
+        if meta.get("status") == TRAINING and "leaves" in meta:
+            preimages = [bytes.fromhex(x) for x in meta["leaves"]]
+            k0, losses = len(preimages) - 1, list(meta.get("losses", []))[: len(preimages) - 1]
+            eng.resume(d, steps, k0)
+            self.log("resumed", epoch=e, step=k0)
+        else:
+            g, base_epoch, base_digest, prev = self._base(e)
+            preimages, k0, losses = [eng.begin(d, steps, g, prev).encode()], 0, []
+            meta = d.update(status=TRAINING, rank=rank, steps=steps, base_epoch=base_epoch, base_digest=base_digest,
+                            continued=prev is not None, leaves=[x.hex() for x in preimages],
+                            digests=[keccak(x).hex() for x in preimages], losses=[])
+        t0, before = time.monotonic(), dict(eng.timings)
+        for k in range(k0, steps):
+            loss, leaf = eng.step(d, k, epoch_batch(self.spec, self.ctx.corpus, e, self.slot, k))
+            preimages.append(leaf.encode())
+            losses.append(loss)
+            if (k + 1) % self.every == 0 or k + 1 == steps:
+                d.update(leaves=[x.hex() for x in preimages], digests=[keccak(x).hex() for x in preimages], losses=losses)
+            self.log("step", epoch=e, step=k + 1, of=steps, loss=round(loss, 4))
+            self.service()
+        payload, stats = eng.finish(d, rank, compress_seed(self.spec.run_seed, e, self.slot))
+        final = Final(wrap(self.run_id, e, self.me, payload), {}, stats)
+        d.write_bytes("payload.bin", self.behaviour.publication(self, final, e))
+        d.update(status=TRAINED, losses=losses)
+        spent = {k: round(v - before.get(k, 0.0), 3) for k, v in eng.timings.items()}
+        self.log("trained", epoch=e, steps=steps, rank=rank, loss=round(sum(losses[-4:]) / max(1, len(losses[-4:])), 4),
+                 seconds=round(time.monotonic() - t0, 2), compute_s=spent.get("compute_s", 0.0),
+                 digest_s=spent.get("commit_s", 0.0), payload_bytes=stats.payload_bytes, dense_bytes=stats.dense_bytes,
                  base_epoch=meta.get("base_epoch"), base_digest=meta.get("base_digest"), **self.traffic())
 
     def _publish(self, e: int, d: EpochDir) -> None:
@@ -404,6 +476,8 @@ class TrainerNode:
         digests = [bytes.fromhex(x) for x in d.meta["digests"]]
         response = build_response(digests, seed, self.me, params.audit_steps, params.final_check_bps)
         a = self.chain.assignment(self.run_id, e, self.me)
+        if self.engine is not None:
+            return self._respond_shards(e, d, seed, a.steps, response, self.engine)
         cids: dict[int, Cid] = {}
 
         published = [0]
@@ -431,6 +505,31 @@ class TrainerNode:
         d.update(status=RESPONDED, manifest_cid=mcid, gas_respond=tx.gas_used)
         self.log("responded", epoch=e, transitions=list(a.steps), final=a.final_check, manifest=mcid, gas=tx.gas_used,
                  audit_bytes=published[0] + len(encoded), **self.traffic())
+
+    def _respond_shards(self, e: int, d: EpochDir, seed: bytes, steps: tuple[int, ...], response: Any, eng: Engine) -> None:
+        """Answer a shard audit (docs/protocol.md §5.3): one block per drawn segment, final and start check."""
+        published = [0]
+
+        def publish(data: bytes) -> Cid:
+            published[0] += len(data)
+            return self.store.put(data)
+
+        prev = self._dir(e - 1) if e >= 1 else None
+        cont = bool(d.meta.get("continued")) and prev is not None and "leaves" in prev.meta
+        m = shard_response(
+            engine=eng, spec=self.spec, run_id=self.run_id, epoch=e, trainer=self.me, d=d,
+            preimages=[bytes.fromhex(x) for x in d.meta["leaves"]], seed=seed, steps=steps,
+            final_bps=self.ctx.info.params.final_check_bps,
+            batch_of=lambda k: epoch_batch(self.spec, self.ctx.corpus, e, self.slot, k), publish=publish,
+            prev=prev if cont else None,
+            prev_preimages=[bytes.fromhex(x) for x in prev.meta["leaves"]] if cont and prev else (),
+        )
+        encoded = shard_audit.encode_manifest(m, block_count(self.spec.model))
+        mcid = self.store.put(encoded)
+        tx = self.chain.respond(self.run_id, e, mcid, response)
+        d.update(status=RESPONDED, manifest_cid=mcid, gas_respond=tx.gas_used)
+        self.log("responded", epoch=e, transitions=list(steps), final=m.final.block >= 0, manifest=mcid, gas=tx.gas_used,
+                 blocks=[c.block for c in m.challenges], audit_bytes=published[0] + len(encoded), **self.traffic())
 
     def _prune(self, e: int) -> None:
         """Keep the last two epochs (the next start-rule check needs e-1); drop older checkpoints."""

@@ -26,6 +26,7 @@ from typing import Any
 from torch import Tensor
 
 from coordinator.outer import global_params
+from protocol import shard_audit
 from protocol.chain import Chain, ChainError, ChainUnavailable, Phase
 from protocol.digest import state_digest
 from protocol.errors import VerilocoError
@@ -38,6 +39,7 @@ from protocol.formats import (
     save_state,
     spec_of,
 )
+from protocol.leaf import block_count
 from protocol.membership import check_joinable
 from protocol.outage import TRANSIENT, through_outages
 from protocol.run import (
@@ -65,6 +67,7 @@ from verifier.replay import (
     check_step,
     replay_witness,
 )
+from verifier.shard import Chained, audit_findings
 
 Log = Callable[..., None]
 MAX_MANIFEST_BYTES = 1 << 20
@@ -344,6 +347,9 @@ class VerifierNode:
         publication = revealed_payload(self.store, reveal)
         self._fetched[f"{e}:{t}"] = (Cid(reveal["payloadCid"]), publication)
         findings.append(check_payload(publication, run, e, t, self.ctx.param_shapes))
+        if spec.shard:
+            findings.extend(self._verify_shards(e, t, slot, rank, sub, manifest_cid, publication, grads))
+            return
         m: AuditManifest = decode_manifest(self.store.get(manifest_cid, max_size=MAX_MANIFEST_BYTES))
         a = self.chain.assignment(run, e, t)
         bound = (m.run_id, m.epoch, m.trainer.lower(), m.trace_root, m.leaf_count, m.transitions, m.final) == (
@@ -369,6 +375,29 @@ class VerifierNode:
         if m.final:
             last = states[m.leaf_count - 1]
             findings.append(check_final(states[0], last, Digest(bytes(reveal["payloadDigest"])), spec, run, e, slot, t, rank))
+
+    def _verify_shards(
+        self, e: int, t: str, slot: int, rank: int, sub: Any, manifest_cid: Cid, publication: bytes,
+        grads: list[bytes] | None,
+    ) -> list[Finding]:
+        """A shard audit (docs/protocol.md §5.3): one block per drawn segment, the final and start checks."""
+        n = block_count(self.spec.model)
+        m = shard_audit.decode_manifest(self.store.get(manifest_cid, max_size=MAX_MANIFEST_BYTES), n,
+                                        max_bytes=MAX_MANIFEST_BYTES)
+        prev = self.chain.submission(self.run_id, e - 1, t) if e >= 1 else None
+        chained = Chained(
+            trace_root=sub.trace_root, leaf_count=sub.leaf_count, seed=self.chain.epoch_times(self.run_id, e).seed,
+            steps=self.chain.assignment(self.run_id, e, t).steps, final_bps=self.ctx.info.params.final_check_bps,
+            prev_revealed=prev is not None and prev.state >= 2,
+            prev_root=prev.trace_root if prev is not None else bytes(32),
+            prev_leaf_count=prev.leaf_count if prev is not None else 0,
+        )
+        prev_rank = self.schedule.for_epoch(e - 1)[0] if e >= 1 else 0
+        return audit_findings(
+            m, chained, lambda cid, spec: load_state(self.store.get(cid, max_size=MAX_STATE_BYTES), expect=spec),
+            self.spec, self.ctx.corpus, self._start_model(e), publication, run_id=self.run_id, epoch=e, slot=slot,
+            trainer=t, rank=rank, prev_rank=prev_rank, grad_digests=grads,
+        )
 
     def _check_start(self, e: int, t: str, slot: int, m: AuditManifest) -> Finding:
         """Every audit, every epoch: leaf 0 follows the public start rule (docs/protocol.md §8).

@@ -75,6 +75,12 @@ class DemoOptions:
     corpus: Path | None = None  # a corpus directory (veriloco data prepare|import); None: the stdlib bytes
     dashboard_port: int = 0  # > 0: serve `veriloco dashboard`'s page of the run on it while the nodes run
     metrics_port: int = 0  # > 0: the nodes serve Prometheus metrics on it and the ports after (verifiers, trainers, coordinator)
+    audit: str = "shard"  # "shard": one block of a segment per challenge; "state": whole states (docs/protocol.md §5)
+
+    @property
+    def audit_unit(self) -> str:
+        """Whole-state audits of a pipelined trainer are tolerant; shard audits are exact at any S."""
+        return "state" if self.stages > 1 and not _staged_engine() else self.audit
 
     def config(self) -> RunConfig:
         w = self.windows_s
@@ -86,8 +92,8 @@ class DemoOptions:
             outer={"lr": 1.0, "momentum": 0.0},
             schedule={"epochs": self.epochs, "h_initial": self.steps, "h_min": max(1, self.steps // 2),
                       "h_max": self.steps * 2},
-            audit={"steps": 3, "final_check_bps": 10_000, "quorum": self.quorum,
-                   "mode": "tolerant" if self.stages > 1 else "exact"},
+            audit={"steps": 3, "final_check_bps": 10_000, "quorum": self.quorum, "unit": self.audit_unit,
+                   "mode": "tolerant" if self.stages > 1 and self.audit_unit == "state" else "exact"},
             windows={"commit_s": w, "reveal_s": w, "response_s": w, "verdict_s": w, "finalize_s": w},
             stakes={"min_trainers": 1},
             # a small pool, so rewards show: 0.001 ETH per included trainer and 0.0001 per majority verdict
@@ -247,6 +253,12 @@ def _describe(n: NodeProc) -> str:
         return f"e{ev['epoch']} finalized, eval loss {ev.get('eval_loss')}"
     bits = [kind] + [f"{k}={ev[k]}" for k in ("epoch", "passed", "trainer", "what") if k in ev]
     return " ".join(str(b) for b in bits)
+
+
+def _staged_engine() -> bool:
+    import trainer.stages
+
+    return hasattr(trainer.stages, "StagedEngine")
 
 
 def check_options(opts: DemoOptions) -> None:
@@ -544,7 +556,7 @@ def _cmd(args: argparse.Namespace) -> int:
     opts = DemoOptions(
         trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=args.preset, steps=args.steps,
         chain=args.chain, store=args.store, cheats=_parse_cheats(args.cheat), workdir=args.workdir,
-        report=args.report, timeout_s=args.timeout, stages=args.stages, quorum=args.quorum, corpus=args.corpus,
+        report=args.report, timeout_s=args.timeout, stages=args.stages, audit=args.audit, quorum=args.quorum, corpus=args.corpus,
         metrics_port=args.metrics_port, dashboard_port=args.dashboard,
     )
     check_options(opts)
@@ -572,6 +584,8 @@ def register(sub: Any) -> None:
     p.add_argument("--report", type=Path, help="write DIR/summary.json and DIR/loss.png")
     p.add_argument("--stages", type=positive, default=d.stages,
                    help="run each trainer as S pipeline stages (the run then audits in tolerant mode)")
+    p.add_argument("--audit", choices=["shard", "state"], default=d.audit,
+                   help="what a challenge reveals: one block of a segment (shard) or whole states (state)")
     p.add_argument("--timeout", type=seconds, default=d.timeout_s, help="give up after this many seconds")
     p.add_argument("--dashboard", type=tcp_port, default=0, metavar="PORT",
                    help="serve the run's live dashboard on 127.0.0.1:PORT while the nodes run")

@@ -8,7 +8,17 @@ import torch
 from protocol.leaf import LeafCommitter, StepLeaf, block_names, tensor_digest
 from protocol.model import preset
 from trainer.blockstep import blockwise_step, replay_block
-from trainer.inner import MOM1, MOM2, PARAM, RNG, STEP, InnerConfig, configure_determinism, init_state, train_step
+from trainer.inner import (
+    MOM1,
+    MOM2,
+    PARAM,
+    RNG,
+    STEP,
+    InnerConfig,
+    configure_determinism,
+    init_state,
+    train_step,
+)
 
 CFG = preset("tiny")
 INNER = InnerConfig(lr=3e-3, warmup_steps=2, total_steps=50)

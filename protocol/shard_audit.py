@@ -1,0 +1,295 @@
+"""Audits of one block of one segment (docs/protocol.md §5.3): the draws, the manifest, the files.
+
+In a run with ``audit.unit = "shard"`` each on-chain challenge k_j (drawn exactly as in §5) becomes
+the segment of its state leaves around it, ``start = k_j - k_j mod r`` to ``end = min(start + r,
+L - 1)``, of one audit block ``b_j`` drawn from the same seed. The trainer reveals that block's
+parameters and moments at ``start`` and, for every step of the segment, the two boundary tensors
+the block consumed (its input activations and the gradient arriving at its output), plus the
+preimages of leaves ``start..end`` with their Merkle proofs. Nothing else of the state travels:
+the verifier replays one block, and the leaves' preimages bind every byte it needs.
+
+The final check (end state -> payload) and the start check of a continued epoch also use one
+block each, drawn under their own labels; both reveal that block's parameters at the first leaf
+and its parameters and error buffer at the last (``transition file``). A fresh start needs no file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from protocol import merkle
+from protocol.chain_audit import draw
+from protocol.digest import keccak
+from protocol.errors import VerilocoError
+from protocol.formats import TensorSpec, decode_dataclass, encode_dataclass
+from protocol.leaf import LeafError, StepLeaf, is_state_leaf
+from protocol.types import Address, Cid, Digest
+from protocol.unixfs import CidError, validate_cid
+
+SHARD_AUDIT_FORMAT = "veriloco.audit.shard.v1"
+START_PREFIX = "start."  # the transition file's first-leaf parameters: "start.param/<p>"
+
+
+class ShardAuditError(VerilocoError):
+    """A shard audit manifest that is malformed or does not answer the drawn challenges."""
+
+
+def segment_of(k: int, segment: int, leaf_count: int) -> tuple[int, int]:
+    """The state leaves a challenge of transition k spans: (k - k mod r, min(that + r, L - 1))."""
+    start = k - k % segment
+    return start, min(start + segment, leaf_count - 1)
+
+
+def drawn_block(seed: bytes, trainer: str, label: str, j: int, n_blocks: int) -> int:
+    """The audit block of draw j under ``label`` ("shard", "final-shard", "start-shard")."""
+    return draw(seed, trainer, label, j) % n_blocks
+
+
+def shard_challenges(
+    seed: bytes, trainer: str, steps: Sequence[int], leaf_count: int, segment: int, n_blocks: int,
+) -> list[tuple[int, int, int]]:
+    """(start, end, block) of every challenge, sorted and distinct; ``steps`` in the chain's draw order."""
+    out = set()
+    for j, k in enumerate(steps):
+        start, end = segment_of(k, segment, leaf_count)
+        out.add((start, end, drawn_block(seed, trainer, "shard", j, n_blocks)))
+    return sorted(out)
+
+
+@dataclass(frozen=True)
+class ProvenLeaf:
+    """A leaf's preimage (protocol.leaf.StepLeaf.encode) and its Merkle proof."""
+
+    index: int
+    preimage: bytes
+    proof: tuple[Digest, ...]
+
+    def leaf(self, n_blocks: int) -> StepLeaf:
+        try:
+            return StepLeaf.decode(self.preimage, n_blocks)
+        except LeafError as exc:
+            raise ShardAuditError(f"leaf {self.index}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class ShardChallenge:
+    """One challenged segment of one block, and the CID of its shard file."""
+
+    start: int
+    end: int
+    block: int
+    cid: Cid
+
+
+@dataclass(frozen=True)
+class BlockTransition:
+    """The block a final or start check covers, and its transition file (cid "" when not drawn)."""
+
+    block: int
+    cid: Cid
+
+
+@dataclass(frozen=True)
+class ShardManifest:
+    """A trainer's answer to a shard audit (format ``veriloco.audit.shard.v1``).
+
+    ``leaves``: every leaf the checks read (0, ``start..end`` of each challenge, ``L-1`` with the final
+    check), sorted, distinct, proven against ``trace_root``. ``final``: block -1 when not drawn.
+    ``previous``: leaves 0 and ``L'-1`` of epoch e-1, proven against ``previous_root``, when the start
+    continued e-1 (then ``start`` names the block and its transition file), else empty.
+    """
+
+    run_id: int
+    epoch: int
+    trainer: Address
+    trace_root: Digest
+    leaf_count: int
+    segment: int
+    leaves: tuple[ProvenLeaf, ...]
+    challenges: tuple[ShardChallenge, ...]
+    final: BlockTransition
+    previous_root: Digest
+    previous_leaf_count: int
+    previous: tuple[ProvenLeaf, ...]
+    start: BlockTransition
+
+    def leaf(self, index: int, n_blocks: int) -> StepLeaf:
+        for p in self.leaves:
+            if p.index == index:
+                return p.leaf(n_blocks)
+        raise ShardAuditError(f"the manifest has no leaf {index}")
+
+
+def required_leaves(challenges: Sequence[tuple[int, int, int]], final: bool, leaf_count: int) -> list[int]:
+    need = {0}
+    for start, end, _ in challenges:
+        need.update(range(start, end + 1))
+    if final:
+        need.add(leaf_count - 1)
+    return sorted(need)
+
+
+def _check_proofs(root: Digest, count: int, leaves: Sequence[ProvenLeaf], what: str) -> None:
+    depth = merkle.proof_length(count)
+    for p in leaves:
+        if len(p.proof) != depth or any(len(h) != 32 for h in p.proof) or not merkle.verify(
+            root, merkle_leaf_value(p.preimage), p.index, count, p.proof
+        ):
+            raise ShardAuditError(f"{what} leaf {p.index}: its Merkle proof does not lead to the root")
+
+
+def merkle_leaf_value(preimage: bytes) -> Digest:
+    """The trace value committed for a leaf: keccak of its preimage (protocol.leaf.StepLeaf.digest)."""
+    return keccak(preimage)
+
+
+def _cid_ok(cid: str, what: str) -> None:
+    try:
+        validate_cid(cid)
+    except CidError as exc:
+        raise ShardAuditError(f"{what}: {exc}") from None
+
+
+def validate(m: ShardManifest, n_blocks: int) -> None:
+    """Internal consistency and every proof; whether it answers *the drawn* challenges is the verifier's check."""
+    if m.run_id < 0 or m.epoch < 0 or not re.fullmatch(r"0x[0-9a-fA-F]{40}", m.trainer) or len(m.trace_root) != 32:
+        raise ShardAuditError("manifest run_id, epoch, trainer or trace_root is malformed")
+    if not 2 <= m.leaf_count <= 1 << 24 or not 1 <= m.segment <= 1 << 24:
+        raise ShardAuditError(f"leaf_count {m.leaf_count} or segment {m.segment} out of range")
+    keys = [(c.start, c.end, c.block) for c in m.challenges]
+    if keys != sorted(set(keys)):
+        raise ShardAuditError("challenges must be sorted by (start, end, block) and distinct")
+    for c in m.challenges:
+        if (c.start, c.end) != segment_of(c.start, m.segment, m.leaf_count) or not 0 <= c.block < n_blocks:
+            raise ShardAuditError(f"challenge {c.start}..{c.end} of block {c.block} is not a segment of this trace")
+        _cid_ok(c.cid, f"challenge {c.start} block {c.block}")
+    final = m.final.block >= 0
+    drawn_ok = 0 <= m.final.block < n_blocks and bool(m.final.cid)
+    if not (drawn_ok if final else m.final == BlockTransition(-1, Cid(""))):
+        raise ShardAuditError("final must name a block and a file, or block -1 and no file")
+    if final:
+        _cid_ok(m.final.cid, "final")
+    idx = [p.index for p in m.leaves]
+    need = required_leaves(keys, final, m.leaf_count)
+    if idx != need:
+        raise ShardAuditError(f"manifest reveals leaves {idx[:8]}..., the challenges need exactly {need[:8]}...")
+    _check_proofs(m.trace_root, m.leaf_count, m.leaves, "trace")
+    if not m.previous:
+        if m.previous_leaf_count or m.previous_root != bytes(32) or m.start != BlockTransition(-1, Cid("")):
+            raise ShardAuditError("a fresh start carries no previous root, leaf count or start file")
+        return
+    if m.epoch == 0 or not 2 <= m.previous_leaf_count <= 1 << 24:
+        raise ShardAuditError("previous-epoch leaves in epoch 0, or a previous leaf count out of range")
+    if [p.index for p in m.previous] != [0, m.previous_leaf_count - 1]:
+        raise ShardAuditError("previous leaves must be 0 and previous_leaf_count-1")
+    if not 0 <= m.start.block < n_blocks:
+        raise ShardAuditError(f"start block {m.start.block} does not exist")
+    _cid_ok(m.start.cid, "start")
+    _check_proofs(m.previous_root, m.previous_leaf_count, m.previous, "previous")
+
+
+def encode_manifest(m: ShardManifest, n_blocks: int) -> bytes:
+    validate(m, n_blocks)
+    return encode_dataclass(m, SHARD_AUDIT_FORMAT)
+
+
+def decode_manifest(data: bytes, n_blocks: int, *, max_bytes: int) -> ShardManifest:
+    try:
+        m = decode_dataclass(ShardManifest, data, SHARD_AUDIT_FORMAT, max_bytes=max_bytes)
+    except VerilocoError as exc:
+        raise ShardAuditError(f"not a shard audit manifest: {exc}") from None
+    validate(m, n_blocks)
+    if encode_dataclass(m, SHARD_AUDIT_FORMAT) != bytes(data):
+        raise ShardAuditError("shard audit manifest is not in canonical form")
+    return m
+
+
+def proven(preimages: Sequence[bytes], indices: Sequence[int]) -> tuple[ProvenLeaf, ...]:
+    trace = [merkle_leaf_value(p) for p in preimages]
+    return tuple(ProvenLeaf(i, preimages[i], tuple(merkle.prove(trace, i))) for i in indices)
+
+
+def build_manifest(
+    *, run_id: int, epoch: int, trainer: Address, preimages: Sequence[bytes], segment: int,
+    challenges: Sequence[tuple[int, int, int]], cid_of_challenge: Callable[[int, int, int], Cid],
+    final_block: int, cid_of_final: Callable[[int], Cid],
+    previous: Sequence[bytes] = (), start_block: int = -1, cid_of_start: Callable[[int], Cid] | None = None,
+    n_blocks: int,
+) -> ShardManifest:
+    """Assemble and validate the answer; files are published through the ``cid_of_*`` callbacks."""
+    L = len(preimages)
+    final = final_block >= 0
+    cont = bool(previous) and cid_of_start is not None
+    m = ShardManifest(
+        run_id=run_id, epoch=epoch, trainer=trainer, trace_root=merkle.root([merkle_leaf_value(p) for p in preimages]),
+        leaf_count=L, segment=segment,
+        leaves=proven(preimages, required_leaves(challenges, final, L)),
+        challenges=tuple(ShardChallenge(s, e, b, cid_of_challenge(s, e, b)) for s, e, b in sorted(set(challenges))),
+        final=BlockTransition(final_block, cid_of_final(final_block)) if final else BlockTransition(-1, Cid("")),
+        previous_root=merkle.root([merkle_leaf_value(p) for p in previous]) if cont else Digest(bytes(32)),
+        previous_leaf_count=len(previous) if cont else 0,
+        previous=proven(previous, [0, len(previous) - 1]) if cont else (),
+        start=BlockTransition(start_block, cid_of_start(start_block)) if cont and cid_of_start else BlockTransition(-1, Cid("")),
+    )
+    validate(m, n_blocks)
+    return m
+
+
+# ---- shard files: which tensors, with which shapes --------------------------------------------
+
+
+def boundary_names(b: int, n_blocks: int, start: int, end: int) -> list[str]:
+    """The boundary tensors of block b over steps start..end-1: ``in/<k>`` and ``gout/<k>``."""
+    out = []
+    for k in range(start, end):
+        if b > 0:
+            out.append(f"in/{k:08d}")
+        if b < n_blocks - 1:
+            out.append(f"gout/{k:08d}")
+    return out
+
+
+def challenge_spec(
+    shapes: Mapping[str, tuple[int, ...]], names: Sequence[str], b: int, n_blocks: int,
+    start: int, end: int, act_shape: tuple[int, ...],
+) -> dict[str, TensorSpec]:
+    """Exactly the entries of a challenge's shard file (param/adam at ``start``, meta, boundaries)."""
+    spec = {f"{p}{n}": TensorSpec(torch.float32, shapes[n]) for p in ("param/", "adam.m/", "adam.v/") for n in names}
+    spec["meta/step"] = spec["meta/rng"] = TensorSpec(torch.int64, (1,))
+    for name in boundary_names(b, n_blocks, start, end):
+        spec[name] = TensorSpec(torch.float32, act_shape)
+    return spec
+
+
+def transition_spec(shapes: Mapping[str, tuple[int, ...]], names: Sequence[str]) -> dict[str, TensorSpec]:
+    """A final or start check's file: the block's params at the first leaf, params and buffer at the last."""
+    spec = {}
+    for n in names:
+        spec[f"{START_PREFIX}param/{n}"] = spec[f"param/{n}"] = spec[f"ef/{n}"] = TensorSpec(torch.float32, shapes[n])
+    return spec
+
+
+__all__ = [
+    "SHARD_AUDIT_FORMAT",
+    "START_PREFIX",
+    "BlockTransition",
+    "ProvenLeaf",
+    "ShardAuditError",
+    "ShardChallenge",
+    "ShardManifest",
+    "boundary_names",
+    "build_manifest",
+    "challenge_spec",
+    "decode_manifest",
+    "drawn_block",
+    "encode_manifest",
+    "is_state_leaf",
+    "required_leaves",
+    "segment_of",
+    "shard_challenges",
+    "transition_spec",
+]

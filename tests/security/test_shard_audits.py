@@ -1,0 +1,201 @@
+"""Shard audits end to end on real epochs: an honest answer passes every check; a forged shard, a
+forged boundary tensor, a skipped block step or a wrong start is caught by the check that reads it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from protocol.chain_audit import challenged_steps
+from protocol.data import Corpus
+from protocol.formats import load_state, save_state
+from protocol.leaf import StepLeaf, block_count
+from protocol.model import init_params, preset
+from protocol.payload import wrap
+from protocol.shard_audit import decode_manifest, encode_manifest
+from protocol.store import LocalStore
+from protocol.types import Address
+from trainer.blockstep import blockwise_step
+from trainer.checkpoints import EpochDir
+from trainer.compress import CompressionConfig
+from trainer.delay import StartRule
+from trainer.engine import LocalEngine
+from trainer.inner import PARAM, InnerConfig, configure_determinism
+from trainer.round import RoundSpec, compress_seed, epoch_batch
+from trainer.shard_response import shard_response
+from verifier.shard import Chained, audit_findings
+
+CFG = preset("tiny")
+SPEC = RoundSpec(CFG, InnerConfig(lr=3e-3, warmup_steps=2, total_steps=50), CompressionConfig(), StartRule.DELAYED,
+                 run_seed=1, batch_size=4, seq_len=16, microbatches=2, shard=True, segment=2)
+CORPUS = Corpus(bytes((i * 7 + i // 13) % 251 for i in range(4096 * 24)))
+ME = Address("0x" + "ab" * 20)
+H, RANK, SLOT = 5, 4, 0
+G0 = init_params(CFG, 0)
+
+
+class Run:
+    """Two real epochs of one trainer with the local engine, and the store its answers go to."""
+
+    def __init__(self, root: Path, engine: LocalEngine | None = None) -> None:
+        configure_determinism(1)
+        self.store = LocalStore(root / "store")
+        self.engine = engine or LocalEngine(SPEC, every=2)
+        self.dirs, self.preimages, self.pubs = [], [], []
+        for e in range(2):
+            d = EpochDir(root / "node", e)
+            leaves = [self.engine.begin(d, H, G0, self.dirs[-1] if e else None)]
+            for k in range(H):
+                leaves.append(self.engine.step(d, k, epoch_batch(SPEC, CORPUS, e, SLOT, k))[1])
+            payload, _ = self.engine.finish(d, RANK, compress_seed(SPEC.run_seed, e, SLOT))
+            self.dirs.append(d)
+            self.preimages.append([lf.encode() for lf in leaves])
+            self.pubs.append(wrap(1, e, ME, payload))
+
+    def answer(self, e: int, seed: bytes, publish=None):
+        steps = challenged_steps(seed, ME, 3, H + 1)
+        m = shard_response(
+            engine=self.engine, spec=SPEC, run_id=1, epoch=e, trainer=ME, d=self.dirs[e], preimages=self.preimages[e],
+            seed=seed, steps=steps, final_bps=10_000, batch_of=lambda k: epoch_batch(SPEC, CORPUS, e, SLOT, k),
+            publish=publish or self.store.put, prev=self.dirs[e - 1] if e else None,
+            prev_preimages=self.preimages[e - 1] if e else (),
+        )
+        return m, steps
+
+    def judge(self, e: int, seed: bytes, m, steps, fetch=None) -> list:
+        from protocol import merkle
+        from protocol.digest import keccak
+
+        root = merkle.root([keccak(p) for p in self.preimages[e]])
+        prev_root = merkle.root([keccak(p) for p in self.preimages[e - 1]]) if e else bytes(32)
+        chained = Chained(root, H + 1, seed, tuple(steps), 10_000, prev_revealed=e > 0, prev_root=prev_root,
+                          prev_leaf_count=H + 1 if e else 0)
+        m = decode_manifest(encode_manifest(m, block_count(CFG)), block_count(CFG), max_bytes=1 << 24)
+        fetch = fetch or (lambda cid, spec: load_state(self.store.get(cid), expect=spec))
+        grads: list[bytes] = []
+        return audit_findings(m, chained, fetch, SPEC, CORPUS, G0, self.pubs[e], run_id=1, epoch=e, slot=SLOT,
+                              trainer=ME, rank=RANK, prev_rank=RANK, grad_digests=grads)
+
+
+@pytest.fixture(scope="module")
+def honest(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return Run(tmp_path_factory.mktemp("honest"))
+
+
+SEEDS = [bytes([i]) * 32 for i in range(1, 4)]
+
+
+def _failed(findings) -> list[str]:
+    return [f"{f.check}: {f.detail}" for f in findings if not f.passed]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_an_honest_trainer_passes_every_shard_check(honest: Run, seed: bytes) -> None:
+    for e in (0, 1):
+        m, steps = honest.answer(e, seed)
+        findings = honest.judge(e, seed, m, steps)
+        assert not _failed(findings), _failed(findings)
+        assert any(f.check.startswith("block ") for f in findings) and any(f.check == "start" for f in findings)
+        assert any(f.check.startswith("final block") for f in findings)
+
+
+def test_audit_bytes_are_a_block_not_a_state(honest: Run) -> None:
+    sizes: list[int] = []
+
+    def publish(data: bytes):
+        sizes.append(len(data))
+        return honest.store.put(data)
+
+    honest.answer(1, SEEDS[0], publish)
+    state_bytes = len(save_state(honest.engine.block_state(honest.dirs[1], 0, 0, ("param/",)))) * 0 + 16 * sum(
+        t.numel() for t in G0.values())
+    assert max(sizes) < state_bytes / 2
+
+
+def test_a_tampered_shard_file_fails_the_segment(honest: Run) -> None:
+    seed = SEEDS[0]
+    m, steps = honest.answer(1, seed)
+
+    def fetch(cid: str, spec: Mapping) -> dict[str, torch.Tensor]:
+        st = load_state(honest.store.get(cid), expect=spec)
+        if cid == m.challenges[0].cid:
+            k = next(n for n in st if n.startswith(PARAM))
+            st[k] = st[k] + 1e-3
+        return st
+
+    bad = _failed(honest.judge(1, seed, m, steps, fetch))
+    assert any(b.startswith(f"block {m.challenges[0].block} ") and "not block" in b for b in bad), bad
+
+
+def test_a_forged_boundary_tensor_fails_both_neighbours(honest: Run) -> None:
+    """A revealed input that is not what the previous block committed is refused outright."""
+    seed = next(s for s in (bytes([i]) * 32 for i in range(1, 60))
+                if any(c.block > 0 for c in honest.answer(1, s)[0].challenges))
+    m, steps = honest.answer(1, seed)
+    target = next(c for c in m.challenges if c.block > 0)
+
+    def fetch(cid: str, spec: Mapping) -> dict[str, torch.Tensor]:
+        st = load_state(honest.store.get(cid), expect=spec)
+        if cid == target.cid:
+            k = next(n for n in st if n.startswith("in/"))
+            st[k] = st[k] * 1.001
+        return st
+
+    bad = _failed(honest.judge(1, seed, m, steps, fetch))
+    assert any("revealed input is not what block" in b for b in bad), bad
+
+
+class LazyBlock(LocalEngine):
+    """Skips the update of audit block 1 (transformer block 0) in every step; its leaves hash the stale tensors."""
+
+    def _step(self, state, batch):
+        new, loss, ios = blockwise_step(state, batch, self.spec.model, self.spec.inner, self.spec.microbatches)
+        for k in new:
+            if k.startswith(("param/blocks.0.", "adam.m/blocks.0.", "adam.v/blocks.0.")):
+                new[k] = state[k]
+        return new, loss, ios
+
+
+class ForgedAct(LocalEngine):
+    """Commits (and so later reveals) block 1's output activations scaled by 1.01."""
+
+    def _step(self, state, batch):
+        new, loss, ios = blockwise_step(state, batch, self.spec.model, self.spec.inner, self.spec.microbatches)
+        ios[1] = replace(ios[1], act=ios[1].act * 1.01)
+        return new, loss, ios
+
+
+def _seed_with_block(run: Run, e: int, b: int) -> bytes:
+    for i in range(1, 200):
+        s = os.urandom(32) if i > 150 else bytes([i]) * 32
+        if any(c.block == b for c in run.answer(e, s)[0].challenges):
+            return s
+    raise AssertionError(f"no seed draws block {b}")
+
+
+@pytest.mark.parametrize("cheat,block,expect", [(LazyBlock, 1, "does not reach its state"),
+                                                (ForgedAct, 1, "output activations differ"),
+                                                (ForgedAct, 2, "output activations differ")])
+def test_cheats_are_caught_when_their_block_is_drawn(tmp_path: Path, cheat, block: int, expect: str) -> None:
+    run = Run(tmp_path, cheat(SPEC, every=2))
+    seed = _seed_with_block(run, 0, block)
+    m, steps = run.answer(0, seed)
+    bad = _failed(run.judge(0, seed, m, steps))
+    assert any(expect in b for b in bad), bad
+
+
+def test_a_wrong_start_is_caught_by_digest_alone(tmp_path: Path) -> None:
+    class BadStart(LocalEngine):
+        def begin(self, d, steps, g, prev):
+            return super().begin(d, steps, {n: t * (1.0 + 1e-6) for n, t in g.items()}, prev)
+
+    run = Run(tmp_path, BadStart(SPEC, every=2))
+    m, steps = run.answer(0, SEEDS[0])
+    bad = _failed(run.judge(0, SEEDS[0], m, steps))
+    assert any(b.startswith("start:") for b in bad), bad
+    assert isinstance(StepLeaf.decode(run.preimages[0][0], block_count(CFG)), StepLeaf)

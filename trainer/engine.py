@@ -1,0 +1,148 @@
+"""Where a sharded trainer's state lives: the engine the trainer node drives in ``audit.unit = "shard"`` runs.
+
+The node never touches training tensors itself in a sharded run; it asks an engine to start an
+epoch, step, compress and answer audits, and gets back leaves (hashes), payload bytes and the few
+block tensors an audit reveals. ``LocalEngine`` keeps the whole state in this process (S = 1);
+``trainer.stages.StagedEngine`` gives each pipeline stage process its own blocks. Both run the same
+block-wise step (trainer/blockstep.py), so their leaves and payloads are bitwise equal.
+
+Files (in the epoch's ``EpochDir``): ``state-<k>`` checkpoints every ``every`` steps and at both
+ends, ``carried`` (the state the next epoch continues from). A checkpoint is enough to reproduce any
+later state and boundary tensor of the epoch: steps are bitwise reproducible.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from torch import Tensor
+
+from protocol.leaf import LeafCommitter, StepLeaf, block_names
+from trainer.blockstep import Batch, BlockIO, blockwise_step
+from trainer.checkpoints import EpochDir
+from trainer.compress import CompressionStats, compress
+from trainer.delay import carry, pseudo_gradient
+from trainer.inner import EF, MOM1, MOM2, PARAM, RNG, STEP, Params, State, TrainerError, section
+from trainer.round import RoundSpec, compress_seed, start_state
+
+BatchOf = Callable[[int], Batch]  # inner step k of this epoch -> its batch
+
+
+class Engine(Protocol):
+    """What a sharded trainer node needs from wherever its state lives."""
+
+    def begin(self, d: EpochDir, steps: int, g: Params, prev: EpochDir | None) -> StepLeaf:
+        """Build S_e (continuing ``prev``'s states when given, else fresh from ``g``); checkpoint 0; leaf 0."""
+
+    def resume(self, d: EpochDir, steps: int, k: int) -> None:
+        """Continue an interrupted epoch from its checkpoint at step ``k``."""
+
+    def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, StepLeaf]:
+        """Train step k (checkpointing when due); (its loss, leaf k+1)."""
+
+    def finish(self, d: EpochDir, rank: int, seed: int) -> tuple[bytes, CompressionStats]:
+        """Compress Δ of the epoch with the error buffer; save the carried state; the raw payload."""
+
+    def has_states(self, d: EpochDir) -> bool:
+        """Whether ``d`` holds the start and carried states a next epoch continues from."""
+
+    def block_state(self, d: EpochDir, k: int, b: int, prefixes: tuple[str, ...]) -> State:
+        """Audit block b's ``prefixes`` entries (plus meta) at checkpoint leaf k (0 or the last)."""
+
+    def audit_block(self, d: EpochDir, start: int, end: int, b: int, batch_of: BatchOf) -> tuple[State, list[tuple[Tensor | None, Tensor | None]]]:
+        """Block b's params and moments at leaf ``start`` and, per step start..end-1, its (input, output gradient)."""
+
+    def close(self) -> None: ...
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """Cumulative CPU seconds: ``compute_s`` (the steps), ``commit_s`` (hashing the leaves)."""
+
+
+def restrict(state: Mapping[str, Tensor], names: list[str], prefixes: tuple[str, ...]) -> State:
+    out: State = {p + n: state[p + n] for p in prefixes for n in names}
+    out[STEP], out[RNG] = state[STEP], state[RNG]
+    return out
+
+
+def boundary_of(ios: list[BlockIO], b: int) -> tuple[Tensor | None, Tensor | None]:
+    """Block b's inputs in a step: the previous block's output and the next block's input gradient."""
+    return (ios[b - 1].act if b > 0 else None), (ios[b + 1].grad_in if b < len(ios) - 1 else None)
+
+
+class LocalEngine:
+    """S = 1: this process holds the whole state."""
+
+    def __init__(self, spec: RoundSpec, every: int) -> None:
+        self.spec, self.every = spec, max(1, every)
+        self.groups = block_names(spec.model)
+        self.state: State | None = None
+        self.committer: LeafCommitter | None = None
+        self.steps = 0
+        self._timings = {"compute_s": 0.0, "commit_s": 0.0}
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return self._timings
+
+    def _step(self, state: State, batch: Batch) -> tuple[State, float, list[BlockIO]]:
+        return blockwise_step(state, batch, self.spec.model, self.spec.inner, self.spec.microbatches)
+
+    def begin(self, d: EpochDir, steps: int, g: Params, prev: EpochDir | None) -> StepLeaf:
+        if prev is not None and self.has_states(prev):
+            state = start_state(self.spec, g, prev.load("state-000000"), prev.load("carried"))
+        else:
+            state = start_state(self.spec, g, None, None)
+        self.state, self.steps = state, steps
+        self.committer = LeafCommitter(self.spec.model, self.spec.segment, steps + 1)
+        d.save_step(0, state)
+        return self.committer.leaf(0, state, None)
+
+    def resume(self, d: EpochDir, steps: int, k: int) -> None:
+        self.state, self.steps = d.load(f"state-{k:06d}"), steps
+        self.committer = LeafCommitter(self.spec.model, self.spec.segment, steps + 1)
+        self.committer.state_parts(d.load("state-000000"))  # the error buffer's digests, fixed since leaf 0
+
+    def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, StepLeaf]:
+        if self.state is None or self.committer is None:
+            raise TrainerError("the engine has no epoch begun or resumed")
+        t = time.process_time()
+        self.state, loss, ios = self._step(self.state, batch)
+        t_step = time.process_time()
+        leaf = self.committer.leaf(k + 1, self.state, ios)
+        self._timings["compute_s"] += t_step - t
+        self._timings["commit_s"] += time.process_time() - t_step
+        if (k + 1) % self.every == 0 or k + 1 == self.steps:
+            d.save_step(k + 1, self.state)
+        return loss, leaf
+
+    def finish(self, d: EpochDir, rank: int, seed: int) -> tuple[bytes, CompressionStats]:
+        if self.state is None:
+            raise TrainerError("the engine has no epoch to finish")
+        start, end = d.load("state-000000"), self.state
+        c = compress(pseudo_gradient(start, end), section(end, EF), rank, seed, self.spec.compression)
+        d.save("carried", carry(end, c.new_ef))
+        return c.payload, c.stats
+
+    def has_states(self, d: EpochDir) -> bool:
+        return d.has("state-000000") and d.has("carried")
+
+    def block_state(self, d: EpochDir, k: int, b: int, prefixes: tuple[str, ...]) -> State:
+        return restrict(d.load(f"state-{k:06d}"), self.groups[b], prefixes)
+
+    def audit_block(self, d: EpochDir, start: int, end: int, b: int, batch_of: BatchOf) -> tuple[State, list[tuple[Tensor | None, Tensor | None]]]:
+        state = d.state_at(start, lambda st, j: self._step(st, batch_of(j))[:2])
+        shard = restrict(state, self.groups[b], (PARAM, MOM1, MOM2))
+        bounds = []
+        for j in range(start, end):
+            state, _, ios = self._step(state, batch_of(j))
+            bounds.append(boundary_of(ios, b))
+        return shard, bounds
+
+    def close(self) -> None:
+        self.state = None
+
+
+__all__ = ["BatchOf", "Engine", "LocalEngine", "boundary_of", "compress_seed", "restrict"]

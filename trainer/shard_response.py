@@ -1,0 +1,79 @@
+"""A sharded trainer's answer to an audit (docs/protocol.md §5.3): which files, built from its engine.
+
+The engine holds the state (trainer/engine.py); this module only decides what an audit reveals:
+for each drawn segment, one block's parameters and moments at its first state leaf and the boundary
+tensors it consumed at every step; for the final and start checks, one block's parameters at the
+first leaf and its parameters and error buffer at the last. Files go out through ``publish``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from protocol.chain_audit import final_check as final_drawn
+from protocol.formats import save_state
+from protocol.leaf import block_count
+from protocol.shard_audit import (
+    START_PREFIX,
+    ShardManifest,
+    boundary_names,
+    build_manifest,
+    drawn_block,
+    shard_challenges,
+)
+from protocol.types import Address, Cid
+from trainer.checkpoints import EpochDir
+from trainer.engine import BatchOf, Engine
+from trainer.inner import EF, PARAM, State
+from trainer.round import RoundSpec
+
+Publish = Callable[[bytes], Cid]
+
+
+def challenge_file(engine: Engine, d: EpochDir, start: int, end: int, b: int, batch_of: BatchOf, n_blocks: int) -> State:
+    shard, bounds = engine.audit_block(d, start, end, b, batch_of)
+    out = dict(shard)
+    names = iter(boundary_names(b, n_blocks, start, end))
+    for inp, g_out in bounds:
+        if b > 0:
+            out[next(names)] = inp  # type: ignore[assignment]
+        if b < n_blocks - 1:
+            out[next(names)] = g_out  # type: ignore[assignment]
+    return out
+
+
+def transition_file(engine: Engine, d: EpochDir, last: int, b: int) -> State:
+    """Block b's params at leaf 0, and its params and error buffer at leaf ``last``."""
+    first = engine.block_state(d, 0, b, (PARAM,))
+    end = engine.block_state(d, last, b, (PARAM, EF))
+    out: State = {START_PREFIX + k: v for k, v in first.items() if k.startswith(PARAM)}
+    out.update({k: v for k, v in end.items() if k.startswith((PARAM, EF))})
+    return out
+
+
+def shard_response(
+    *, engine: Engine, spec: RoundSpec, run_id: int, epoch: int, trainer: Address, d: EpochDir,
+    preimages: Sequence[bytes], seed: bytes, steps: Sequence[int], final_bps: int, batch_of: BatchOf,
+    publish: Publish, prev: EpochDir | None = None, prev_preimages: Sequence[bytes] = (),
+) -> ShardManifest:
+    """Publish the files the drawn challenges need and return the (validated) manifest.
+
+    ``steps`` are the chain's challenged transitions in draw order; ``prev``/``prev_preimages`` are
+    given when this epoch's start continued epoch e-1.
+    """
+    n = block_count(spec.model)
+    L = len(preimages)
+    challenges = shard_challenges(seed, trainer, steps, L, spec.segment, n)
+    fin = final_drawn(seed, trainer, final_bps)
+    cont = prev is not None and bool(prev_preimages)
+    return build_manifest(
+        run_id=run_id, epoch=epoch, trainer=trainer, preimages=preimages, segment=spec.segment,
+        challenges=challenges,
+        cid_of_challenge=lambda s, e, b: publish(save_state(challenge_file(engine, d, s, e, b, batch_of, n))),
+        final_block=drawn_block(seed, trainer, "final-shard", 0, n) if fin else -1,
+        cid_of_final=lambda b: publish(save_state(transition_file(engine, d, L - 1, b))),
+        previous=prev_preimages if cont else (),
+        start_block=drawn_block(seed, trainer, "start-shard", 0, n) if cont else -1,
+        cid_of_start=(lambda b: publish(save_state(transition_file(engine, prev, len(prev_preimages) - 1, b)))) if cont and prev else None,
+        n_blocks=n,
+    )

@@ -1,0 +1,260 @@
+"""The checks of a shard audit (docs/protocol.md §5.3): one block of one segment, the final and the
+start check of one block. Pure functions over the manifest's leaves, the revealed files and public
+data; like verifier/replay.py they return Findings and never raise on a trainer's data.
+
+What each check binds: a block's revealed tensors to the digests in the leaves' preimages; its
+boundary inputs to the digests its neighbours committed; its replayed outputs (activations, input
+gradient, squared norm) to its own committed entries at every step of the segment; its end state to
+the segment's last state leaf. A trainer that forged anything the replay reads or writes fails here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from protocol.chain_audit import final_check
+from protocol.data import Corpus
+from protocol.formats import TensorSpec
+from protocol.leaf import (
+    ZERO,
+    LeafCommitter,
+    StepLeaf,
+    block_names,
+    part_digest,
+    sq_bytes,
+    tensor_digest,
+)
+from protocol.model import param_shapes
+from protocol.outage import TRANSIENT
+from protocol.payload import parse, unwrap
+from protocol.shard_audit import (
+    START_PREFIX,
+    ShardManifest,
+    boundary_names,
+    challenge_spec,
+    drawn_block,
+    shard_challenges,
+    transition_spec,
+)
+from trainer.blockstep import replay_block
+from trainer.compress import compress
+from trainer.inner import EF, MOM1, MOM2, PARAM, RNG, STEP
+from trainer.round import RoundSpec, compress_seed, epoch_batch, start_state
+from verifier.replay import Finding, _fail, gradient_digest
+
+_P, _O, _E = (PARAM,), (MOM1, MOM2), (EF,)
+
+
+def check_segment(
+    leaves: Mapping[int, StepLeaf], start: int, end: int, b: int, file: Mapping[str, Tensor],
+    spec: RoundSpec, corpus: Corpus, epoch: int, slot: int, grad_digests: list[bytes] | None = None,
+) -> Finding:
+    """Replay block b over steps start..end-1 from the revealed shard; compare with every committed leaf."""
+    name = f"block {b} steps {start}->{end}"
+    names = block_names(spec.model)[b]
+    n_blocks = len(block_names(spec.model))
+    try:
+        first = leaves[start].blocks[b]
+        if part_digest(file, names, _P) != first.params or part_digest(file, names, _O) != first.opt:
+            return Finding(name, False, f"the revealed shard is not block {b} of state leaf {start}")
+        if (int(file[STEP].item()), int(file[RNG].item())) != (leaves[start].step, leaves[start].rng):
+            return Finding(name, False, f"the revealed step counter or rng word is not leaf {start}'s")
+        state = {k: v for k, v in file.items() if k.startswith((PARAM, MOM1, MOM2)) or k in (STEP, RNG)}
+        bnames = iter(boundary_names(b, n_blocks, start, end))
+        for k in range(start, end):
+            here, nxt = leaves[k], leaves[k + 1]
+            if (nxt.step, nxt.rng) != (here.step + 1, here.rng):
+                return Finding(name, False, f"leaf {k + 1}'s step counter does not follow leaf {k}'s")
+            inp = file[next(bnames)] if b > 0 else None
+            g_out = file[next(bnames)] if b < n_blocks - 1 else None
+            if b > 0 and tensor_digest(inp) != nxt.blocks[b - 1].act:
+                return Finding(name, False, f"step {k}: the revealed input is not what block {b - 1} committed")
+            if b < n_blocks - 1 and tensor_digest(g_out) != nxt.blocks[b + 1].grad:
+                return Finding(name, False, f"step {k}: the revealed output gradient is not what block {b + 1} committed")
+            on_grads = None if grad_digests is None else (lambda g: grad_digests.append(gradient_digest(g)))
+            batch = epoch_batch(spec, corpus, epoch, slot, k)
+            state, io = replay_block(state, b, batch, spec.model, spec.inner, spec.microbatches, inp, g_out,
+                                     nxt.sqs, on_grads)
+            mine = nxt.blocks[b]
+            if tensor_digest(io.act) != (mine.act if b < n_blocks - 1 else ZERO):
+                return Finding(name, False, f"step {k}: block {b}'s output activations differ from its commitment")
+            if tensor_digest(io.grad_in) != (mine.grad if b > 0 else ZERO):
+                return Finding(name, False, f"step {k}: block {b}'s input gradient differs from its commitment")
+            if sq_bytes(io.sq) != mine.sq:
+                return Finding(name, False, f"step {k}: block {b}'s squared gradient norm differs from its commitment")
+        last = leaves[end].blocks[b]
+        if part_digest(state, names, _P) != last.params or part_digest(state, names, _O) != last.opt:
+            return Finding(name, False, f"replaying block {b} does not reach its state in leaf {end}")
+        if [e.ef for e in leaves[end].blocks] != [e.ef for e in leaves[start].blocks]:
+            return Finding(name, False, "an error buffer changed inside the epoch")
+    except Exception as exc:  # noqa: BLE001 - any failure on a trainer's data is a failed check
+        return _fail(name, exc)
+    return Finding(name, True, "bitwise match at every step")
+
+
+def _transition(file: Mapping[str, Tensor], names: Sequence[str]) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
+    """(first-leaf params, last-leaf params, last-leaf error buffer) of a transition file, bare names."""
+    return ({n: file[f"{START_PREFIX}{PARAM}{n}"] for n in names}, {n: file[PARAM + n] for n in names},
+            {n: file[EF + n] for n in names})
+
+
+def _bound(first: StepLeaf, last: StepLeaf, b: int, file: Mapping[str, Tensor], names: Sequence[str]) -> bool:
+    p0, p1, ef = _transition(file, names)
+    return (part_digest({PARAM + n: t for n, t in p0.items()}, names, _P) == first.blocks[b].params
+            and part_digest({PARAM + n: t for n, t in p1.items()}, names, _P) == last.blocks[b].params
+            and part_digest({EF + n: t for n, t in ef.items()}, names, _E) == last.blocks[b].ef)
+
+
+def payload_sections(payload: bytes) -> dict[str, tuple[tuple[object, ...], bytes]]:
+    """Each tensor's header fields and section bytes: what a block's re-encoding is compared with."""
+    return {e.name: ((e.dtype, e.shape, e.kind, e.bits, e.scale_dtype, e.group, e.rank), bytes(payload[e.offset:e.offset + e.length]))
+            for e in parse(payload, max_bytes=max(len(payload), 1))}
+
+
+def check_final_block(
+    first: StepLeaf, last: StepLeaf, b: int, file: Mapping[str, Tensor], publication: bytes, spec: RoundSpec,
+    run_id: int, epoch: int, slot: int, trainer: str, rank: int,
+) -> Finding:
+    """Block b of end state -> payload: re-encoding its Δ with its error buffer gives the payload's records."""
+    name = f"final block {b}"
+    names = block_names(spec.model)[b]
+    try:
+        if not _bound(first, last, b, file, names):
+            return Finding(name, False, f"the revealed tensors are not block {b} of leaves 0 and L-1")
+        p0, p1, ef = _transition(file, names)
+        mine = compress({n: p0[n] - p1[n] for n in names}, ef, rank, compress_seed(spec.run_seed, epoch, slot), spec.compression)
+        body = unwrap(publication, run_id=run_id, epoch=epoch, trainer=trainer).body
+        theirs, ours = payload_sections(bytes(body)), payload_sections(mine.payload)
+        if any(theirs.get(n) != ours[n] for n in names):
+            return Finding(name, False, f"re-encoding block {b} does not give the payload's records")
+    except Exception as exc:  # noqa: BLE001 - any failure on a trainer's data is a failed check
+        return _fail(name, exc)
+    return Finding(name, True, f"block {b}'s records re-encoded bit for bit")
+
+
+def check_start_fresh(leaf0: StepLeaf, spec: RoundSpec, g: Mapping[str, Tensor]) -> Finding:
+    """A fresh start is public: leaf 0 recomputed whole from G, no file."""
+    try:
+        expected = LeafCommitter(spec.model, spec.segment, 2).leaf(0, start_state(spec, g, None, None), None)
+    except Exception as exc:  # noqa: BLE001 - any failure on a trainer's data is a failed check
+        return _fail("start", exc)
+    ok = expected.digest == leaf0.digest
+    return Finding("start", ok, "leaf 0 is the fresh start from the global model" if ok else
+                   "leaf 0 is not the fresh start from the global model")
+
+
+def check_start_continued(
+    leaf0: StepLeaf, prev0: StepLeaf, prev_last: StepLeaf, b: int, file: Mapping[str, Tensor], spec: RoundSpec,
+    g: Mapping[str, Tensor], epoch: int, slot: int, prev_rank: int,
+) -> Finding:
+    """A continued start: moments, step and rng carried for every block (by digest), and block b's
+    parameters and error buffer recomputed by the start rule from epoch e-1's revealed tensors."""
+    names = block_names(spec.model)[b]
+    try:
+        if (leaf0.step, leaf0.rng) != (prev_last.step, prev_last.rng):
+            return Finding("start", False, "leaf 0's step counter or rng word is not e-1's last")
+        if [e.opt for e in leaf0.blocks] != [e.opt for e in prev_last.blocks]:
+            return Finding("start", False, "leaf 0's optimizer moments are not the ones e-1 ended with")
+        if any((e.act, e.grad, e.sq) != (ZERO, ZERO, bytes(4)) for e in leaf0.blocks):
+            return Finding("start", False, "leaf 0 commits boundary tensors of a step that never ran")
+        if not _bound(prev0, prev_last, b, file, names):
+            return Finding("start", False, f"the revealed tensors are not block {b} of e-1's leaves 0 and L-1")
+        p0, p1, ef = _transition(file, names)
+        c = compress({n: p0[n] - p1[n] for n in names}, ef, prev_rank, compress_seed(spec.run_seed, epoch - 1, slot), spec.compression)
+        prev_start = {PARAM + n: p0[n] for n in names}
+        carried = {**{PARAM + n: p1[n] for n in names}, **{EF + n: c.new_ef[n] for n in names}}
+        s = start_state(spec, {n: g[n] for n in names}, prev_start, carried)
+        ok = (part_digest(s, names, _P), part_digest(s, names, _E)) == (leaf0.blocks[b].params, leaf0.blocks[b].ef)
+    except Exception as exc:  # noqa: BLE001 - any failure on a trainer's data is a failed check
+        return _fail("start", exc)
+    return Finding("start", ok, f"leaf 0 follows the start rule (block {b} recomputed; moments, step, rng carried)"
+                   if ok else f"block {b} of leaf 0 is not the start rule's")
+
+
+
+
+Fetch = Callable[[str, Mapping[str, TensorSpec]], dict[str, Tensor]]
+
+
+@dataclass(frozen=True)
+class Chained:
+    """What the chain says about the audited submission (and the trainer's epoch e-1, if revealed)."""
+
+    trace_root: bytes
+    leaf_count: int
+    seed: bytes
+    steps: tuple[int, ...]
+    final_bps: int
+    prev_revealed: bool = False
+    prev_root: bytes = bytes(32)
+    prev_leaf_count: int = 0
+
+
+def audit_findings(
+    m: ShardManifest, chained: Chained, fetch: Fetch, spec: RoundSpec, corpus: Corpus, g: Mapping[str, Tensor],
+    publication: bytes, *, run_id: int, epoch: int, slot: int, trainer: str, rank: int, prev_rank: int,
+    grad_digests: list[bytes] | None = None,
+) -> list[Finding]:
+    """Every check of a shard audit, given a decoded (validated) manifest: bound to the chain and to the
+    drawn challenges first, then each segment, the final check and the start check."""
+    n = len(block_names(spec.model))
+    shapes = param_shapes(spec.model)
+    groups = block_names(spec.model)
+    want = shard_challenges(chained.seed, trainer, chained.steps, chained.leaf_count, spec.segment, n)
+    fin = final_check(chained.seed, trainer, chained.final_bps)
+    got = [(c.start, c.end, c.block) for c in m.challenges]
+    bound = ((m.run_id, m.epoch, m.trainer.lower(), m.trace_root, m.leaf_count, m.segment) ==
+             (run_id, epoch, trainer.lower(), chained.trace_root, chained.leaf_count, spec.segment)
+             and got == want and (m.final.block >= 0) == fin
+             and (not fin or m.final.block == drawn_block(chained.seed, trainer, "final-shard", 0, n)))
+    out = [Finding("manifest", bound, "answers the drawn segments and blocks of the committed trace" if bound
+                   else "manifest does not match the on-chain trace or the drawn segments and blocks")]
+    if not bound:
+        return out
+    leaves = {p.index: p.leaf(n) for p in m.leaves}
+    act_shape = (spec.batch_size, spec.seq_len, spec.model.d_model)
+    out.append(_start(m, chained, fetch, spec, g, n, shapes, groups, leaves[0], epoch, slot, trainer, prev_rank))
+    for c in m.challenges:
+        try:
+            file = fetch(c.cid, challenge_spec(shapes, groups[c.block], c.block, n, c.start, c.end, act_shape))
+        except TRANSIENT:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a file that cannot be read or has the wrong layout fails
+            out.append(_fail(f"block {c.block} steps {c.start}->{c.end}", exc))
+            continue
+        out.append(check_segment(leaves, c.start, c.end, c.block, file, spec, corpus, epoch, slot, grad_digests))
+    if fin:
+        try:
+            file = fetch(m.final.cid, transition_spec(shapes, groups[m.final.block]))
+            out.append(check_final_block(leaves[0], leaves[m.leaf_count - 1], m.final.block, file, publication, spec,
+                                         run_id, epoch, slot, trainer, rank))
+        except TRANSIENT:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            out.append(_fail(f"final block {m.final.block}", exc))
+    return out
+
+
+def _start(
+    m: ShardManifest, chained: Chained, fetch: Fetch, spec: RoundSpec, g: Mapping[str, Tensor], n: int,
+    shapes: Mapping[str, tuple[int, ...]], groups: Sequence[Sequence[str]], leaf0: StepLeaf,
+    epoch: int, slot: int, trainer: str, prev_rank: int,
+) -> Finding:
+    if not m.previous:
+        return check_start_fresh(leaf0, spec, g)
+    if not chained.prev_revealed or (m.previous_root, m.previous_leaf_count) != (chained.prev_root, chained.prev_leaf_count):
+        return Finding("start", False, "previous-epoch leaves are not from the trace the trainer revealed for e-1")
+    b = drawn_block(chained.seed, trainer, "start-shard", 0, n)
+    if m.start.block != b:
+        return Finding("start", False, f"the start check covers block {m.start.block}, the draw is block {b}")
+    try:
+        file = fetch(m.start.cid, transition_spec(shapes, groups[b]))
+        p0, pl = m.previous[0].leaf(n), m.previous[1].leaf(n)
+    except TRANSIENT:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        return _fail("start", exc)
+    return check_start_continued(leaf0, p0, pl, b, file, spec, g, epoch, slot, prev_rank)

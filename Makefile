@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 TORCH   := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: demo test devnet bench install node clean
+.PHONY: demo test devnet bench install node clean chromium
 
 $(BIN)/.installed: pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,14 @@ node_modules/.installed: package.json package-lock.json
 	npm install --no-audit --no-fund
 	touch $@
 
+# Debian's chromium, for the dashboard's screenshot test (tests/e2e/test_dashboard.py skips, saying so,
+# where there is none): installed non-interactively as root or with password-less sudo, else a note.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	{ S=$$([ "$$(id -u)" = 0 ] && echo "" || echo "sudo -n"); \
+	  { $$S apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$S apt-get install -y -qq chromium; } >/dev/null 2>&1 || \
+	  echo "note: could not install chromium (apt-get as root needed); the dashboard screenshot test will skip" >&2; }
+
 install: $(BIN)/.installed node_modules/.installed
 
 node: node_modules/.installed
@@ -30,7 +38,7 @@ node: node_modules/.installed
 demo: $(BIN)/.installed
 	$(BIN)/veriloco demo --report .veriloco/demo/report $(DEMO_ARGS)
 
-test: install
+test: install chromium
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: the suite is missing" >&2; exit 1; fi; \
 	exit $$rc

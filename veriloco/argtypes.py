@@ -45,6 +45,13 @@ def non_negative(text: str) -> int:
     return n
 
 
+def tcp_port(text: str) -> int:
+    n = _int(text)
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"{n} is not a TCP port (0 to 65535)")
+    return n
+
+
 def seconds(text: str) -> float:
     try:
         x = float(text)

@@ -23,6 +23,7 @@ COMMANDS: list[str] = [
     "veriloco.keys",
     "veriloco.demo",
     "veriloco.datacmd",
+    "veriloco.dashweb",
 ]
 
 
@@ -47,6 +48,7 @@ OWNER: dict[str, str] = {
     "data": "veriloco.datacmd",
     "export": "veriloco.datacmd",
     "sample": "veriloco.datacmd",
+    "dashboard": "veriloco.dashweb",
 }
 
 

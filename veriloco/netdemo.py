@@ -43,7 +43,7 @@ from protocol.run import (
 )
 from protocol.store import LocalStore
 from protocol.tokens import load_corpus_dir
-from veriloco.argtypes import positive, seconds
+from veriloco.argtypes import positive, seconds, tcp_port
 from veriloco.logs import fields_text
 from veriloco.nodes import CHEAT_KINDS
 from veriloco.traffic import compare, headline, trainer_traffic
@@ -73,6 +73,8 @@ class DemoOptions:
     quorum: int = 3  # verifiers judging each trainer (and attesting each model); a majority decides
     node_dir: Path | None = None  # the nodes' --workdir; default workdir/nodes, emptied by each demo
     corpus: Path | None = None  # a corpus directory (veriloco data prepare|import); None: the stdlib bytes
+    dashboard_port: int = 0  # > 0: serve `veriloco dashboard`'s page of the run on it while the nodes run
+    metrics_port: int = 0  # > 0: the nodes serve Prometheus metrics on it and the ports after (verifiers, trainers, coordinator)
     audit: str = "shard"  # "shard": one block of a segment per challenge; "state": whole states (docs/protocol.md §5)
 
     @property
@@ -151,11 +153,18 @@ def _spawn(role: str, index: int, account: int, devnet_file: Path, run_id: int, 
     cmd = [sys.executable, "-m", "veriloco.cli", role, "--run", str(run_id), "--devnet", str(devnet_file),
            "--account", str(account), "--workdir", str(opts.node_dir or opts.workdir / "nodes")]
     cmd += ["--log-format", "json"]  # the demo reads the nodes' events
+    if opts.metrics_port:
+        cmd += ["--metrics-port", str(opts.metrics_port + metrics_offset(opts, role, index))]
     if cheat:
         cmd += ["--cheat", cheat]
     if role == "trainer" and opts.stages > 1:
         cmd += ["--stages", str(opts.stages)]
     return NodeProc(role, index, account, address, log_path, cmd, _popen(cmd, log_path), cheat)
+
+
+def metrics_offset(opts: DemoOptions, role: str, index: int) -> int:
+    """Where a node's metrics port lies after `opts.metrics_port`: verifiers, then trainers, then the coordinator."""
+    return {"verifier": index, "trainer": opts.verifiers + index, "coordinator": opts.verifiers + opts.trainers}[role]
 
 
 def _popen(cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -319,6 +328,12 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stdout,
         say(f"{opts.trainers} trainers and {opts.verifiers} verifiers staked; starting the nodes")
         cheat_list = [kind for kind, count in opts.cheats for _ in range(count)]
         nodes: list[NodeProc] = []
+        dashboard = None
+        if opts.dashboard_port:
+            from veriloco.dashweb import start_dashboard  # the run's page while the network runs
+
+            dashboard = start_dashboard(Chain(info.rpc_url, info.contract), store, run_id, opts.dashboard_port)
+            say(f"dashboard: http://127.0.0.1:{opts.dashboard_port}/ (until the nodes stop)")
         try:
             for i in range(opts.verifiers):
                 acct = 1 + opts.trainers + i
@@ -330,6 +345,9 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stdout,
             _monitor(creator, run_id, cfg, nodes, opts, say, t_start, on_tick, net)
         finally:
             _stop(nodes)
+            if dashboard is not None:
+                dashboard.shutdown()
+                dashboard.server_close()
         summary = _summarize(creator, store, run_id, cfg, nodes, opts, time.monotonic() - t_start)
         if inspect is not None:
             inspect(creator, store, run_id)
@@ -541,6 +559,7 @@ def _cmd(args: argparse.Namespace) -> int:
         trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=args.preset, steps=args.steps,
         chain=args.chain, store=args.store, cheats=_parse_cheats(args.cheat), workdir=args.workdir,
         report=args.report, timeout_s=args.timeout, stages=args.stages, audit=args.audit, quorum=args.quorum, corpus=args.corpus,
+        metrics_port=args.metrics_port, dashboard_port=args.dashboard,
     )
     check_options(opts)
     summary = run_demo(opts)
@@ -570,4 +589,8 @@ def register(sub: Any) -> None:
     p.add_argument("--audit", choices=["shard", "state"], default=d.audit,
                    help="what a challenge reveals: one block of a segment (shard) or whole states (state)")
     p.add_argument("--timeout", type=seconds, default=d.timeout_s, help="give up after this many seconds")
+    p.add_argument("--dashboard", type=tcp_port, default=0, metavar="PORT",
+                   help="serve the run's live dashboard on 127.0.0.1:PORT while the nodes run")
+    p.add_argument("--metrics-port", type=tcp_port, default=0, metavar="P",
+                   help="nodes serve Prometheus metrics on 127.0.0.1:P, P+1, ... (verifiers, trainers, coordinator)")
     p.set_defaults(func=_cmd)

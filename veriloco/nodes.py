@@ -15,7 +15,7 @@ from eth_account import Account
 
 from protocol.chain import Chain
 from protocol.statedir import check_run
-from veriloco.argtypes import positive, run_id
+from veriloco.argtypes import positive, run_id, tcp_port
 from veriloco.logs import add_log_args, logger_from_args, node_logger
 from veriloco.settings import Settings, add_connection_args, open_store, resolve
 
@@ -36,6 +36,22 @@ def open_chain(s: Settings, run: int | None = None) -> Chain:
     return chain
 
 
+def observed(args: argparse.Namespace, s: Settings, chain: Chain, role: str) -> tuple[Any, Callable[..., None]]:
+    """The node's store and log, with Prometheus metrics on `--metrics-port` (veriloco/metrics.py) unless 0."""
+    store, log = open_store(s), logger_from_args(args, role)
+    if not getattr(args, "metrics_port", 0):
+        return store, log
+    from protocol.store import Metered
+    from veriloco.metrics import NodeMetrics
+
+    metrics, store = NodeMetrics(role, args.run, str(chain.sender or "")), Metered(store)
+    metrics.watch_store(store)
+    metrics.watch_slashes(Chain(s.rpc_url, str(s.contract)), args.run)  # its own client: scrapes run on another thread
+    metrics.serve(args.metrics_port)
+    log("metrics", url=f"http://127.0.0.1:{args.metrics_port}/metrics")
+    return store, metrics.wrap(log)
+
+
 def _trainer(args: argparse.Namespace) -> int:
     from trainer.cheats import behaviours
     from trainer.node import TrainerNode
@@ -43,9 +59,10 @@ def _trainer(args: argparse.Namespace) -> int:
     s = resolve(args)
     chain = open_chain(s, args.run)
     behaviour = behaviours()[args.cheat]() if args.cheat else None
+    store, log = observed(args, s, chain, "trainer")
     TrainerNode(
-        chain, open_store(s), args.run, s.workdir / f"trainer-{chain.sender}", behaviour=behaviour,
-        log=logger_from_args(args, "trainer"), threads=args.threads, checkpoint_every=args.checkpoint_every,
+        chain, store, args.run, s.workdir / f"trainer-{chain.sender}", behaviour=behaviour, log=log,
+        threads=args.threads, checkpoint_every=args.checkpoint_every,
         max_epochs=args.epochs, stages=args.stages, microbatches=args.microbatches,
     ).run()
     return 0
@@ -56,8 +73,8 @@ def _verifier(args: argparse.Namespace) -> int:
 
     s = resolve(args)
     chain = open_chain(s, args.run)
-    VerifierNode(chain, open_store(s), args.run, s.workdir / f"verifier-{chain.sender}",
-                 log=logger_from_args(args, "verifier"), threads=args.threads).run()
+    store, log = observed(args, s, chain, "verifier")
+    VerifierNode(chain, store, args.run, s.workdir / f"verifier-{chain.sender}", log=log, threads=args.threads).run()
     return 0
 
 
@@ -65,7 +82,9 @@ def _coordinator(args: argparse.Namespace) -> int:
     from coordinator.node import CoordinatorNode
 
     s = resolve(args)
-    CoordinatorNode(open_chain(s, args.run), open_store(s), args.run, log=logger_from_args(args, "coordinator")).run()
+    chain = open_chain(s, args.run)
+    store, log = observed(args, s, chain, "coordinator")
+    CoordinatorNode(chain, store, args.run, log=log).run()
     return 0
 
 
@@ -79,6 +98,8 @@ def register(sub: Any) -> None:
         p.add_argument("--run", type=run_id, required=True, help="run id (see `veriloco run create`)")
         add_connection_args(p, workdir=True)
         add_log_args(p)
+        p.add_argument("--metrics-port", type=tcp_port, default=0,
+                       help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off, the default)")
         if name != "coordinator":
             p.add_argument("--threads", type=positive, default=1, help="torch threads; replay is exact only at equal settings")
         if name == "trainer":

@@ -93,6 +93,12 @@ OFFLINE = [
     (["store", "get", "x", "--max-size", "-1"], "at least 1"),
     (["status", "--run", "1", "--devnet", "missing.json"], "not found"),
     (["nosuchcommand"], "invalid choice"),
+    (["dashboard", "--run", "0"], "runs are numbered from 1"),
+    (["dashboard", "--run", "1", "--port", "70000"], "not a TCP port"),
+    (["dashboard", "--run", "1", "--refresh", "0"], "at least 1"),
+    (["dashboard", "--run", "1"], "no RPC endpoint"),
+    (["trainer", "--run", "1", "--metrics-port", "-1"], "not a TCP port"),
+    (["demo", "--dashboard", "x"], "not a whole number"),
 ]
 
 

@@ -147,30 +147,39 @@ def sq_bytes(sq: torch.Tensor) -> bytes:
 
 
 class LeafCommitter:
-    """Builds the leaves of one trainer epoch; keeps the error buffer's digests (fixed in an epoch)."""
+    """Builds the leaf entries of one trainer epoch for some blocks (all by default: a pipeline stage
+    passes its own); keeps the error buffer's digests, which are fixed within an epoch."""
 
-    def __init__(self, cfg: GPTConfig, segment: int, leaf_count: int) -> None:
+    def __init__(self, cfg: GPTConfig, segment: int, leaf_count: int, blocks: Sequence[int] | None = None) -> None:
         self.groups = block_names(cfg)
+        self.blocks = list(range(len(self.groups))) if blocks is None else list(blocks)
         self.segment, self.leaf_count = segment, leaf_count
-        self._ef: list[Digest] | None = None
+        self._ef: dict[int, Digest] = {}
 
-    def state_parts(self, state: Mapping[str, torch.Tensor]) -> list[tuple[Digest, Digest, Digest]]:
-        if self._ef is None:
-            self._ef = [part_digest(state, g, (_EF,)) for g in self.groups]
-        return [(part_digest(state, g, (_PARAM,)), part_digest(state, g, (_MOM1, _MOM2)), self._ef[b])
-                for b, g in enumerate(self.groups)]
+    def state_parts(self, state: Mapping[str, torch.Tensor]) -> dict[int, tuple[Digest, Digest, Digest]]:
+        if not self._ef:
+            self._ef = {b: part_digest(state, self.groups[b], (_EF,)) for b in self.blocks}
+        return {b: (part_digest(state, self.groups[b], (_PARAM,)), part_digest(state, self.groups[b], (_MOM1, _MOM2)),
+                    self._ef[b]) for b in self.blocks}
 
-    def leaf(self, k: int, state: Mapping[str, torch.Tensor], ios: Sequence[Boundary] | None) -> StepLeaf:
-        """Leaf k from the state after k steps and the boundaries of step k-1 (None at k = 0)."""
-        parts = self.state_parts(state) if is_state_leaf(k, self.segment, self.leaf_count) else None
-        entries = []
-        for b in range(len(self.groups)):
-            p, o, e = parts[b] if parts else (ZERO, ZERO, ZERO)
+    def entries(
+        self, k: int, state: Mapping[str, torch.Tensor], ios: Mapping[int, Boundary] | Sequence[Boundary] | None,
+    ) -> list[BlockEntry]:
+        """This committer's blocks' entries of leaf k: the state after k steps, the boundaries of step k-1
+        (None at k = 0), indexed by block."""
+        parts = self.state_parts(state) if is_state_leaf(k, self.segment, self.leaf_count) else {}
+        out = []
+        for b in self.blocks:
+            p, o, e = parts.get(b, (ZERO, ZERO, ZERO))
             if ios is None:
-                entries.append(BlockEntry(p, o, e))
+                out.append(BlockEntry(p, o, e))
             else:
                 io = ios[b]
-                entries.append(BlockEntry(p, o, e, tensor_digest(io.act), tensor_digest(io.grad_in), sq_bytes(io.sq)))
+                out.append(BlockEntry(p, o, e, tensor_digest(io.act), tensor_digest(io.grad_in), sq_bytes(io.sq)))
+        return out
+
+    def leaf(self, k: int, state: Mapping[str, torch.Tensor], ios: Sequence[Boundary] | None) -> StepLeaf:
+        """Leaf k of a committer over every block."""
         step = int(state["meta/step"].item())
         rng = int(state["meta/rng"].item())
-        return StepLeaf(step, rng, tuple(entries))
+        return StepLeaf(step, rng, tuple(self.entries(k, state, ios)))

@@ -124,7 +124,7 @@ class PlantedStartNode(TrainerNode):
             def start(self, d: EpochDir, g: Params, prev: EpochDir | None) -> State:
                 return node._plant(d.epoch, super().start(d, g, prev))
 
-        return Planted(self.spec, self.every)
+        return Planted(self.spec, self.shard_checkpoint_every)
 
 
 ADVERSARIES: dict[str, type[Behaviour]] = {"forge-final": ForgeFinal, "stale-copy": StaleCopy}

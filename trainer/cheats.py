@@ -48,7 +48,7 @@ class Lazy(Behaviour):
     name = "lazy"
 
     def engine(self, node: TrainerNode) -> Engine:
-        return LazyEngine(node.spec, node.every)
+        return LazyEngine(node.spec, node.shard_checkpoint_every)
 
     def step(self, node: TrainerNode, state: State, epoch: int, k: int) -> tuple[State, float]:
         if k == 0:

@@ -54,16 +54,7 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 from protocol.errors import VerilocoError
-from protocol.leaf import (
-    ZERO,
-    BlockEntry,
-    StepLeaf,
-    block_names,
-    is_state_leaf,
-    part_digest,
-    sq_bytes,
-    tensor_digest,
-)
+from protocol.leaf import BlockEntry, LeafCommitter, StepLeaf, block_names
 from trainer.blockstep import (
     Batch,
     BlockIO,
@@ -144,7 +135,7 @@ class _Stage:
         self.group, self.device = group, device
         self.state: State | None = None
         self.steps = 0
-        self.ef: dict[int, bytes] = {}
+        self.committer = LeafCommitter(spec.model, spec.segment, 2, self.blocks)
 
     # -- files
 
@@ -164,13 +155,13 @@ class _Stage:
             state = start_state(self.spec, g, None, None)
         self.state, self.steps = state, steps
         self._save(d, "state-000000", state)
-        self.ef = {b: part_digest(state, self.groups[b], (EF,)) for b in self.blocks}
-        return self._entries(0, state, None), _meta(state)
+        self.committer = LeafCommitter(self.spec.model, self.spec.segment, steps + 1, self.blocks)
+        return self.committer.entries(0, state, None), _meta(state)
 
     def resume(self, d: EpochDir, steps: int, k: int) -> None:
         self.state, self.steps = self._load(d, f"state-{k:06d}"), steps
-        start = self._load(d, "state-000000")
-        self.ef = {b: part_digest(start, self.groups[b], (EF,)) for b in self.blocks}
+        self.committer = LeafCommitter(self.spec.model, self.spec.segment, steps + 1, self.blocks)
+        self.committer.state_parts(self._load(d, "state-000000"))  # the error buffer's digests, fixed since leaf 0
 
     def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, tuple[float, float], list[BlockEntry], tuple[int, int]]:
         if self.state is None:
@@ -178,7 +169,7 @@ class _Stage:
         t = time.process_time()
         self.state, loss, ios, _ = self._pipe(self.state, batch, None)
         t_step = time.process_time()
-        entries = self._entries(k + 1, self.state, ios)
+        entries = self.committer.entries(k + 1, self.state, ios)
         spent = (t_step - t, time.process_time() - t_step)
         if (k + 1) % self.every == 0 or k + 1 == self.steps:
             self._save(d, f"state-{k + 1:06d}", self.state)
@@ -219,21 +210,6 @@ class _Stage:
         return tensor_bytes(self.state)
 
     # -- one step of this stage
-
-    def _entries(self, k: int, state: State, ios: Mapping[int, BlockIO] | None) -> list[BlockEntry]:
-        at_state = is_state_leaf(k, self.spec.segment, self.steps + 1)
-        out = []
-        for b in self.blocks:
-            names = self.groups[b]
-            p = part_digest(state, names, (PARAM,)) if at_state else ZERO
-            o = part_digest(state, names, (MOM1, MOM2)) if at_state else ZERO
-            e = self.ef[b] if at_state else ZERO
-            if ios is None:
-                out.append(BlockEntry(p, o, e))
-            else:
-                io = ios[b]
-                out.append(BlockEntry(p, o, e, tensor_digest(io.act), tensor_digest(io.grad_in), sq_bytes(io.sq)))
-        return out
 
     def _pipe(self, state: State, batch: Batch, watch: int | None) -> tuple[State, float, dict[int, BlockIO], Bound]:
         """This stage's share of one block-wise step (collective over the stages); ``watch``: a block whose boundaries to return."""

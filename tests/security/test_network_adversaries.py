@@ -28,9 +28,11 @@ from typing import Any
 import pytest
 
 from coordinator.build import VerifiedGlobals, build_global, passing_trainers
+from protocol import shard_audit
 from protocol.chain import Chain, Phase
 from protocol.digest import state_digest
-from protocol.formats import decode_manifest
+from protocol.leaf import block_count
+from protocol.model import preset
 from protocol.run import open_run
 from tests.fixtures.network import run_network
 from veriloco.netdemo import Control, DemoOptions
@@ -168,7 +170,8 @@ def test_a_planted_start_state_is_slashed_in_epoch_0(tmp_path: Path, monkeypatch
         seen["slashes"] = [(e.args["trainer"], e.args["epoch"], e.args["reason"])
                            for e in chain.events(["Slashed"], run_id=run_id)]
         seen["included0"] = set(passing_trainers(chain, run_id, 0))
-        seen["continued1"] = {ev.args["trainer"]: bool(decode_manifest(store.get(ev.args["manifestCid"])).previous)
+        seen["continued1"] = {ev.args["trainer"]: bool(shard_audit.decode_manifest(
+            store.get(ev.args["manifestCid"]), block_count(preset("tiny")), max_bytes=1 << 20).previous)
                               for ev in chain.events(["Responded"], run_id=run_id, epoch=1)}
 
     opts = DemoOptions(trainers=3, verifiers=2, quorum=1, epochs=2, steps=4, workdir=tmp_path / "demo", timeout_s=480)

@@ -40,11 +40,11 @@ from trainer.inner import (
 )
 
 
-def split_layers(n_layer: int, n_stages: int) -> list[range]:
-    """Contiguous block ranges per stage, the first stages taking one more when uneven."""
+def split_layers(n_layer: int, n_stages: int, unit: str = "layers") -> list[range]:
+    """Contiguous ranges of ``n_layer`` items per stage, the first stages taking one more when uneven."""
     if not 1 <= n_stages <= n_layer:
         raise TrainerError(
-            f"cannot split {n_layer} layers into {n_stages} stages; use 1..{n_layer} stages"
+            f"cannot split {n_layer} {unit} into {n_stages} stages; use 1..{n_layer} stages"
         )
     base, extra = divmod(n_layer, n_stages)
     out, start = [], 0

@@ -84,7 +84,13 @@ from trainer.inner import (
     section,
     squared_norm,
 )
-from trainer.pipeline import PipelineConfig, merge_states, pipeline_train_step, stage_state
+from trainer.pipeline import (
+    PipelineConfig,
+    merge_states,
+    pipeline_train_step,
+    split_layers,
+    stage_state,
+)
 from trainer.round import RoundSpec, start_state
 
 Bound = tuple[Tensor | None, Tensor | None]
@@ -94,15 +100,7 @@ TIMEOUT = timedelta(minutes=30)
 
 def stage_blocks(n_blocks: int, stages: int) -> list[range]:
     """Contiguous audit-block ranges per stage, the first stages taking one more when uneven."""
-    if not 1 <= stages <= n_blocks:
-        raise TrainerError(f"cannot split {n_blocks} audit blocks into {stages} stages; use 1..{n_blocks} stages")
-    base, extra = divmod(n_blocks, stages)
-    out, start = [], 0
-    for s in range(stages):
-        size = base + (1 if s < extra else 0)
-        out.append(range(start, start + size))
-        start += size
-    return out
+    return split_layers(n_blocks, stages, "audit blocks")
 
 
 def part(name: str, s: int) -> str:

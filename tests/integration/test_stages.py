@@ -145,6 +145,7 @@ def test_stages_started_by_torchrun_resume_a_crashed_epoch_to_the_same_leaves(ru
 
 
 def test_three_uneven_stages_of_a_llama_give_the_local_leaves(tmp_path: Path) -> None:
+    configure_determinism(1)  # the stages run one thread each; so must the local engine's compression
     cfg = preset("llama-tiny")
     spec = replace(SPEC, model=cfg, microbatches=1)
     g = init_params(cfg, 3)

@@ -3,6 +3,8 @@ from web3's formatter), the legacy fallback, the replacement bump and the operat
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from protocol import fees as f
@@ -111,3 +113,22 @@ def test_cap_lowers_the_max_fee_or_refuses_with_the_reason() -> None:
 )
 def test_node_rejections_are_classified(message: str, kind: str | None) -> None:
     assert _rejection(ValueError(message)) == kind
+
+
+def test_the_cap_setting_from_flag_or_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    import argparse
+
+    from veriloco.settings import SettingsError, add_connection_args, resolve
+
+    p = argparse.ArgumentParser()
+    add_connection_args(p)
+    monkeypatch.chdir(tmp_path)  # no devnet file
+    base = ["--rpc-url", "http://127.0.0.1:8545"]
+    assert resolve(p.parse_args(base), need_key=False, need_contract=False).max_fee_wei is None
+    assert resolve(p.parse_args([*base, "--max-fee-gwei", "2.5"]), need_key=False, need_contract=False).max_fee_wei == 2_500_000_000
+    monkeypatch.setenv("VERILOCO_MAX_FEE_GWEI", "40")
+    assert resolve(p.parse_args(base), need_key=False, need_contract=False).max_fee_wei == 40 * GWEI
+    assert resolve(p.parse_args([*base, "--max-fee-gwei", "7"]), need_key=False, need_contract=False).max_fee_wei == 7 * GWEI
+    for bad in ("abc", "0", "-3", "inf", "nan"):
+        with pytest.raises(SettingsError, match="not a positive number of gwei"):
+            resolve(p.parse_args([*base, "--max-fee-gwei", bad]), need_key=False, need_contract=False)

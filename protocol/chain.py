@@ -493,11 +493,14 @@ class _Sent:
         return ", ".join("0x" + h.hex() for h in self.hashes)
 
 
-def _receipt(w3: Web3, h: bytes) -> Any:
-    try:
-        return w3.eth.get_transaction_receipt(HexBytes(h))
-    except TransactionNotFound:
-        return None
+def _mined(w3: Web3, hashes: Sequence[bytes]) -> tuple[Any, bytes] | None:
+    """The receipt and hash of the first of `hashes` that is mined, or None."""
+    for h in hashes:
+        try:
+            return _rpc(lambda: w3.eth.get_transaction_receipt(HexBytes(h)), _where(w3)), h  # noqa: B023
+        except TransactionNotFound:
+            continue
+    return None
 
 
 def _await_mined(w3: Web3, account: LocalAccount | str, sent: _Sent, timeout: float, replace_after: float,
@@ -506,14 +509,12 @@ def _await_mined(w3: Web3, account: LocalAccount | str, sent: _Sent, timeout: fl
     `replace_after` seconds the same nonce is re-sent with bumped fees (fee history re-read), up to
     `max_replacements` times. Raises ChainError naming the nonce and hashes after `timeout` s, or at
     once if another transaction of this key took the nonce."""
-    where = _where(w3)
     start = time.monotonic()
     next_replace, replaced, pause = start + replace_after, 0, 0.05
     while True:
-        for h in sent.hashes:
-            receipt = _rpc(lambda h=h: _receipt(w3, h), where)
-            if receipt is not None:
-                return receipt, h
+        found = _mined(w3, sent.hashes)
+        if found is not None:
+            return found
         now = time.monotonic()
         if now - start >= timeout:
             raise ChainError(
@@ -523,9 +524,7 @@ def _await_mined(w3: Web3, account: LocalAccount | str, sent: _Sent, timeout: fl
         if sent.nonce is not None and sent.replaceable and replaced < max_replacements and now >= next_replace:
             replaced += 1
             next_replace = now + replace_after
-            if _replace(w3, account, sent, max_fee) == "nonce" and not any(
-                _rpc(lambda h=h: _receipt(w3, h), where) is not None for h in sent.hashes
-            ):
+            if _replace(w3, account, sent, max_fee) == "nonce" and _mined(w3, sent.hashes) is None:
                 raise ChainError(
                     f"{sent.what} did not happen: nonce {sent.nonce} of {_sender(account)} was used by another "
                     f"transaction (another process sending from this key?) while ours ({sent.shown()}) waited; "
@@ -559,7 +558,8 @@ def _replace(w3: Web3, account: LocalAccount | str, sent: _Sent, max_fee: int | 
         else:
             sent.replaceable, sent.note = False, f" (a replacement was refused: {exc})"
         return kind
-    sent.hashes.append(h)
+    if h not in sent.hashes:
+        sent.hashes.append(h)
     sent.fees = fees
     return None
 
@@ -740,9 +740,11 @@ class Chain:
         the node's pending count when unknown) and fees from the fee history; a nonce the node says
         is used (another process with this key) is re-read, an underpriced offer is raised, and only
         an accepted transaction advances the counter, once."""
-        if isinstance(self.account, str):  # the node signs and prices
+        account = self.account
+        assert account is not None
+        if isinstance(account, str):  # the node signs and prices
             built = _rpc(lambda: dict(fn.build_transaction(tx)), self.where)
-            return _Sent(fn_name, None, built, None, [_rpc(lambda: _send_raw(self.w3, self.account, built), self.where)])
+            return _Sent(fn_name, None, built, None, [_rpc(lambda: _send_raw(self.w3, account, built), self.where)])
         floor: Fees | None = None
         last: Exception | None = None
         for _ in range(4):
@@ -753,7 +755,7 @@ class Chain:
             fields = {**tx, "chainId": self.chain_id, "nonce": self._nonce, **fees.tx_fields()}
             built = _rpc(lambda f=fields: dict(fn.build_transaction(f)), self.where)  # type: ignore[misc]
             try:
-                h = _rpc(lambda b=built: _send_raw(self.w3, self.account, b), self.where)  # type: ignore[misc,arg-type]
+                h = _rpc(lambda b=built: _send_raw(self.w3, account, b), self.where)  # type: ignore[misc]
             except ChainError:
                 raise
             except Exception as exc:

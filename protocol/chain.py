@@ -4,6 +4,8 @@ Nodes get a `Chain` object and never touch web3 themselves. The client
 - checks the chain id and that the address holds exactly the committed contract build;
 - manages nonces (local signing keys) or lets the node sign (unlocked accounts), estimates gas,
   waits for receipts;
+- prices locally signed transactions from the node's fee history and re-sends one that is not
+  mined in time with the same nonce and higher fees (protocol.fees; docs/real-chain.md);
 - turns every revert into the Python exception named after the contract's custom error, with its
   arguments (see protocol.chain_errors), and transport failures into ChainUnavailable;
 - streams events by polling `eth_getLogs` with a block cursor, so a dropped connection only delays
@@ -310,12 +312,8 @@ def _rpc(call: Callable[[], _T], where: str) -> _T:
         return call()
     except ChainError:
         raise
-    except (ConnectionError, OSError, TimeoutError) as exc:
-        raise ChainUnavailable(
-            f"cannot reach the chain at {where}: {exc}; is the node running (`veriloco devnet`) and the URL right?"
-        ) from exc
     except Exception as exc:
-        if type(exc).__module__.startswith(("requests", "urllib3", "aiohttp")) or "ConnectionError" in type(exc).__name__:
+        if _is_transport(exc):
             raise ChainUnavailable(
                 f"cannot reach the chain at {where}: {exc}; is the node running (`veriloco devnet`) and the URL right?"
             ) from exc
@@ -517,8 +515,9 @@ def _await_mined(w3: Web3, account: LocalAccount | str, sent: _Sent, timeout: fl
             return found
         now = time.monotonic()
         if now - start >= timeout:
+            nonce = "" if sent.nonce is None else f"nonce {sent.nonce}, "
             raise ChainError(
-                f"{sent.what} (nonce {sent.nonce}, sent as {sent.shown()}) was not mined within {timeout:.0f} s"
+                f"{sent.what} ({nonce}sent as {sent.shown()}) was not mined within {timeout:.0f} s"
                 f"{sent.note}; is the node mining? On a busy chain raise the fee cap or the receipt timeout"
             )
         if sent.nonce is not None and sent.replaceable and replaced < max_replacements and now >= next_replace:

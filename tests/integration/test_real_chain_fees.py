@@ -149,3 +149,17 @@ def test_a_pending_transaction_displaced_by_another_process_says_so(net: AnvilNe
     rpc(net, "evm_setAutomine", True)
     res = c.fund_run(run_id, 1)  # resynchronised: the next call goes through
     assert sent_tx(net, res)["nonce"] == int(mine["nonce"], 16) + 1
+
+
+def test_a_transaction_never_mined_names_its_nonce_and_hashes(net: AnvilNet, key: LocalAccount) -> None:
+    """Blocks stop (automine off, nothing mines): after the receipt timeout the call fails with the
+    nonce and every hash it sent, the replacements included, and the next call re-reads the nonce."""
+    c, run_id = signer(net, key, receipt_timeout=2.5, replace_after_s=0.5, max_replacements=2)
+    nonce = net.w3.eth.get_transaction_count(key.address)
+    rpc(net, "evm_setAutomine", False)
+    with pytest.raises(ce.ChainError, match=rf"fundRun \(nonce {nonce}, sent as 0x\w+, 0x\w+, 0x\w+\) was not mined within 2 s"):
+        c.fund_run(run_id, 1)
+    assert c._nonce is None  # resynchronised on the next call
+    rpc(net, "evm_mine")  # the last replacement is what the pool kept
+    rpc(net, "evm_setAutomine", True)
+    assert sent_tx(net, c.fund_run(run_id, 1))["nonce"] == nonce + 1

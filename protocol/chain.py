@@ -4,6 +4,8 @@ Nodes get a `Chain` object and never touch web3 themselves. The client
 - checks the chain id and that the address holds exactly the committed contract build;
 - manages nonces (local signing keys) or lets the node sign (unlocked accounts), estimates gas,
   waits for receipts;
+- prices locally signed transactions from the node's fee history and re-sends one that is not
+  mined in time with the same nonce and higher fees (protocol.fees; docs/real-chain.md);
 - turns every revert into the Python exception named after the contract's custom error, with its
   arguments (see protocol.chain_errors), and transport failures into ChainUnavailable;
 - streams events by polling `eth_getLogs` with a block cursor, so a dropped connection only delays
@@ -35,7 +37,7 @@ from eth_account.signers.local import LocalAccount
 from eth_utils import function_abi_to_4byte_selector, keccak, to_checksum_address
 from hexbytes import HexBytes
 from web3 import HTTPProvider, Web3
-from web3.exceptions import TimeExhausted
+from web3.exceptions import TransactionNotFound
 
 from protocol.chain_audit import (
     AuditResponse,
@@ -62,6 +64,10 @@ from protocol.chain_errors import (
     WrongChain,
     WrongContract,
 )
+from protocol.fees import FeeCapExceeded, Fees
+from protocol.fees import cap as cap_fees
+from protocol.fees import from_history as fees_from_history
+from protocol.fees import replacement as fee_replacement
 from protocol.types import Address, Cid, Digest, RunId, Wei
 
 __all__ = [
@@ -294,18 +300,20 @@ def _where(w3: Web3) -> str:
     return str(uri) if uri else type(w3.provider).__name__
 
 
+def _is_transport(exc: BaseException) -> bool:
+    return isinstance(exc, (ConnectionError, OSError, TimeoutError)) or (
+        type(exc).__module__.startswith(("requests", "urllib3", "aiohttp")) or "ConnectionError" in type(exc).__name__
+    )
+
+
 def _rpc(call: Callable[[], _T], where: str) -> _T:
     """Run one RPC call; transport failures become ChainUnavailable with a hint."""
     try:
         return call()
     except ChainError:
         raise
-    except (ConnectionError, OSError, TimeoutError) as exc:
-        raise ChainUnavailable(
-            f"cannot reach the chain at {where}: {exc}; is the node running (`veriloco devnet`) and the URL right?"
-        ) from exc
     except Exception as exc:
-        if type(exc).__module__.startswith(("requests", "urllib3", "aiohttp")) or "ConnectionError" in type(exc).__name__:
+        if _is_transport(exc):
             raise ChainUnavailable(
                 f"cannot reach the chain at {where}: {exc}; is the node running (`veriloco devnet`) and the URL right?"
             ) from exc
@@ -414,11 +422,151 @@ def _send_raw(w3: Web3, account: LocalAccount | str, tx: dict[str, Any]) -> byte
     if isinstance(account, str):
         return bytes(w3.eth.send_transaction(tx))  # type: ignore[arg-type]
     signed = account.sign_transaction(tx)
-    return bytes(w3.eth.send_raw_transaction(signed.raw_transaction))
+    try:
+        return bytes(w3.eth.send_raw_transaction(signed.raw_transaction))
+    except Exception as exc:
+        if _rejection(exc) == "known":  # this very transaction is already in the node's pool: sent
+            return bytes(signed.hash)
+        raise
 
 
-def deploy(w3: Web3, account: LocalAccount | str, timeout: float = 120.0) -> Address:
-    """Deploy the committed Veriloco build from `account`; returns the contract address."""
+# How nodes word a rejected transaction (geth, anvil, eth-tester), and what it asks the sender to do.
+_NONCE = ("nonce too low", "invalid transaction nonce", "nonce has already been used", "oldnonce")
+_KNOWN = ("already known", "already imported", "known transaction", "alreadyknown")
+_UNDERPRICED = ("underpriced", "less than block base fee", "fee cap less than", "max fee per gas less than")
+FEE_BLOCKS, FEE_PERCENTILE = 10, 50.0  # fee history window and the reward percentile whose median is the tip
+
+
+def _rejection(exc: BaseException) -> str | None:
+    """'nonce' (the nonce is used: resync), 'known' (already in the pool: sent), 'underpriced'
+    (offer more), or None for anything else."""
+    text = str(exc).lower()
+    for kind, words in (("known", _KNOWN), ("nonce", _NONCE), ("underpriced", _UNDERPRICED)):
+        if any(w in text for w in words):
+            return kind
+    return None
+
+
+def suggest_fees(w3: Web3, max_fee: int | None = None) -> Fees:
+    """Fees for the next transaction from the node's fee history (protocol.fees), capped at
+    `max_fee` wei per gas; legacy gasPrice where the node has no fee history."""
+    where = _where(w3)
+
+    def history() -> Any:
+        try:
+            return dict(w3.eth.fee_history(FEE_BLOCKS, "latest", [FEE_PERCENTILE]))
+        except Exception as exc:
+            if _is_transport(exc):
+                raise
+            return None
+
+    fees = _rpc(lambda: fees_from_history(
+        history(),
+        fallback_priority=lambda: int(w3.eth.max_priority_fee),
+        gas_price=lambda: int(w3.eth.gas_price),
+    ), where)
+    return cap_fees(fees, max_fee)
+
+
+@dataclass
+class _Sent:
+    """One logical transaction on its way: its nonce, the unsigned fields, the latest fees, and every
+    hash sent for it (the original and its replacements; any of them may be the one mined)."""
+
+    what: str
+    nonce: int | None  # None: the node signed it (no replacement)
+    tx: dict[str, Any]
+    fees: Fees | None
+    hashes: list[bytes]
+    replaceable: bool = True
+    note: str = ""
+
+    def fee_fields(self, fees: Fees) -> dict[str, Any]:
+        tx = {k: v for k, v in self.tx.items() if k not in ("gasPrice", "maxFeePerGas", "maxPriorityFeePerGas")}
+        if fees.legacy:
+            tx.pop("type", None)
+        return {**tx, **fees.tx_fields()}
+
+    def shown(self) -> str:
+        return ", ".join("0x" + h.hex() for h in self.hashes)
+
+
+def _mined(w3: Web3, hashes: Sequence[bytes]) -> tuple[Any, bytes] | None:
+    """The receipt and hash of the first of `hashes` that is mined, or None."""
+    for h in hashes:
+        try:
+            return _rpc(lambda: w3.eth.get_transaction_receipt(HexBytes(h)), _where(w3)), h  # noqa: B023
+        except TransactionNotFound:
+            continue
+    return None
+
+
+def _await_mined(w3: Web3, account: LocalAccount | str, sent: _Sent, timeout: float, replace_after: float,
+                 max_replacements: int, max_fee: int | None) -> tuple[Any, bytes]:
+    """The receipt of whichever of `sent`'s hashes is mined, and that hash. While none is, after each
+    `replace_after` seconds the same nonce is re-sent with bumped fees (fee history re-read), up to
+    `max_replacements` times. Raises ChainError naming the nonce and hashes after `timeout` s, or at
+    once if another transaction of this key took the nonce."""
+    start = time.monotonic()
+    next_replace, replaced, pause = start + replace_after, 0, 0.05
+    while True:
+        found = _mined(w3, sent.hashes)
+        if found is not None:
+            return found
+        now = time.monotonic()
+        if now - start >= timeout:
+            nonce = "" if sent.nonce is None else f"nonce {sent.nonce}, "
+            raise ChainError(
+                f"{sent.what} ({nonce}sent as {sent.shown()}) was not mined within {timeout:.0f} s"
+                f"{sent.note}; is the node mining? On a busy chain raise the fee cap or the receipt timeout"
+            )
+        if sent.nonce is not None and sent.replaceable and replaced < max_replacements and now >= next_replace:
+            replaced += 1
+            next_replace = now + replace_after
+            if _replace(w3, account, sent, max_fee) == "nonce" and _mined(w3, sent.hashes) is None:
+                raise ChainError(
+                    f"{sent.what} did not happen: nonce {sent.nonce} of {_sender(account)} was used by another "
+                    f"transaction (another process sending from this key?) while ours ({sent.shown()}) waited; "
+                    "run it again"
+                )
+        time.sleep(pause)
+        pause = min(pause * 1.5, 1.0)
+
+
+def _replace(w3: Web3, account: LocalAccount | str, sent: _Sent, max_fee: int | None) -> str | None:
+    """Re-send `sent` with the same nonce and higher fees; returns the node's rejection kind, if any."""
+    assert sent.fees is not None
+    try:
+        fees = cap_fees(fee_replacement(sent.fees, suggest_fees(w3)), max_fee)
+    except FeeCapExceeded as exc:
+        sent.replaceable, sent.note = False, f" (not replaced: {exc})"
+        return None
+    if fees.max_fee <= sent.fees.max_fee:  # the cap leaves no room for a higher offer
+        sent.replaceable, sent.note = False, f" (not replaced: at the max fee, {fees.describe()})"
+        return None
+    try:
+        h = _rpc(lambda: _send_raw(w3, account, sent.fee_fields(fees)), _where(w3))
+    except ChainUnavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - classified below; the original may still be mined
+        kind = _rejection(exc)
+        if kind == "underpriced":
+            sent.fees = fees  # the next replacement bumps from here
+        elif kind == "nonce":  # mined: ours (its receipt is found next) or someone else's
+            sent.replaceable = False
+        else:
+            sent.replaceable, sent.note = False, f" (a replacement was refused: {exc})"
+        return kind
+    if h not in sent.hashes:
+        sent.hashes.append(h)
+    sent.fees = fees
+    return None
+
+
+def deploy(w3: Web3, account: LocalAccount | str, timeout: float = 120.0, *, max_fee: int | None = None) -> Address:
+    """Deploy the committed Veriloco build from `account`; returns the contract address. A local key
+    pays fees from the node's fee history (capped at `max_fee` wei per gas) and a deployment stuck for
+    a quarter of `timeout` is re-sent with higher fees, as Chain does for its transactions."""
     art = artifact()
     factory = w3.eth.contract(abi=art["abi"], bytecode=art["bytecode"])
     account = as_account(account)  # type: ignore[assignment]
@@ -427,13 +575,17 @@ def deploy(w3: Web3, account: LocalAccount | str, timeout: float = 120.0) -> Add
 
     def go() -> Address:
         tx: dict[str, Any] = {"from": sender}
+        fees = None
         if not isinstance(account, str):
             tx["nonce"] = w3.eth.get_transaction_count(to_checksum_address(sender), "pending")
+            fees = suggest_fees(w3, max_fee)
+            tx.update(fees.tx_fields())
         gas = factory.constructor().estimate_gas({"from": sender})
         tx["gas"] = min(int(gas * 1.2) + 50_000, _block_gas_limit(w3))
-        built = factory.constructor().build_transaction(tx)  # type: ignore[arg-type]
-        h = _send_raw(w3, account, dict(built))
-        receipt = w3.eth.wait_for_transaction_receipt(HexBytes(h), timeout=timeout, poll_latency=0.05)
+        built = dict(factory.constructor().build_transaction(tx))  # type: ignore[arg-type]
+        h = _send_raw(w3, account, built)
+        sent = _Sent("deployment", tx.get("nonce"), built, fees, [h])
+        receipt, h = _await_mined(w3, account, sent, timeout, timeout / 4, 3, max_fee)
         created = receipt.get("contractAddress")
         if receipt["status"] != 1 or not created:
             raise TransactionFailed(f"deployment transaction 0x{h.hex()} failed")
@@ -472,6 +624,9 @@ class Chain:
         *,
         chain_id: int | None = None,
         receipt_timeout: float = 120.0,
+        replace_after_s: float | None = None,
+        max_replacements: int = 3,
+        max_fee: int | None = None,
     ) -> None:
         self.w3 = connect(w3)
         self.where = _where(self.w3)
@@ -503,6 +658,11 @@ class Chain:
         self.account = as_account(account)
         self.sender: Address | None = _sender(self.account) if self.account is not None else None
         self.receipt_timeout = receipt_timeout
+        # a locally signed transaction not mined after replace_after_s is re-sent with the same nonce
+        # and higher fees, up to max_replacements times; max_fee caps what any of them offers (wei/gas)
+        self.replace_after_s = receipt_timeout / 4 if replace_after_s is None else replace_after_s
+        self.max_replacements = max_replacements
+        self.max_fee = max_fee
         self._nonce: int | None = None
         self._lock = threading.Lock()
         self._events_by_topic = {
@@ -542,13 +702,8 @@ class Chain:
                 raise err from exc
             tx = dict(base)
             tx["gas"] = int(gas * 1.25) + 30_000
-            if not isinstance(self.account, str):
-                if self._nonce is None:
-                    self._nonce = int(_rpc(lambda: self.w3.eth.get_transaction_count(self.sender, "pending"), self.where))  # type: ignore[arg-type]
-                tx["nonce"] = self._nonce
             try:
-                built = _rpc(lambda: dict(fn.build_transaction(tx)), self.where)  # type: ignore[arg-type]
-                h = _rpc(lambda: _send_raw(self.w3, self.account, built), self.where)  # type: ignore[arg-type]
+                sent = self._send(fn_name, fn, tx)
             except Exception as exc:
                 self._nonce = None  # resynchronise from the node next time
                 if isinstance(exc, ChainError):
@@ -557,24 +712,16 @@ class Chain:
                 if err is None:
                     raise ChainError(f"{fn_name} could not be sent: {exc}") from exc
                 raise err from exc
-            if self._nonce is not None:
-                self._nonce += 1
         try:
-            receipt = _rpc(
-                lambda: self.w3.eth.wait_for_transaction_receipt(h, timeout=self.receipt_timeout, poll_latency=0.05),  # type: ignore[arg-type]
-                self.where,
-            )
-        except (ChainUnavailable, TimeExhausted) as exc:
+            receipt, h = _await_mined(self.w3, self.account, sent, self.receipt_timeout, self.replace_after_s,
+                                      self.max_replacements, self.max_fee)
+        except ChainError:
             # The node may have lost the transaction (a devnet restarted from an older dump, a
-            # dropped mempool): re-read the nonce next time instead of leaving a gap that stalls
-            # every later transaction of this key.
+            # dropped mempool) or another process took the nonce: re-read the nonce next time
+            # instead of leaving a gap that stalls every later transaction of this key.
             with self._lock:
                 self._nonce = None
-            if isinstance(exc, ChainUnavailable):
-                raise
-            raise ChainError(
-                f"{fn_name} transaction 0x{h.hex()} was not mined within {self.receipt_timeout:.0f} s; is the node mining?"
-            ) from exc
+            raise
         if receipt["status"] != 1:
             # replay at the parent state to recover the revert reason
             try:
@@ -586,6 +733,44 @@ class Chain:
             raise TransactionFailed(f"{fn_name} transaction 0x{h.hex()} reverted (gas used {receipt['gasUsed']})")
         events = tuple(e for e in (self._decode_log(lg) for lg in receipt["logs"]) if e is not None)
         return TxResult("0x" + bytes(h).hex(), int(receipt["blockNumber"]), int(receipt["gasUsed"]), events)
+
+    def _send(self, fn_name: str, fn: Any, tx: dict[str, Any]) -> _Sent:
+        """Send under the lock. A local key takes the next nonce from the local counter (read from
+        the node's pending count when unknown) and fees from the fee history; a nonce the node says
+        is used (another process with this key) is re-read, an underpriced offer is raised, and only
+        an accepted transaction advances the counter, once."""
+        account = self.account
+        assert account is not None
+        if isinstance(account, str):  # the node signs and prices
+            built = _rpc(lambda: dict(fn.build_transaction(tx)), self.where)
+            return _Sent(fn_name, None, built, None, [_rpc(lambda: _send_raw(self.w3, account, built), self.where)])
+        floor: Fees | None = None
+        last: Exception | None = None
+        for _ in range(4):
+            if self._nonce is None:
+                self._nonce = int(_rpc(lambda: self.w3.eth.get_transaction_count(self.sender, "pending"), self.where))  # type: ignore[arg-type]
+            fees = suggest_fees(self.w3)
+            fees = cap_fees(fees if floor is None else fee_replacement(floor, fees), self.max_fee)
+            fields = {**tx, "chainId": self.chain_id, "nonce": self._nonce, **fees.tx_fields()}
+            built = _rpc(lambda f=fields: dict(fn.build_transaction(f)), self.where)  # type: ignore[misc]
+            try:
+                h = _rpc(lambda b=built: _send_raw(self.w3, account, b), self.where)  # type: ignore[misc]
+            except ChainError:
+                raise
+            except Exception as exc:
+                kind, last = _rejection(exc), exc
+                if kind == "nonce" or (kind == "underpriced" and "replacement" in str(exc).lower()):
+                    self._nonce = None  # taken by another transaction of this key: re-read, send again
+                elif kind == "underpriced":
+                    floor = fees
+                else:
+                    raise
+                continue
+            sent = _Sent(fn_name, self._nonce, built, fees, [h])
+            self._nonce += 1
+            return sent
+        raise ChainError(f"{fn_name} could not be sent from {self.sender}: the node kept refusing it ({last}); "
+                         "is another process sending from this key?")
 
     def _decode_log(self, log: Any) -> ChainEvent | None:
         if to_checksum_address(log["address"]) != self.address or not log["topics"]:

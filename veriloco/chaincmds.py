@@ -69,7 +69,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     s = resolve(args, need_key=True, need_contract=False)
     w3 = connect(s.rpc_url)
     account = Account.from_key(s.key)
-    address = deploy(w3, account)
+    address = deploy(w3, account, max_fee=s.max_fee_wei)
     if args.json:
         print(json.dumps({"contract": address, "chain_id": int(w3.eth.chain_id), "rpc_url": s.rpc_url,
                           "deployer": account.address}))
@@ -85,7 +85,7 @@ def cmd_run_create(args: argparse.Namespace) -> int:
 
     s = resolve(args, need_key=True, need_contract=True)
     cfg = load_toml(args.config)
-    chain = Chain(s.rpc_url, str(s.contract), Account.from_key(s.key))
+    chain = Chain(s.rpc_url, str(s.contract), Account.from_key(s.key), max_fee=s.max_fee_wei)
     print("publishing the run's corpus, initial model and config, then creating it ...", file=sys.stderr, flush=True)
     own = load_corpus_dir(args.corpus) if args.corpus else None  # users' own data, published with the run
     run_id, _ = publish_run(chain, open_store(s), cfg, coordinator=args.coordinator, corpus=own.corpus if own else None,

@@ -40,7 +40,7 @@ def _at(ts: int, now: int) -> str:
 
 def _chain(args: argparse.Namespace) -> Chain:
     s = resolve(args, need_key=True, need_contract=True)
-    chain = Chain(s.rpc_url, str(s.contract), Account.from_key(s.key))
+    chain = Chain(s.rpc_url, str(s.contract), Account.from_key(s.key), max_fee=s.max_fee_wei)
     if getattr(args, "run", None) is not None:
         check_run(chain, args.run)
     return chain

@@ -30,7 +30,7 @@ def json_logger(node: str, stream: Any = None) -> Callable[..., None]:
 def open_chain(s: Settings, run: int | None = None) -> Chain:
     """The node's Chain; with `run`, checked to be one of the contract's runs before anything else happens."""
     assert s.contract is not None
-    chain = Chain(s.rpc_url, s.contract, Account.from_key(s.key) if s.key else None)
+    chain = Chain(s.rpc_url, s.contract, Account.from_key(s.key) if s.key else None, max_fee=s.max_fee_wei)
     if run is not None:
         check_run(chain, run)
     return chain

@@ -33,6 +33,7 @@ class Settings:
     store_dir: Path
     ipfs_api: str
     workdir: Path
+    max_fee_wei: int | None = None  # no transaction offers more per gas (--max-fee-gwei); None: no cap
 
 
 def add_connection_args(p: argparse.ArgumentParser, *, workdir: bool = False) -> None:
@@ -48,6 +49,8 @@ def add_connection_args(p: argparse.ArgumentParser, *, workdir: bool = False) ->
     g.add_argument("--store", choices=["local", "ipfs"], help="content store backend ($VERILOCO_STORE)")
     g.add_argument("--store-dir", type=Path, help="LocalStore directory ($VERILOCO_STORE_DIR)")
     g.add_argument("--ipfs-api", help="Kubo RPC API multiaddr of your IPFS node ($VERILOCO_IPFS_API)")
+    g.add_argument("--max-fee-gwei", help="never offer more than this max fee per gas, in gwei; refuse to send while "
+                   "the chain's price is above it ($VERILOCO_MAX_FEE_GWEI; docs/real-chain.md)")
     if workdir:
         g.add_argument("--workdir", type=Path, help="node-local checkpoints and logs ($VERILOCO_WORKDIR)")
 
@@ -125,6 +128,19 @@ def check_contract(address: str) -> str:
     return str(to_checksum_address(address))
 
 
+def max_fee_wei(text: str | None) -> int | None:
+    """--max-fee-gwei / VERILOCO_MAX_FEE_GWEI in wei per gas (None: no cap), or SettingsError."""
+    if text is None or str(text).strip() == "":
+        return None
+    try:
+        gwei = float(text)
+    except ValueError:
+        gwei = float("nan")
+    if not gwei > 0 or gwei == float("inf"):
+        raise SettingsError(f"max fee {text!r} is not a positive number of gwei; e.g. --max-fee-gwei 50")
+    return int(gwei * 10**9)
+
+
 def resolve(args: argparse.Namespace, *, need_key: bool = True, need_contract: bool = True) -> Settings:
     """Combine flags, environment and devnet file into Settings, naming whatever is missing."""
     env = os.environ.get
@@ -168,7 +184,8 @@ def resolve(args: argparse.Namespace, *, need_key: bool = True, need_contract: b
     store_dir = Path(pick("store_dir", "VERILOCO_STORE_DIR", dev_store.get("path") or ".veriloco/store"))
     ipfs_api = pick("ipfs_api", "VERILOCO_IPFS_API", dev_store.get("api") or "/ip4/127.0.0.1/tcp/5001")
     workdir = Path(pick("workdir", "VERILOCO_WORKDIR", ".veriloco/node"))
-    return Settings(rpc_url, contract, key, store, store_dir, ipfs_api, workdir)
+    max_fee = max_fee_wei(pick("max_fee_gwei", "VERILOCO_MAX_FEE_GWEI", None))
+    return Settings(rpc_url, contract, key, store, store_dir, ipfs_api, workdir, max_fee)
 
 
 def open_store(s: Settings) -> Any:

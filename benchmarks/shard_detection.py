@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import sys
 import tempfile
@@ -57,7 +56,13 @@ from protocol.formats import load_state
 from protocol.leaf import block_count, block_names
 from protocol.model import init_params, n_params, param_shapes, preset
 from protocol.payload import wrap
-from protocol.shard_audit import challenge_spec, decode_manifest, encode_manifest, shard_challenges, transition_spec
+from protocol.shard_audit import (
+    challenge_spec,
+    decode_manifest,
+    encode_manifest,
+    shard_challenges,
+    transition_spec,
+)
 from protocol.store import LocalStore
 from protocol.types import Address
 from trainer.blockstep import blockwise_step
@@ -108,6 +113,10 @@ def over_epochs(p: float, epochs: int = EPOCHS) -> float:
 # ---------------------------------------------------------------- sampled over the real draws
 
 
+def _covered(chals: list[tuple[int, int, int]], steps: Any) -> bool:
+    return any(lo <= x < hi for lo, hi, _ in chals for x in steps)
+
+
 def sampled(h: int, s: int, r: int, blocks: int, seeds: int, f: float = F) -> dict[str, dict[str, float]]:
     """The same figures from protocol.chain_audit / protocol.shard_audit draws over `seeds` seeds; the
     forgery's place is drawn afresh per seed. 10-epoch figures use 10 consecutive seeds per run."""
@@ -122,10 +131,9 @@ def sampled(h: int, s: int, r: int, blocks: int, seeds: int, f: float = F) -> di
         first = rng.randrange(h // r - math.ceil(m / r) + 1) * r  # m consecutive steps from a segment start
         clustered = set(range(first, first + m))
         k, b = rng.randrange(h), rng.randrange(blocks)
-        covered = lambda steps: any(lo <= x < hi for lo, hi, _ in chals for x in steps)  # noqa: E731
-        caught["fake_fraction_spread"].append(covered(spread))
-        caught["fake_fraction_clustered"].append(covered(clustered))
-        caught["one_transition"].append(covered([k]))
+        caught["fake_fraction_spread"].append(_covered(chals, spread))
+        caught["fake_fraction_clustered"].append(_covered(chals, clustered))
+        caught["one_transition"].append(_covered(chals, [k]))
         caught["one_shard_or_boundary"].append(any(lo <= k < hi and blk == b for lo, hi, blk in chals))
     out = {}
     for name, hits in caught.items():
@@ -144,6 +152,11 @@ SPEC = RoundSpec(TINY, InnerConfig(lr=3e-3, warmup_steps=2, total_steps=50), Com
 CORPUS = Corpus(bytes((i * 7 + i // 13) % 251 for i in range(4096 * 24)))
 G0 = init_params(TINY, 0)
 FORGED_STEP, FORGED_BLOCK = 3, 1
+
+
+class _Store(LocalStore):
+    def fetcher(self) -> Any:
+        return lambda cid, spec: load_state(self.get(cid), expect=spec)
 
 
 class Forger(LocalEngine):
@@ -180,7 +193,7 @@ def real_checks(root: Path, s: int, seeds: int) -> dict[str, Any]:
                            "forged_step": FORGED_STEP, "forged_block": FORGED_BLOCK}
     for kind in ("transition", "shard", "boundary"):
         eng = type(f"Forger_{kind}", (Forger,), {"kind": kind})(SPEC, every=2)
-        store = LocalStore(root / kind / "store")
+        store = _Store(root / kind / "store")
         d = EpochDir(root / kind / "node", 0)
         leaves = [eng.begin(d, H_TINY, G0, None)]
         for k in range(H_TINY):
@@ -202,7 +215,7 @@ def real_checks(root: Path, s: int, seeds: int) -> dict[str, Any]:
             m = decode_manifest(encode_manifest(m, blocks), blocks, max_bytes=1 << 24)
             chained = Chained(root_, H_TINY + 1, seed, tuple(steps), 10_000, prev_revealed=False,
                               prev_root=bytes(32), prev_leaf_count=0)
-            findings = audit_findings(m, chained, lambda cid, spec: load_state(store.get(cid), expect=spec), SPEC,
+            findings = audit_findings(m, chained, store.fetcher(), SPEC,
                                       CORPUS, G0, pub, run_id=1, epoch=0, slot=SLOT, trainer=TRAINER, rank=RANK,
                                       prev_rank=RANK)
             caught = any(not f.passed for f in findings)

@@ -51,6 +51,9 @@ from veriloco.netdemo import DemoOptions, run_demo
 from veriloco.traffic import allreduce_bytes, compare, trainer_traffic
 
 AUDIT_STEPS, AUDIT_SEGMENT = 2, 8  # the deterrence policy: s x r = 16 replayed steps per challenge set
+# Trainers keep every 16th state (a `small` state is 174 MB: every 4th, the node's default, fills ~22 GB
+# per trainer at H = 256); answering an audit replays at most 15 steps from the last kept state.
+CHECKPOINT_EVERY = 16
 MODES = {"shard": "shard", "full_state": "state"}  # audit_mode -> the run config's audit.unit
 
 
@@ -203,7 +206,17 @@ def main() -> int:
     ap.add_argument("--modes", nargs="+", choices=sorted(MODES), default=["shard", "full_state"])
     ap.add_argument("--stages", type=int, default=1)
     ap.add_argument("--keep", type=Path, default=None, help="keep each scenario's demo directory (logs) under this folder")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None,
+                    help="write --out from these results files' scenarios (runs split across processes) and exit")
     args = ap.parse_args()
+    if args.merge:
+        parts = [json.loads(p.read_text()) for p in args.merge]
+        order = {"shard": 0, "full_state": 1}
+        runs = sorted((sc for part in parts for sc in part["scenarios"]), key=lambda sc: (sc["H"], order[sc["audit_mode"]]))
+        out = {"scenarios": runs, "commands": [part["command"] for part in parts], "machine": parts[0]["machine"]}
+        args.out.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+        print(markdown(runs))
+        return 0
     name = args.preset or ("tiny" if args.quick else "small")
     hs = args.steps or ([8, 16] if args.quick else [64, 256])
     runs: list[dict[str, Any]] = []
@@ -212,7 +225,8 @@ def main() -> int:
             # windows long enough for an epoch of steps; the contract advances as soon as everyone has acted
             opts = DemoOptions(trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=name,
                                steps=h, workdir=(args.keep / f"{name}-h{h}-{mode}") if args.keep else Path(tmp),
-                               stages=args.stages, audit=MODES[mode], windows_s=3600, timeout_s=6 * 3600)
+                               stages=args.stages, audit=MODES[mode], windows_s=3600, timeout_s=6 * 3600,
+                               checkpoint_every=CHECKPOINT_EVERY)
             r = measure(opts, mode)
         runs.append(r)
         print(f"{name} H={h} {mode}: done in {r['wall_seconds']} s", file=sys.stderr, flush=True)

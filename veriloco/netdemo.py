@@ -74,6 +74,7 @@ class DemoOptions:
     node_dir: Path | None = None  # the nodes' --workdir; default workdir/nodes, emptied by each demo
     corpus: Path | None = None  # a corpus directory (veriloco data prepare|import); None: the stdlib bytes
     audit: str = "shard"  # "shard": one block of a segment per challenge; "state": whole states (docs/protocol.md §5)
+    checkpoint_every: int = 4  # trainers keep every N-th state (disk: a `small` state is 174 MB)
 
     @property
     def audit_unit(self) -> str:
@@ -153,6 +154,8 @@ def _spawn(role: str, index: int, account: int, devnet_file: Path, run_id: int, 
         cmd += ["--cheat", cheat]
     if role == "trainer" and opts.stages > 1:
         cmd += ["--stages", str(opts.stages)]
+    if role == "trainer" and opts.checkpoint_every != 4:
+        cmd += ["--checkpoint-every", str(opts.checkpoint_every)]
     return NodeProc(role, index, account, address, log_path, cmd, _popen(cmd, log_path), cheat)
 
 

@@ -282,6 +282,31 @@ def gains(p: dict[str, float], stake: int, slash_bps: int, reward: int, final_p:
     return out
 
 
+def markdown(section: dict[str, Any]) -> str:
+    """The detection table (per epoch / 10 epochs; closed form, then sampled) and the gains table."""
+    names = {"fake_fraction_spread": "(a) 10% faked, spread", "fake_fraction_clustered": "(a) 10% faked, clustered",
+             "one_transition": "(b) one transition", "one_shard_or_boundary": "(c) one shard or boundary"}
+    rows = ["| s x r | H | " + " | ".join(names.values()) + " | verifier block-steps / trainer's | shard files / trainer / epoch |",
+            "|---|---:|" + "---:|" * (len(names) + 2)]
+    for p in section["policies"]:
+        cells = [f"{p['analytic'][k]['per_epoch']:.3f} / {p['analytic'][k][f'{EPOCHS}_epochs']:.3f} "
+                 f"({p['sampled'][k]['per_epoch']:.3f} / {p['sampled'][k][f'{EPOCHS}_epochs']:.3f})" for k in names]
+        rows.append(f"| {p['s']} x {p['r']} | {p['H']} | " + " | ".join(cells) +
+                    f" | {p['cost']['verifier_block_steps_over_trainer_block_steps']:.3f} | "
+                    f"{p['cost']['audit_bytes_per_trainer_epoch'] / 1e6:.0f} MB |")
+    g = section["expected_gain"]
+    rows += ["", (f"Stake S = {g['stake_wei'] / 1e18:g} ETH, slash b = {g['slash_bps'] / 10_000:g}, reward R = "
+             f"{g['trainer_reward_wei'] / 1e18:g} ETH per epoch (the demo's), s = 2, r = 8; W in units of the "
+             "epoch's honest work C:"), "",
+             "| cheat | H | W / C | p caught per epoch | expected loss p (bS + R) | gain at C = R | pays only if C > |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for h, table in g["by_H"].items():
+        for r in table:
+            rows.append(f"| {r['cheat']} | {h} | {r['work_saved_W_over_C']:g} | {r['p_caught_per_epoch']:.3f} | "
+                        f"{r['expected_loss_eth']:.4f} ETH | {r['gain_eth_at_C_eq_R']:.4f} ETH | {r['break_even_C_eth']:.3f} ETH |")
+    return "\n".join(rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -341,7 +366,8 @@ def main() -> int:
     data = json.loads(args.out.read_text()) if args.out.exists() else {}
     data["shard_policy"] = section
     args.out.write_text(json.dumps(data, indent=1) + "\n")
-    print(json.dumps({"real_checks": real, "expected_gain": gain_tables}, indent=1))
+    print(json.dumps({"real_checks": real}, indent=1))
+    print(markdown(section))
     return 0
 
 

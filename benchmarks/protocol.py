@@ -206,6 +206,9 @@ def main() -> int:
     ap.add_argument("--modes", nargs="+", choices=sorted(MODES), default=["shard", "full_state"])
     ap.add_argument("--stages", type=int, default=1)
     ap.add_argument("--keep", type=Path, default=None, help="keep each scenario's demo directory (logs) under this folder")
+    ap.add_argument("--analyze", type=Path, default=None,
+                    help="analyze a kept scenario directory (--keep) again, one --steps and --modes; without its "
+                         "bench-summary.json (a run stopped once its nodes were done) eval loss and gas come from the logs")
     ap.add_argument("--merge", type=Path, nargs="+", default=None,
                     help="write --out from these results files' scenarios (runs split across processes) and exit")
     args = ap.parse_args()
@@ -219,6 +222,22 @@ def main() -> int:
         return 0
     name = args.preset or ("tiny" if args.quick else "small")
     hs = args.steps or ([8, 16] if args.quick else [64, 256])
+    if args.analyze:
+        opts = DemoOptions(trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=name,
+                           steps=hs[0], workdir=args.analyze, stages=args.stages, audit=MODES[args.modes[0]])
+        saved = args.analyze / "bench-summary.json"
+        if saved.exists():
+            summary = json.loads(saved.read_text())
+        else:
+            fin = [ev for ev in _events(args.analyze / "logs" / "coordinator0.jsonl") if ev["event"] == "finalized"]
+            summary = {"epochs_finalized": len(fin), "initial_eval_loss": None,
+                       "final_eval_loss": fin[-1].get("eval_loss") if fin else None, "gas_used": None}
+        r = analyze(opts, args.modes[0], summary)
+        args.out.write_text(json.dumps({"scenarios": [r], "command": " ".join(["benchmarks/protocol.py", *sys.argv[1:]]),
+                                        "machine": {"cpus": os.cpu_count(), "load_average": os.getloadavg()}},
+                                       indent=1, sort_keys=True) + "\n")
+        print(markdown([r]))
+        return 0
     runs: list[dict[str, Any]] = []
     for h, mode in itertools.product(hs, args.modes):
         with tempfile.TemporaryDirectory(prefix="veriloco-bench-") as tmp:

@@ -661,6 +661,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     r = run(args.quick, n, log)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.out.exists() and "shard_policy" in (old := json.loads(args.out.read_text())):
+        r["shard_policy"] = old["shard_policy"]  # benchmarks/shard_detection.py's section, kept
     args.out.write_text(json.dumps(r, indent=1) + "\n")
     print(markdown(r))
     return 0

@@ -308,13 +308,15 @@ class TrainerNode:
                             digests=[x.hex() for x in digests], losses=[])
         t0 = time.monotonic()
         compute_s = digest_s = 0.0
+        step_wall_s = 0.0  # wall seconds inside steps and their commitments; the rest of a trainer's time is the protocol's
         for k in range(k0, steps):
-            t = time.process_time()  # CPU seconds: what the work costs, not how long the machine was shared
+            w, t = time.monotonic(), time.process_time()  # CPU seconds: what the work costs, not how long the machine was shared
             state, loss = self.behaviour.step(self, state, e, k)
             t_step = time.process_time()
             digests.append(state_digest(state))
             compute_s += t_step - t
             digest_s += time.process_time() - t_step
+            step_wall_s += time.monotonic() - w
             losses.append(loss)
             if (k + 1) % self.every == 0 or k + 1 == steps:
                 d.save_step(k + 1, state)
@@ -328,6 +330,7 @@ class TrainerNode:
         d.update(status=TRAINED, digests=[x.hex() for x in digests], losses=losses)
         self.log("trained", epoch=e, steps=steps, rank=rank, loss=round(sum(losses[-4:]) / max(1, len(losses[-4:])), 4),
                  seconds=round(time.monotonic() - t0, 2), compute_s=round(compute_s, 3), digest_s=round(digest_s, 3),
+                 step_wall_s=round(step_wall_s, 3),
                  payload_bytes=final.stats.payload_bytes, dense_bytes=final.stats.dense_bytes,
                  base_epoch=meta.get("base_epoch"), base_digest=meta.get("base_digest"), **self.traffic())
 
@@ -347,9 +350,11 @@ class TrainerNode:
             meta = d.update(status=TRAINING, rank=rank, steps=steps, base_epoch=base_epoch, base_digest=base_digest,
                             continued=prev is not None, leaves=[x.hex() for x in preimages],
                             digests=[keccak(x).hex() for x in preimages], losses=[])
-        t0, before = time.monotonic(), dict(eng.timings)
+        t0, before, step_wall_s = time.monotonic(), dict(eng.timings), 0.0
         for k in range(k0, steps):
+            w = time.monotonic()  # wall seconds inside steps; the rest of a trainer's time is the protocol's
             loss, leaf = eng.step(d, k, epoch_batch(self.spec, self.ctx.corpus, e, self.slot, k))
+            step_wall_s += time.monotonic() - w
             preimages.append(leaf.encode())
             losses.append(loss)
             if (k + 1) % self.shard_checkpoint_every == 0 or k + 1 == steps:
@@ -363,7 +368,8 @@ class TrainerNode:
         spent = {k: round(v - before.get(k, 0.0), 3) for k, v in eng.timings.items()}
         self.log("trained", epoch=e, steps=steps, rank=rank, loss=round(sum(losses[-4:]) / max(1, len(losses[-4:])), 4),
                  seconds=round(time.monotonic() - t0, 2), compute_s=spent.get("compute_s", 0.0),
-                 digest_s=spent.get("commit_s", 0.0), payload_bytes=stats.payload_bytes, dense_bytes=stats.dense_bytes,
+                 digest_s=spent.get("commit_s", 0.0), step_wall_s=round(step_wall_s, 3),
+                 payload_bytes=stats.payload_bytes, dense_bytes=stats.dense_bytes,
                  base_epoch=meta.get("base_epoch"), base_digest=meta.get("base_digest"), **self.traffic())
 
     def _publish(self, e: int, d: EpochDir) -> None:

@@ -76,6 +76,7 @@ class DemoOptions:
     dashboard_port: int = 0  # > 0: serve `veriloco dashboard`'s page of the run on it while the nodes run
     metrics_port: int = 0  # > 0: the nodes serve Prometheus metrics on it and the ports after (verifiers, trainers, coordinator)
     audit: str = "shard"  # "shard": one block of a segment per challenge; "state": whole states (docs/protocol.md §5)
+    checkpoint_every: int = 4  # trainers keep every N-th state (disk: a `small` state is 174 MB)
 
     @property
     def audit_unit(self) -> str:
@@ -159,6 +160,8 @@ def _spawn(role: str, index: int, account: int, devnet_file: Path, run_id: int, 
         cmd += ["--cheat", cheat]
     if role == "trainer" and opts.stages > 1:
         cmd += ["--stages", str(opts.stages)]
+    if role == "trainer" and opts.checkpoint_every != 4:
+        cmd += ["--checkpoint-every", str(opts.checkpoint_every)]
     return NodeProc(role, index, account, address, log_path, cmd, _popen(cmd, log_path), cheat)
 
 

@@ -3,22 +3,25 @@
 The state digest is what a trainer records after every inner step and what a verifier recomputes
 after replaying one, so its byte layout is fixed here and nowhere else. Tensor bytes go through
 sha256 (hashlib releases the GIL, so tensors hash on several threads); the small header goes
-through keccak so the result is EVM-native.
+through keccak so the result is EVM-native. The part digest, a sharded trace's commitment (§3.1),
+has the same layout with BLAKE3 for tensor bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+from blake3 import blake3
 from Crypto.Hash import keccak as _keccak
 
 from protocol.types import Digest
 
 STATE_TAG = b"veriloco.state.v1"
+PART_TAG = b"veriloco.part.v1"
 
 DTYPE_CODES: dict[torch.dtype, int] = {
     torch.float32: 1,
@@ -57,17 +60,20 @@ def _sha256(t: torch.Tensor) -> bytes:
     return hashlib.sha256(tensor_bytes(t)).digest()
 
 
-def state_digest(state: Mapping[str, torch.Tensor]) -> Digest:
-    """Canonical digest of named tensors (docs/protocol.md §2): independent of dict order and storage."""
+def _blake3(t: torch.Tensor) -> bytes:
+    return bytes(blake3(tensor_bytes(t)).digest())
+
+
+def _named_digest(state: Mapping[str, torch.Tensor], tag: bytes, tensor_hash: Callable[[torch.Tensor], bytes]) -> Digest:
     names = sorted(state, key=lambda n: n.encode())
     tensors = [state[n] for n in names]
     for name, t in zip(names, tensors):
         if t.dtype not in DTYPE_CODES:
             raise ValueError(f"state entry {name!r} has unsupported dtype {t.dtype}")
     big = sum(t.numel() * t.element_size() for t in tensors) >= _PARALLEL_MIN_BYTES
-    hashes = list(_POOL.map(_sha256, tensors)) if big else [_sha256(t) for t in tensors]
+    hashes = list(_POOL.map(tensor_hash, tensors)) if big else [tensor_hash(t) for t in tensors]
     h = _keccak.new(digest_bits=256)
-    h.update(STATE_TAG + struct.pack("<I", len(names)))
+    h.update(tag + struct.pack("<I", len(names)))
     for name, t, th in zip(names, tensors, hashes):
         raw = name.encode()
         h.update(struct.pack("<H", len(raw)) + raw)
@@ -75,3 +81,18 @@ def state_digest(state: Mapping[str, torch.Tensor]) -> Digest:
         h.update(b"".join(struct.pack("<Q", d) for d in t.shape))
         h.update(th)
     return Digest(h.digest())
+
+
+def state_digest(state: Mapping[str, torch.Tensor]) -> Digest:
+    """Canonical digest of named tensors (docs/protocol.md §2): independent of dict order and storage."""
+    return _named_digest(state, STATE_TAG, _sha256)
+
+
+def part_digest(state: Mapping[str, torch.Tensor]) -> Digest:
+    """The §2 layout under ``veriloco.part.v1`` with BLAKE3-256 for tensor bytes (docs/protocol.md §3.1).
+
+    What a sharded trace commits after every step (boundary tensors) and every segment (block
+    states): BLAKE3 hashes 2.6x faster than sha256 on this project's CPU (4.7 against 1.8 GB/s, one
+    thread), which is what keeps those commitments within a few percent of a step.
+    """
+    return _named_digest(state, PART_TAG, _blake3)

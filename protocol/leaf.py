@@ -20,7 +20,8 @@ from typing import Protocol
 
 import torch
 
-from protocol.digest import keccak, state_digest
+from protocol.digest import keccak
+from protocol.digest import part_digest as _part
 from protocol.errors import VerilocoError
 from protocol.model import GPTConfig, param_shapes
 from protocol.types import Digest
@@ -133,13 +134,14 @@ class StepLeaf:
 
 
 def part_digest(state: Mapping[str, torch.Tensor], names: Sequence[str], prefixes: Sequence[str]) -> Digest:
-    """§2 digest of the ``prefix + name`` entries of ``state`` (a block's params, moments or buffer)."""
-    return state_digest({p + n: state[p + n] for p in prefixes for n in names})
+    """Part digest (``protocol.digest.part_digest``) of the ``prefix + name`` entries of ``state``:
+    a block's params, moments or buffer."""
+    return _part({p + n: state[p + n] for p in prefixes for n in names})
 
 
 def tensor_digest(t: torch.Tensor | None) -> Digest:
-    """A boundary tensor's digest: the §2 digest of the one-entry state ``{"x": t}``; ZERO for none."""
-    return ZERO if t is None else state_digest({"x": t})
+    """A boundary tensor's digest: the part digest of the one-entry state ``{"x": t}``; ZERO for none."""
+    return ZERO if t is None else _part({"x": t})
 
 
 def sq_bytes(sq: torch.Tensor) -> bytes:

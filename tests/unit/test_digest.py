@@ -48,3 +48,17 @@ def test_digest_changes_with_any_field(change) -> None:
 def test_unsupported_dtype_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unsupported dtype"):
         state_digest({"x": torch.zeros(2, dtype=torch.complex64)})
+
+
+def test_part_digest_has_the_state_layout_under_its_own_tag_and_hash() -> None:
+    import hashlib
+
+    from blake3 import blake3
+
+    from protocol.digest import _named_digest, part_digest, state_digest, tensor_bytes
+
+    s = {"b": torch.arange(6, dtype=torch.float32).reshape(2, 3), "a": torch.ones(1, dtype=torch.int64)}
+    assert part_digest(s) == part_digest(dict(reversed(list(s.items()))))  # independent of dict order
+    assert part_digest(s) != state_digest(s)
+    assert part_digest(s) == _named_digest(s, b"veriloco.part.v1", lambda t: blake3(tensor_bytes(t)).digest())
+    assert state_digest(s) == _named_digest(s, b"veriloco.state.v1", lambda t: hashlib.sha256(tensor_bytes(t)).digest())

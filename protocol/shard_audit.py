@@ -26,7 +26,7 @@ from protocol.chain_audit import draw
 from protocol.digest import keccak
 from protocol.errors import VerilocoError
 from protocol.formats import TensorSpec, decode_dataclass, encode_dataclass
-from protocol.leaf import LeafError, StepLeaf, is_state_leaf
+from protocol.leaf import LeafError, StepLeaf
 from protocol.types import Address, Cid, Digest
 from protocol.unixfs import CidError, validate_cid
 
@@ -287,7 +287,6 @@ __all__ = [
     "decode_manifest",
     "drawn_block",
     "encode_manifest",
-    "is_state_leaf",
     "required_leaves",
     "segment_of",
     "shard_challenges",

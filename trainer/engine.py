@@ -25,7 +25,7 @@ from trainer.checkpoints import EpochDir
 from trainer.compress import CompressionStats, compress
 from trainer.delay import carry, pseudo_gradient
 from trainer.inner import EF, MOM1, MOM2, PARAM, RNG, STEP, Params, State, TrainerError, section
-from trainer.round import RoundSpec, compress_seed, start_state
+from trainer.round import RoundSpec, start_state
 
 BatchOf = Callable[[int], Batch]  # inner step k of this epoch -> its batch
 
@@ -165,4 +165,4 @@ class LocalEngine:
         self.state = None
 
 
-__all__ = ["BatchOf", "Engine", "LocalEngine", "boundary_of", "compress_seed", "restrict", "tensor_bytes"]
+__all__ = ["BatchOf", "Engine", "LocalEngine", "boundary_of", "restrict", "tensor_bytes"]

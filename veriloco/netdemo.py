@@ -69,7 +69,7 @@ class DemoOptions:
     report: Path | None = None
     timeout_s: float = 900.0
     windows_s: int = 60  # every chain window; the contract advances early when everyone has acted
-    stages: int = 1  # pipeline stages per trainer (> 1 switches the run to tolerant audits)
+    stages: int = 1  # pipeline stages per trainer, each owning its blocks' state (trainer/stages.py)
     quorum: int = 3  # verifiers judging each trainer (and attesting each model); a majority decides
     node_dir: Path | None = None  # the nodes' --workdir; default workdir/nodes, emptied by each demo
     corpus: Path | None = None  # a corpus directory (veriloco data prepare|import); None: the stdlib bytes
@@ -77,11 +77,6 @@ class DemoOptions:
     metrics_port: int = 0  # > 0: the nodes serve Prometheus metrics on it and the ports after (verifiers, trainers, coordinator)
     audit: str = "shard"  # "shard": one block of a segment per challenge; "state": whole states (docs/protocol.md §5)
     checkpoint_every: int = 4  # trainers keep every N-th state (disk: a `small` state is 174 MB)
-
-    @property
-    def audit_unit(self) -> str:
-        """Whole-state audits of a pipelined trainer are tolerant; shard audits are exact at any S."""
-        return "state" if self.stages > 1 and not _staged_engine() else self.audit
 
     def config(self) -> RunConfig:
         w = self.windows_s
@@ -94,9 +89,10 @@ class DemoOptions:
             schedule={"epochs": self.epochs, "h_initial": self.steps, "h_min": max(1, self.steps // 2),
                       "h_max": self.steps * 2},
             # shard audits: 2 segments of 8 steps, one block each (docs/protocol.md §5.3); whole states: 3 steps
-            audit={"steps": 2 if self.audit_unit == "shard" else 3, "segment": 8 if self.audit_unit == "shard" else 1,
-                   "final_check_bps": 10_000, "quorum": self.quorum, "unit": self.audit_unit,
-                   "mode": "tolerant" if self.stages > 1 and self.audit_unit == "state" else "exact"},
+            # pipelined whole-state audits are tolerant; shard audits are exact at any number of stages
+            audit={"steps": 2 if self.audit == "shard" else 3, "segment": 8 if self.audit == "shard" else 1,
+                   "final_check_bps": 10_000, "quorum": self.quorum, "unit": self.audit,
+                   "mode": "tolerant" if self.stages > 1 and self.audit == "state" else "exact"},
             windows={"commit_s": w, "reveal_s": w, "response_s": w, "verdict_s": w, "finalize_s": w},
             stakes={"min_trainers": 1},
             # a small pool, so rewards show: 0.001 ETH per included trainer and 0.0001 per majority verdict
@@ -258,12 +254,6 @@ def _describe(n: NodeProc) -> str:
         return f"e{ev['epoch']} finalized, eval loss {ev.get('eval_loss')}"
     bits = [kind] + [f"{k}={ev[k]}" for k in ("epoch", "passed", "trainer", "what") if k in ev]
     return " ".join(str(b) for b in bits)
-
-
-def _staged_engine() -> bool:
-    import trainer.stages
-
-    return hasattr(trainer.stages, "StagedEngine")
 
 
 def check_options(opts: DemoOptions) -> None:
@@ -588,7 +578,7 @@ def register(sub: Any) -> None:
     p.add_argument("--workdir", type=Path, default=d.workdir, help="devnet, store, node state and logs")
     p.add_argument("--report", type=Path, help="write DIR/summary.json and DIR/loss.png")
     p.add_argument("--stages", type=positive, default=d.stages,
-                   help="run each trainer as S pipeline stages (the run then audits in tolerant mode)")
+                   help="run each trainer as S pipeline stages, each owning its blocks' state (tolerant with --audit state)")
     p.add_argument("--audit", choices=["shard", "state"], default=d.audit,
                    help="what a challenge reveals: one block of a segment (shard) or whole states (state)")
     p.add_argument("--timeout", type=seconds, default=d.timeout_s, help="give up after this many seconds")

@@ -106,7 +106,7 @@ def register(sub: Any) -> None:
             p.add_argument("--checkpoint-every", type=positive, default=4, help="keep every N-th state to answer audits")
             p.add_argument("--epochs", type=positive, help="stop after this many epochs (default: the run's schedule)")
             p.add_argument("--stages", type=positive, default=1,
-                           help="run inner steps as S pipeline stages, one process each (needs a tolerant-mode run)")
+                           help="run inner steps as S pipeline stages, one process each (a whole-state run must be tolerant)")
             p.add_argument("--microbatches", type=positive, default=2, help="micro-batches per step with --stages")
             p.add_argument("--cheat", choices=CHEAT_KINDS, help=argparse.SUPPRESS)
         p.set_defaults(func=func)

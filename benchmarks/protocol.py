@@ -50,7 +50,7 @@ from protocol.model import n_params, preset
 from veriloco.netdemo import DemoOptions, run_demo
 from veriloco.traffic import allreduce_bytes, compare, trainer_traffic
 
-AUDIT_STEPS, AUDIT_SEGMENT = 2, 8  # the deterrence policy: s x r = 16 replayed steps per challenge set
+AUDIT_STEPS, AUDIT_SEGMENT = 4, 8  # the deterrence policy (docs/results-protocol.md): 4 segments of 8 steps
 # Trainers keep every 16th state (a `small` state is 174 MB: every 4th, the node's default, fills ~22 GB
 # per trainer at H = 256); answering an audit replays at most 15 steps from the last kept state.
 CHECKPOINT_EVERY = 16

@@ -76,6 +76,7 @@ from trainer.shard_response import shard_response
 from verifier.shard import Chained, audit_findings
 
 F = 0.10  # the fraction of steps a lazy trainer fakes
+CHOSEN = (4, 8)  # (s, r) of the demo, examples/run.toml and benchmarks/protocol.py
 EPOCHS = 10
 TRAINER = Address("0x" + "ab" * 20)
 
@@ -260,16 +261,18 @@ def policy_cost(h: int, s: int, r: int, blocks: int, q: int, final_p: float, fil
 
 
 def gains(p: dict[str, float], stake: int, slash_bps: int, reward: int, final_p: float, blocks: int,
-          s: int) -> list[dict[str, Any]]:
+          s: int, largest: float) -> list[dict[str, Any]]:
     """W - p (b S + R) per epoch for the cheats that save work, W in units of the epoch's honest work C,
-    valued at C = R (the work is worth what it is paid)."""
+    valued at C = R (the work is worth what it is paid). ``largest``: the largest block's share of the
+    parameters, a proxy for its share of the step's compute (what a lazy block saves)."""
     price = slash_bps / 10_000 * stake + reward
     eth = 1e18
     rows = [
         ("T1 lazy, f = 0.1, spread", 0.1, p["fake_fraction_spread"]),
         ("T1 lazy, f = 0.1, clustered", 0.1, p["fake_fraction_clustered"]),
         ("T1 lazy, f = 1 (no training)", 1.0, 1.0),
-        ("lazy block: one of B blocks' work skipped every step (W ~ 1/B)", 1 / blocks, 1 - (1 - 1 / blocks) ** s),
+        ("lazy block: the largest of B blocks' work skipped every step (W = its parameter share)", largest,
+         1 - (1 - 1 / blocks) ** s),
         ("T2 noise payload (T4 alike), final check 100% (the demo)", 1.0, final_p),
         ("T2 noise payload (T4 alike), final check 50% (RunConfig default)", 1.0, 0.5),
     ]
@@ -296,7 +299,7 @@ def markdown(section: dict[str, Any]) -> str:
                     f"{p['cost']['audit_bytes_per_trainer_epoch'] / 1e6:.0f} MB |")
     g = section["expected_gain"]
     rows += ["", (f"Stake S = {g['stake_wei'] / 1e18:g} ETH, slash b = {g['slash_bps'] / 10_000:g}, reward R = "
-             f"{g['trainer_reward_wei'] / 1e18:g} ETH per epoch (the demo's), s = 2, r = 8; W in units of the "
+             f"{g['trainer_reward_wei'] / 1e18:g} ETH per epoch (the demo's), s = {g['audit_steps']}, r = {g['segment']}; W in units of the "
              "epoch's honest work C:"), "",
              "| cheat | H | W / C | p caught per epoch | expected loss p (bS + R) | gain at C = R | pays only if C > |",
              "|---|---:|---:|---:|---:|---:|---:|"]
@@ -330,10 +333,10 @@ def main() -> int:
     policies = []
     # the chosen policy; ones that deter a clustering cheater (>= 37% per epoch, >= 99% in 10 epochs);
     # the per-epoch 99% ones: s r >= 44 against spread fakes, s >= 44 segments against clustered ones
-    for s, r in ((2, 8), (4, 8), (5, 8), (6, 8), (44, 1), (44, 8)):
+    for s, r in ((2, 8), (3, 8), CHOSEN, (5, 8), (6, 8), (44, 1), (44, 8)):
         for h in (64, 256):
             a = analytic(h, s, r, blocks)
-            ms = measured.get(("shard", h)) if (s, r) == (2, 8) else None
+            ms = measured.get(("shard", h)) if (s, r) == CHOSEN else None
             payload = ms["payload_bytes_per_trainer_per_epoch"] if ms else None
             files_r = shard_bytes("small", r, 8, 64)
             cost = policy_cost(h, s, r, blocks, q, 1.0, files_r, payload)
@@ -346,20 +349,23 @@ def main() -> int:
                                                       "audit_bytes_per_trainer_per_epoch", "trainer_compute_per_epoch_seconds")}
             policies.append(pol)
             print(f"s={s} r={r} H={h}: " + ", ".join(f"{k} {v:.3f}" for k, v in a.items()), file=sys.stderr, flush=True)
-    chosen = {h: next(p for p in policies if (p["s"], p["r"], p["H"]) == (2, 8, h)) for h in (64, 256)}
+    chosen = {h: next(p for p in policies if (p["s"], p["r"], p["H"]) == (*CHOSEN, h)) for h in (64, 256)}
+    shapes = param_shapes(small)
+    largest = max(sum(math.prod(shapes[n]) for n in names) for names in block_names(small)) / n_params(small)
     gain_tables = {}
     for h in (64, 256):
         p = {k: v["per_epoch"] for k, v in chosen[h]["analytic"].items()}
-        gain_tables[str(h)] = gains(p, stake, slash, reward, 1.0, blocks, 2)
+        gain_tables[str(h)] = gains(p, stake, slash, reward, 1.0, blocks, CHOSEN[0], largest)
     with tempfile.TemporaryDirectory(prefix="veriloco-shard-detection-") as tmp:
         real = real_checks(Path(tmp), 2, args.real_seeds)
     section = {
         "command": "benchmarks/shard_detection.py " + " ".join(sys.argv[1:]),
-        "chosen_policy": {"audit_steps": 2, "segment": 8, "final_check": 1.0, "quorum": q, "preset": "small",
+        "chosen_policy": {"audit_steps": CHOSEN[0], "segment": CHOSEN[1], "final_check": 1.0, "quorum": q, "preset": "small",
                           "blocks": blocks, "params": n_params(small)},
         "policies": policies,
         "real_checks": real,
         "expected_gain": {"stake_wei": stake, "slash_bps": slash, "trainer_reward_wei": reward,
+                          "audit_steps": CHOSEN[0], "segment": CHOSEN[1],
                           "final_check": 1.0, "by_H": gain_tables},
         "wall_s": round(time.time() - t0, 1),
     }

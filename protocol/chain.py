@@ -789,6 +789,11 @@ class Chain:
     def block_number(self) -> int:
         return int(_rpc(lambda: self.w3.eth.block_number, self.where))
 
+    def gas_used(self, tx: str) -> int:
+        """Gas a mined transaction used (its receipt's ``gasUsed``)."""
+        receipt = _rpc(lambda: self.w3.eth.get_transaction_receipt(tx), self.where)  # type: ignore[arg-type]
+        return int(receipt["gasUsed"])
+
     def block_hash(self, number: int) -> bytes:
         """Hash of block `number` (what tells two chains with the same id and contract apart)."""
         return bytes(_rpc(lambda: self.w3.eth.get_block(number)["hash"], self.where))

@@ -22,11 +22,12 @@ import torch
 
 from protocol.digest import keccak
 from protocol.digest import part_digest as _part
+from protocol.digest import part_digests as _parts
 from protocol.errors import VerilocoError
-from protocol.model import GPTConfig, param_shapes
+from protocol.model import GPTConfig, half_of, param_shapes
 from protocol.types import Digest
 
-LEAF_TAG = b"veriloco.step.v2"
+LEAF_TAG = b"veriloco.step.v3"
 ZERO = Digest(bytes(32))
 ENTRY_BYTES = 5 * 32 + 4
 _PARAM, _MOM1, _MOM2, _EF = "param/", "adam.m/", "adam.v/", "ef/"
@@ -45,24 +46,31 @@ class LeafError(VerilocoError):
 
 
 def block_of(name: str, n_layer: int) -> int:
-    """The audit block a parameter belongs to: 0 embeddings, 1..n_layer the blocks, n_layer+1 the head."""
+    """The audit block a parameter belongs to.
+
+    0 the embeddings; ``1 + 2i`` the attention half of transformer block i and ``2 + 2i`` its MLP
+    half (``protocol.model.half_of``); ``2 n_layer + 1`` the final norm and head. Halves, not whole
+    blocks: an audit reveals one block's parameters and moments, so halving the largest block
+    halves the price of a challenge and buys twice the challenges for the same bytes.
+    """
     if name.startswith("blocks."):
-        return 1 + int(name.split(".")[1])
+        _, i, module = name.split(".")[:3]
+        return 1 + 2 * int(i) + half_of(module)
     if name.startswith(("wte.", "wpe.")):
         return 0
-    return n_layer + 1
+    return 2 * n_layer + 1
 
 
 def block_names(cfg: GPTConfig) -> list[list[str]]:
     """Parameter names per audit block, each list sorted bytewise (the model's own names)."""
-    out: list[list[str]] = [[] for _ in range(cfg.n_layer + 2)]
+    out: list[list[str]] = [[] for _ in range(block_count(cfg))]
     for n in param_shapes(cfg):
         out[block_of(n, cfg.n_layer)].append(n)
     return [sorted(g, key=lambda s: s.encode()) for g in out]
 
 
 def block_count(cfg: GPTConfig) -> int:
-    return cfg.n_layer + 2
+    return 2 * cfg.n_layer + 2
 
 
 def is_state_leaf(k: int, segment: int, leaf_count: int) -> bool:
@@ -115,7 +123,7 @@ class StepLeaf:
     def decode(cls, data: bytes, n_blocks: int | None = None) -> StepLeaf:
         head = len(LEAF_TAG) + 20
         if len(data) < head or data[: len(LEAF_TAG)] != LEAF_TAG:
-            raise LeafError("not a veriloco.step.v2 leaf preimage")
+            raise LeafError(f"not a {LEAF_TAG.decode()} leaf preimage")
         step, rng, n = struct.unpack_from("<QqI", data, len(LEAF_TAG))
         if n_blocks is not None and n != n_blocks:
             raise LeafError(f"leaf has {n} blocks, the model has {n_blocks}")
@@ -136,7 +144,11 @@ class StepLeaf:
 def part_digest(state: Mapping[str, torch.Tensor], names: Sequence[str], prefixes: Sequence[str]) -> Digest:
     """Part digest (``protocol.digest.part_digest``) of the ``prefix + name`` entries of ``state``:
     a block's params, moments or buffer."""
-    return _part({p + n: state[p + n] for p in prefixes for n in names})
+    return _part(_select(state, names, prefixes))
+
+
+def _select(state: Mapping[str, torch.Tensor], names: Sequence[str], prefixes: Sequence[str]) -> dict[str, torch.Tensor]:
+    return {p + n: state[p + n] for p in prefixes for n in names}
 
 
 def tensor_digest(t: torch.Tensor | None) -> Digest:
@@ -160,9 +172,10 @@ class LeafCommitter:
 
     def state_parts(self, state: Mapping[str, torch.Tensor]) -> dict[int, tuple[Digest, Digest, Digest]]:
         if not self._ef:
-            self._ef = {b: part_digest(state, self.groups[b], (_EF,)) for b in self.blocks}
-        return {b: (part_digest(state, self.groups[b], (_PARAM,)), part_digest(state, self.groups[b], (_MOM1, _MOM2)),
-                    self._ef[b]) for b in self.blocks}
+            self._ef = dict(zip(self.blocks, _parts([_select(state, self.groups[b], (_EF,)) for b in self.blocks])))
+        parts = iter(_parts([_select(state, self.groups[b], prefixes)
+                             for b in self.blocks for prefixes in ((_PARAM,), (_MOM1, _MOM2))]))
+        return {b: (next(parts), next(parts), self._ef[b]) for b in self.blocks}
 
     def entries(
         self, k: int, state: Mapping[str, torch.Tensor], ios: Mapping[int, Boundary] | Sequence[Boundary] | None,
@@ -170,15 +183,15 @@ class LeafCommitter:
         """This committer's blocks' entries of leaf k: the state after k steps, the boundaries of step k-1
         (None at k = 0), indexed by block."""
         parts = self.state_parts(state) if is_state_leaf(k, self.segment, self.leaf_count) else {}
-        out = []
-        for b in self.blocks:
-            p, o, e = parts.get(b, (ZERO, ZERO, ZERO))
-            if ios is None:
-                out.append(BlockEntry(p, o, e))
-            else:
-                io = ios[b]
-                out.append(BlockEntry(p, o, e, tensor_digest(io.act), tensor_digest(io.grad_in), sq_bytes(io.sq)))
-        return out
+        if ios is None:
+            return [BlockEntry(*parts.get(b, (ZERO, ZERO, ZERO))) for b in self.blocks]
+        tensors = [t for b in self.blocks for t in (ios[b].act, ios[b].grad_in)]
+        digests = iter(_parts([{"x": t} for t in tensors if t is not None]))
+        bounds = [ZERO if t is None else next(digests) for t in tensors]
+        return [
+            BlockEntry(*parts.get(b, (ZERO, ZERO, ZERO)), bounds[2 * i], bounds[2 * i + 1], sq_bytes(ios[b].sq))
+            for i, b in enumerate(self.blocks)
+        ]
 
     def leaf(self, k: int, state: Mapping[str, torch.Tensor], ios: Sequence[Boundary] | None) -> StepLeaf:
         """Leaf k of a committer over every block."""

@@ -149,6 +149,23 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return att @ v
 
 
+ATTENTION, MLP = 0, 1  # the two halves of a transformer block, in forward order
+
+
+def half_of(module: str) -> int:
+    """Which half of a block a submodule (``ln_1``, ``attn_qkv``, ``mlp_fc``, ...) belongs to.
+
+    Both architectures name the attention half ``ln_1`` + ``attn_*`` and the MLP half ``ln_2`` +
+    ``mlp_*``; a block's ``attend`` reads only the first, ``feed`` only the second, so each half
+    is an audit block of its own (``protocol.leaf.block_of``).
+    """
+    if module == "ln_1" or module.startswith("attn_"):
+        return ATTENTION
+    if module == "ln_2" or module.startswith("mlp_"):
+        return MLP
+    raise ModelError(f"block submodule {module!r} is in neither half (ln_1/attn_* or ln_2/mlp_*)")
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
@@ -164,6 +181,10 @@ class Block(nn.Module):
         self.mlp_proj = nn.Linear(cfg.ffn, d, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
+        return self.feed(self.attend(x))
+
+    def attend(self, x: Tensor) -> Tensor:
+        """The attention half: x + attn(ln_1(x)) (its own audit block, ``half_of``)."""
         b, t, d = x.shape  # x: (B, T, D)
         q, k, v = self.attn_qkv(self.ln_1(x)).split(d, dim=2)  # each (B, T, D)
         hd = d // self.n_head
@@ -172,9 +193,11 @@ class Block(nn.Module):
         )  # (B, nh, T, hd)
         # Explicit attention (not SDPA) so the kernel choice cannot change between builds or devices.
         y = causal_attention(q, k, v).transpose(1, 2).reshape(b, t, d)  # (B, T, D)
-        x = x + self.attn_proj(y)
-        x = x + self.mlp_proj(F.gelu(self.mlp_fc(self.ln_2(x))))
-        return x
+        return x + self.attn_proj(y)
+
+    def feed(self, x: Tensor) -> Tensor:
+        """The MLP half: x + mlp(ln_2(x))."""
+        return x + self.mlp_proj(F.gelu(self.mlp_fc(self.ln_2(x))))
 
 
 class GPT(nn.Module):
@@ -277,6 +300,10 @@ class LlamaBlock(nn.Module):
         self.mlp_proj = nn.Linear(cfg.ffn, d, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
+        return self.feed(self.attend(x))
+
+    def attend(self, x: Tensor) -> Tensor:
+        """The attention half: x + attn(rmsnorm(x)) (its own audit block, ``half_of``)."""
         c = self.cfg
         b, t, _ = x.shape  # x: (B, T, D)
         hd, rep = c.head_dim, c.n_head // c.kv_heads
@@ -289,7 +316,10 @@ class LlamaBlock(nn.Module):
         if rep > 1:  # query head i reads kv head i // rep
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         y = causal_attention(q, k, v).transpose(1, 2).reshape(b, t, c.n_head * hd)
-        x = x + self.attn_proj(y)
+        return x + self.attn_proj(y)
+
+    def feed(self, x: Tensor) -> Tensor:
+        """The SwiGLU half: x + swiglu(rmsnorm(x))."""
         h = self.ln_2(x)
         return x + self.mlp_proj(F.silu(self.mlp_gate(h)) * self.mlp_up(h))
 

@@ -1,10 +1,10 @@
 """The inner step cut into audit blocks: what a verifier can replay one block of, bit for bit.
 
-A model is a chain of *audit blocks* (``protocol.leaf.block_names``: the embeddings, each
-transformer block, the final norm and head). The block-wise step runs every block as its own
-autograd graph on a detached input, micro-batch by micro-batch, so each block's part of the step
-is a pure function of (its state, its input activations, the gradient arriving at its output) and
-of nothing else. The trainer records those *boundary tensors*; a verifier given one block's state
+A model is a chain of *audit blocks* (``protocol.leaf.block_names``: the embeddings, the
+attention half and the MLP half of each transformer block, the final norm and head). The
+block-wise step runs every block as its own autograd graph on a detached input, micro-batch by
+micro-batch, so each block's part of the step is a pure function of (its state, its input
+activations, the gradient arriving at its output) and of nothing else. The trainer records those *boundary tensors*; a verifier given one block's state
 and its boundaries replays that block alone (``replay_block``) and gets the trainer's bits, because
 it runs the very same ``BlockRun`` code on the very same inputs. Pipeline stages (trainer/stages.py)
 run the same ``BlockRun``s in their own processes, so a pipelined trainer is bitwise equal to a
@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from protocol.leaf import block_names
-from protocol.model import GPTConfig, model_class
+from protocol.leaf import block_count, block_names
+from protocol.model import ATTENTION, GPTConfig, half_of, model_class
 from trainer.inner import (
     PARAM,
     STEP,
@@ -56,14 +56,24 @@ class _Embed(nn.Module):
         return self.cls.embed(self, idx)  # type: ignore[arg-type]
 
 
-class _Layer(nn.Module):
-    def __init__(self, cfg: GPTConfig, i: int) -> None:
+class _Half(nn.Module):
+    """One half of transformer block i: ``attend`` (``ATTENTION``) or ``feed`` (``MLP``).
+
+    Built from the model's own block so the names stay ``blocks.<i>.<module>``; the other half's
+    submodules are dropped, so ``functional_call(strict=True)`` takes exactly this half's leaves.
+    """
+
+    def __init__(self, cfg: GPTConfig, i: int, half: int) -> None:
         super().__init__()
-        self.blocks = nn.ModuleDict({str(i): model_class(cfg).block(cfg)})
-        self.i = str(i)
+        block = model_class(cfg).block(cfg)
+        for name in [n for n in block._modules if half_of(n) != half]:
+            delattr(block, name)
+        self.blocks = nn.ModuleDict({str(i): block})
+        self.i, self.part = str(i), half
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.blocks[self.i](x)  # type: ignore[no-any-return]
+        block = self.blocks[self.i]
+        return block.attend(x) if self.part == ATTENTION else block.feed(x)  # type: ignore[operator,no-any-return]
 
 
 class _Head(nn.Module):
@@ -82,8 +92,8 @@ def block_module(cfg: GPTConfig, b: int) -> nn.Module:
     with torch.device("meta"):
         if b == 0:
             return _Embed(cfg)
-        if b <= cfg.n_layer:
-            return _Layer(cfg, b - 1)
+        if b <= 2 * cfg.n_layer:
+            return _Half(cfg, (b - 1) // 2, (b - 1) % 2)
         return _Head(cfg)
 
 
@@ -99,7 +109,7 @@ class BlockRun:
         self, cfg: GPTConfig, b: int, leaves: Mapping[str, Tensor], module: nn.Module,
         inp: Tensor, micro: int, target: Tensor | None = None,
     ) -> None:
-        self.b, self.last = b, b == cfg.n_layer + 1
+        self.b, self.last = b, b == block_count(cfg) - 1
         self.leaves = leaves
         self.inp = inp if b == 0 else inp.detach().requires_grad_(True)
         with torch.enable_grad():

@@ -1,7 +1,7 @@
 """A trainer's state sharded over S pipeline stage processes, each the owner of its audit blocks.
 
 ``StagedEngine`` is the ``trainer.engine.Engine`` of a trainer with ``--stages S``. The audit blocks
-(``protocol.leaf.block_names``: embeddings, each transformer block, head) are split into S
+(``protocol.leaf.block_names``: embeddings, two halves per transformer block, head) are split into S
 contiguous ranges (``stage_blocks``); stage s is one process that alone holds its blocks'
 parameters, Adam moments and error buffer. The node process (the engine object) holds no training
 tensor: it sends commands, each step's batch, and at ``begin`` each stage's part of the global model

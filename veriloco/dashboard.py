@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.chain import Chain, ChainEvent, Phase, _rpc
+from protocol.chain import Chain, ChainEvent, Phase
 from protocol.errors import VerilocoError
 from protocol.store import LocalStore, Store
 from veriloco.chaincmds import TERMINAL, run_epochs, run_state, status_report
@@ -109,8 +109,7 @@ def manifest_states(store: Store, cid: str, cache: Cache) -> list[str]:
 
 def gas_of(chain: Chain, tx: str, cache: Cache) -> int:
     if tx not in cache.gas:  # a transport failure is ChainUnavailable: the page says so, the next refresh retries
-        receipt = _rpc(lambda: chain.w3.eth.get_transaction_receipt(tx), chain.where)  # type: ignore[arg-type]
-        cache.gas[tx] = int(receipt["gasUsed"])
+        cache.gas[tx] = chain.gas_used(tx)
     return cache.gas[tx]
 
 

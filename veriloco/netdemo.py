@@ -88,9 +88,10 @@ class DemoOptions:
             outer={"lr": 1.0, "momentum": 0.0},
             schedule={"epochs": self.epochs, "h_initial": self.steps, "h_min": max(1, self.steps // 2),
                       "h_max": self.steps * 2},
-            # shard audits: 2 segments of 8 steps, one block each (docs/protocol.md §5.3); whole states: 3 steps
-            # pipelined whole-state audits are tolerant; shard audits are exact at any number of stages
-            audit={"steps": 2 if self.audit == "shard" else 3, "segment": 8 if self.audit == "shard" else 1,
+            # shard audits: 4 segments of 8 steps, one block each (docs/protocol.md §5.3; the policy of
+            # docs/results-protocol.md); whole states: 3 steps. Pipelined whole-state audits are
+            # tolerant; shard audits are exact at any number of stages.
+            audit={"steps": 4 if self.audit == "shard" else 3, "segment": 8 if self.audit == "shard" else 1,
                    "final_check_bps": 10_000, "quorum": self.quorum, "unit": self.audit,
                    "mode": "tolerant" if self.stages > 1 and self.audit == "state" else "exact"},
             windows={"commit_s": w, "reveal_s": w, "response_s": w, "verdict_s": w, "finalize_s": w},

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from protocol.leaf import block_count
 from protocol.model import init_params, preset
 from trainer.checkpoints import EpochDir
 from trainer.compress import CompressionConfig
@@ -59,7 +60,7 @@ def _audit(eng, root: Path, b: int):
     return shard, bounds, ends
 
 
-B = CFG.n_layer  # the last transformer block: stage 1's of 2
+B = block_count(CFG) - 2  # the last transformer block's MLP half: stage 1's of 2
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +145,7 @@ def test_stages_started_by_torchrun_resume_a_crashed_epoch_to_the_same_leaves(ru
     assert payload == want_payload
 
 
-def test_three_uneven_stages_of_a_llama_give_the_local_leaves(tmp_path: Path) -> None:
+def test_four_uneven_stages_of_a_llama_give_the_local_leaves(tmp_path: Path) -> None:
     configure_determinism(1)  # the stages run one thread each; so must the local engine's compression
     cfg = preset("llama-tiny")
     spec = replace(SPEC, model=cfg, microbatches=1)
@@ -158,9 +159,10 @@ def test_three_uneven_stages_of_a_llama_give_the_local_leaves(tmp_path: Path) ->
         return [*out, eng.finish(d, 2, 3)[0]]
 
     want = run(LocalEngine(spec, every=1))
-    eng = StagedEngine(spec, every=1, stages=3)
+    eng = StagedEngine(spec, every=1, stages=4)
     try:
-        assert [len(r) for r in eng.ranges] == [2, 1, 1]  # embeddings + block 0 | block 1 | head
+        # embeddings + attention 0 | MLP 0 + attention 1 | MLP 1 | head: a transformer block split across stages
+        assert [len(r) for r in eng.ranges] == [2, 2, 1, 1]
         got = run(eng)
     finally:
         eng.close()

@@ -90,3 +90,29 @@ def test_leaf_preimage_round_trips_and_binds_every_field() -> None:
     assert l1.blocks[0].params == bytes(32)  # not a state leaf
     assert l2.blocks[0].params != bytes(32) and l2.blocks[0].ef == l0.blocks[0].ef
     assert len({l0.digest, l1.digest, l2.digest}) == 3
+
+
+@pytest.mark.parametrize("name", ["tiny", "llama-tiny"])
+def test_each_transformer_block_is_two_audit_blocks_whose_chain_is_the_block(name: str) -> None:
+    """Attention half then MLP half is the model's own block, bit for bit; each half holds only its names."""
+    from protocol.leaf import block_count
+    from protocol.model import GPTConfig, half_of, init_params, model_class
+    from trainer.blockstep import block_module
+
+    cfg: GPTConfig = preset(name)
+    groups = block_names(cfg)
+    assert len(groups) == block_count(cfg) == 2 * cfg.n_layer + 2
+    for i in range(cfg.n_layer):
+        attn, mlp = groups[1 + 2 * i], groups[2 + 2 * i]
+        assert attn and all(n.split(".")[2] == "ln_1" or n.split(".")[2].startswith("attn_") for n in attn)
+        assert mlp and all(n.split(".")[2] == "ln_2" or n.split(".")[2].startswith("mlp_") for n in mlp)
+    g = init_params(cfg, 1)
+    block = model_class(cfg).block(cfg)
+    block.load_state_dict({n.split(".", 2)[2]: t for n, t in g.items() if n.startswith("blocks.0.")})
+    x = torch.randn(2, 8, cfg.d_model, generator=torch.Generator().manual_seed(0))
+    h = torch.func.functional_call(block_module(cfg, 1), {n: g[n] for n in groups[1]}, (x,))
+    out = torch.func.functional_call(block_module(cfg, 2), {n: g[n] for n in groups[2]}, (h,))
+    assert torch.equal(out, block(x))
+    with pytest.raises(Exception, match="neither half"):
+        half_of("ln_3")
+

@@ -50,7 +50,7 @@ def test_example_run_config_loads() -> None:
     from pathlib import Path
 
     cfg = load_toml(Path(__file__).resolve().parents[2] / "examples" / "run.toml")
-    assert cfg.model.preset == "tiny" and (cfg.audit.unit, cfg.audit.steps, cfg.audit.segment) == ("shard", 2, 8)
+    assert cfg.model.preset == "tiny" and (cfg.audit.unit, cfg.audit.steps, cfg.audit.segment) == ("shard", 4, 8)
 
 
 def test_tolerant_mode_stays_in_the_calibrated_range() -> None:

@@ -55,10 +55,20 @@ def test_part_digest_has_the_state_layout_under_its_own_tag_and_hash() -> None:
 
     from blake3 import blake3
 
-    from protocol.digest import _named_digest, part_digest, state_digest, tensor_bytes
+    from protocol.digest import (
+        _named_digests,
+        part_digest,
+        part_digests,
+        state_digest,
+        tensor_bytes,
+    )
 
     s = {"b": torch.arange(6, dtype=torch.float32).reshape(2, 3), "a": torch.ones(1, dtype=torch.int64)}
     assert part_digest(s) == part_digest(dict(reversed(list(s.items()))))  # independent of dict order
     assert part_digest(s) != state_digest(s)
-    assert part_digest(s) == _named_digest(s, b"veriloco.part.v1", lambda t: blake3(tensor_bytes(t)).digest())
-    assert state_digest(s) == _named_digest(s, b"veriloco.state.v1", lambda t: hashlib.sha256(tensor_bytes(t)).digest())
+    assert [part_digest(s)] == _named_digests([s], b"veriloco.part.v1", lambda t: blake3(tensor_bytes(t)).digest())
+    assert [state_digest(s)] == _named_digests([s], b"veriloco.state.v1", lambda t: hashlib.sha256(tensor_bytes(t)).digest())
+    # hashed together (over the pool when large) or one by one: the same digests, in order
+    many = [{"x": torch.full((600, 512), float(i))} for i in range(4)] + [s, {}]
+    assert part_digests(many) == [part_digest(m) for m in many]
+

@@ -28,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,6 +56,8 @@ PLACEHOLDERS = {
 }
 
 # shape -> the test(s) that run it. `HERE::name` is a test of this file; `.ci/run` is the CI entry point.
+# The trainer lines are run by the e2e networks (veriloco/netdemo.py starts `veriloco trainer --run N
+# --account I ...` processes, the same command with its own workdir and --log-format json).
 COVERED: dict[str, list[str]] = {
     # Two commands
     "make demo": ["tests/integration/test_wheel.py::test_wheel_installs_in_a_fresh_venv_and_runs_the_demo",
@@ -76,9 +79,11 @@ COVERED: dict[str, list[str]] = {
     "veriloco devnet": [f"{HERE}::test_the_network_by_hand_block_runs_as_written",
                         "tests/integration/test_devnet.py::test_devnet_command_runs_until_sigint_and_frees_its_port"],
     "veriloco run create --account --config": [f"{HERE}::test_the_network_by_hand_block_runs_as_written"],
-    "veriloco verifier --account --run": ["tests/e2e/test_network.py::test_honest_network_learns_and_nobody_is_slashed"],
+    "veriloco verifier --account --run": [f"{HERE}::test_the_network_by_hand_block_runs_as_written",
+                                           "tests/e2e/test_network.py::test_honest_network_learns_and_nobody_is_slashed"],
     "veriloco trainer --account --run": ["tests/e2e/test_network.py::test_honest_network_learns_and_nobody_is_slashed"],
-    "veriloco coordinator --account --run": ["tests/e2e/test_network.py::test_honest_network_learns_and_nobody_is_slashed"],
+    "veriloco coordinator --account --run": [f"{HERE}::test_the_network_by_hand_block_runs_as_written",
+                                              "tests/e2e/test_network.py::test_honest_network_learns_and_nobody_is_slashed"],
     "veriloco status --run": [f"{HERE}::test_the_network_by_hand_block_runs_as_written",
                               "tests/integration/test_lifecycle_cli.py::test_a_runs_life_through_the_cli"],
     "veriloco runs": [f"{HERE}::test_the_network_by_hand_block_runs_as_written",
@@ -391,12 +396,53 @@ def _hand_block() -> list[Command]:
     return [c for c in readme_commands(section, prose=False) if c.program == "veriloco"]
 
 
+# what a node's readable output shows once it is at work (veriloco/logs.py's text format)
+NODE_SHOWS = {
+    "veriloco verifier": r"^\d\d:\d\d:\d\d INFO  verifier +started",
+    "veriloco coordinator": r"^\d\d:\d\d:\d\d INFO  coordinator +waiting +what=epoch 0 to be ready to finalize",
+}
+
+
+def _node_until(cmd: Command, pattern: str, cwd: Path, timeout: float = 180) -> None:
+    """Run a node command as a process until a line of its output matches `pattern`, then Ctrl-C it."""
+    proc = subprocess.Popen([sys.executable, "-m", "veriloco.cli", *cmd.args], cwd=cwd,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    found = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if re.search(pattern, line):
+                found.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        found.wait(timeout)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        reader.join(10)
+    out = "".join(lines)
+    assert found.is_set(), f"`{cmd.line}` never printed {pattern!r}:\n{out}"
+    assert proc.returncode == 130 and "Traceback" not in out and "{" not in out, out
+
+
 def test_the_network_by_hand_block_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """`veriloco devnet` as a process in an empty folder, then the block's quick commands as the README has them.
 
-    The nodes (trainer, verifier, coordinator) are the e2e networks' processes; leave and withdraw
-    need a played epoch (tests/integration/test_lifecycle_cli.py); here they must be refused cleanly.
+    The verifier and the coordinator run as processes until their readable output shows them at work
+    (the coordinator's wait for epoch 0 included), then get Ctrl-C; a trainer would train, which the
+    e2e networks do. Leave and withdraw need a played epoch (tests/integration/test_lifecycle_cli.py);
+    here they must be refused cleanly.
     """
     cmds = _hand_block()
     assert [c.key for c in cmds][:2] == ["veriloco devnet", "veriloco run create --account --config"]
@@ -416,8 +462,12 @@ def test_the_network_by_hand_block_runs_as_written(tmp_path: Path, monkeypatch: 
         ran: set[str] = set()
         for cmd in cmds[1:]:
             name = cmd.key.split(" --")[0]
-            if name in ("veriloco trainer", "veriloco verifier", "veriloco coordinator"):
-                continue  # long-running nodes: the e2e networks run them
+            if name == "veriloco trainer":
+                continue  # trains: the e2e networks run it
+            if name in NODE_SHOWS:  # started as written, read until its readable output says it is at work
+                _node_until(cmd, NODE_SHOWS[name], tmp_path)
+                ran.add(name)
+                continue
             code, out, err = run_cli(capsys, *cmd.args)
             if name in ("veriloco leave", "veriloco withdraw"):  # account 2 never joined: told so, in one line
                 assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (cmd.line, err)
@@ -435,7 +485,7 @@ def test_the_network_by_hand_block_runs_as_written(tmp_path: Path, monkeypatch: 
                 assert "nothing to claim" in out, out
             elif name == "veriloco account new":
                 assert json.loads((tmp_path / "node.json").read_text())["crypto"], out
-        assert ran == {"veriloco run create", "veriloco status", "veriloco runs", "veriloco leave",
+        assert ran == {"veriloco run create", "veriloco verifier", "veriloco coordinator", "veriloco status", "veriloco runs", "veriloco leave",
                        "veriloco withdraw", "veriloco claim", "veriloco account new"}
     finally:
         if devnet.poll() is None:

@@ -74,7 +74,11 @@ def fields_text(fields: dict[str, Any]) -> str:
 
 
 class TextLog:
-    """Readable lines through a rich Console; a live progress line for steps and waits on a terminal."""
+    """Readable lines through a rich Console; a live progress line for steps, waits and uploads on a
+    terminal, a heartbeat line for waits and slow uploads off one.
+
+    A wait lasts from its `waiting` event to the node's next event, whatever it is.
+    """
 
     def __init__(self, node: str, stream: IO[str] | None = None, *, force_terminal: bool | None = None,
                  heartbeat_s: float = HEARTBEAT_S, clock: Callable[[], float] = time.time, ticker: bool = True):

@@ -125,7 +125,9 @@ class TextLog:
         line.append(f"{event:<12}", style="bold" if lv != "DEBUG" else "")
         for k, v in fields.items():
             line.append(f" {k}=", style="dim")
-            line.append(_value(v))
+            # a wait's deadline (Unix time) as a wall-clock time, like the line's own
+            line.append(time.strftime("%H:%M:%S", time.localtime(v)) if k == "until" and isinstance(v, (int, float))
+                        else _value(v))
         return line
 
     def _live(self, event: str, fields: dict[str, Any]) -> None:

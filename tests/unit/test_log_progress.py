@@ -35,7 +35,8 @@ def _text(out: io.StringIO) -> str:
 def test_off_a_terminal_a_long_wait_repeats_with_time_waited_and_left() -> None:
     out, clock = io.StringIO(), Clock()
     log = NodeLog("trainer", TextLog("trainer", out, clock=clock, ticker=False), out, None)
-    log("waiting", what="epoch 3 to accept commitments", until=clock.now + 100)
+    until = clock.now + 100
+    log("waiting", what="epoch 3 to accept commitments", until=until)
     console = log.console
     assert console is not None
     clock.now += HEARTBEAT_S + 1
@@ -49,7 +50,8 @@ def test_off_a_terminal_a_long_wait_repeats_with_time_waited_and_left() -> None:
     console.tick()  # the wait ended with the node's next event
     lines = _text(out).splitlines()
     assert len(lines) == 4, lines
-    assert re.search(r"INFO  trainer +waiting +what=epoch 3 to accept commitments until=", lines[0])
+    deadline = time.strftime("%H:%M:%S", time.localtime(until))  # a deadline reads as a clock time
+    assert re.search(rf"INFO  trainer +waiting +what=epoch 3 to accept commitments until={deadline}$", lines[0])
     assert re.search(r"waiting +what=epoch 3 to accept commitments waited=31s left=69s$", lines[1])
     assert re.search(r"waiting +what=epoch 3 to accept commitments waited=71s left=29s$", lines[2])
     assert "committed" in lines[3]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.store import LocalStore
+from protocol.store import LocalStore, Metered
 from veriloco.logs import HEARTBEAT_S, NodeLog, TextLog, node_logger, with_upload_progress
 from veriloco.uploads import PIECE, ReportedStore
 
@@ -99,6 +99,9 @@ def test_a_reported_upload_stores_the_same_content_piece_by_piece(tmp_path: Path
     calls.clear()
     assert reported.put_stream([data[:PIECE], data[PIECE:]]) == cid  # a stream: the total grows as it goes
     assert calls[-1] == (n, n) and all(d <= t for d, t in calls)
+    calls.clear()
+    assert Metered(reported).put(data) == cid  # as a trainer holds it: its own traffic meter in front
+    assert calls[0] == (0, n) and calls[-1] == (n, n) and len(calls) == 5
 
 
 def test_off_a_terminal_a_slow_upload_prints_its_progress_and_a_small_one_nothing() -> None:

@@ -91,7 +91,11 @@ class CoordinatorNode:
             self.log("staked", gas=tx.gas_used)
         self.log("started")
         for e in range(self.ctx.config.schedule.epochs):
+            waiting = False
             while not through_outages(functools.partial(self._try_finalize, e), self.log, f"epoch {e}"):
+                if not waiting:  # once per epoch: a readable console shows the wait's progress (veriloco/logs.py)
+                    self.log("waiting", what=f"epoch {e} to be ready to finalize")
+                    waiting = True
                 time.sleep(self.poll_s)
         self.log("finished")
 

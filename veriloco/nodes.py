@@ -16,7 +16,7 @@ from eth_account import Account
 from protocol.chain import Chain
 from protocol.statedir import check_run
 from veriloco.argtypes import positive, run_id, tcp_port
-from veriloco.logs import add_log_args, logger_from_args, node_logger
+from veriloco.logs import add_log_args, logger_from_args, node_logger, with_upload_progress
 from veriloco.settings import Settings, add_connection_args, open_store, resolve
 
 # adversarial behaviours for demos and security tests (trainer/cheats.py, trainer/adversaries.py)
@@ -38,7 +38,8 @@ def open_chain(s: Settings, run: int | None = None) -> Chain:
 
 def observed(args: argparse.Namespace, s: Settings, chain: Chain, role: str) -> tuple[Any, Callable[..., None]]:
     """The node's store and log, with Prometheus metrics on `--metrics-port` (veriloco/metrics.py) unless 0."""
-    store, log = open_store(s), logger_from_args(args, role)
+    log = logger_from_args(args, role)
+    store = with_upload_progress(open_store(s), log)  # a byte bar for large uploads, on a readable console only
     if not getattr(args, "metrics_port", 0):
         return store, log
     from protocol.store import Metered

@@ -34,7 +34,7 @@ from protocol.digest import state_digest
 from protocol.leaf import block_count
 from protocol.model import preset
 from protocol.run import open_run
-from tests.fixtures.network import run_network, skip_to_verifier_finalize
+from tests.fixtures.network import run_network, skip_to_verifier_finalize, skip_unrevealed
 from veriloco.netdemo import Control, DemoOptions
 
 pytestmark = pytest.mark.e2e
@@ -95,8 +95,9 @@ def test_adversarial_trainers_are_slashed_and_a_wrong_aggregate_is_corrected(
 
     opts = DemoOptions(trainers=5, verifiers=2, quorum=1, epochs=EPOCHS, steps=8, cheats=(("lazy", 1),),
                        workdir=tmp_path / "demo", timeout_s=480)
-    skip = skip_to_verifier_finalize(EPOCHS)  # epoch 1 waits for a verifier's finalize
-    s, log = run_network(opts, inspect=inspect, on_tick=lambda c: (swap(c), skip(c)))
+    # epoch 1 waits for a verifier's finalize, and for the reveal of a cheater that stopped, if one did
+    skips = skip_unrevealed(EPOCHS), skip_to_verifier_finalize(EPOCHS)
+    s, log = run_network(opts, inspect=inspect, on_tick=lambda c: (swap(c), *(skip(c) for skip in skips)))
     cheaters = s["cheaters"]  # address -> kind, including the swapped-in adversaries
     assert sorted(cheaters.values()) == ["forge-final", "lazy", "stale-copy"], log
     assert s["epochs_finalized"] == EPOCHS, log

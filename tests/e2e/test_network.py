@@ -17,7 +17,7 @@ import pytest
 from coordinator.build import build_global
 from protocol.chain import Chain, Phase
 from protocol.run import open_run
-from tests.fixtures.network import run_network, skip_unrevealed
+from tests.fixtures.network import run_network, skip_killed_commits, skip_unrevealed
 from veriloco.netdemo import DemoOptions
 
 pytestmark = pytest.mark.e2e
@@ -104,7 +104,13 @@ def test_killed_nodes_resume_and_the_run_goes_on(tmp_path: Path) -> None:
                 c.restart(name)
             done.add("coord")
 
-    s, included = _run(tmp_path, epochs=3, steps=24, windows_s=45, on_tick=on_tick)
+    skip = skip_killed_commits(3)  # epoch 1's commit window, once only the killed trainer is missing
+
+    def kill_and_skip(c: Any) -> None:
+        on_tick(c)
+        skip(c)
+
+    s, included = _run(tmp_path, epochs=3, steps=24, windows_s=45, on_tick=kill_and_skip)
     assert done == {"t0", "t1", "t1-back", "coord"}
     assert s["epochs_finalized"] == 3 and s["slashed"] == []
     assert [len(included[e]) for e in range(3)] == [3, 2, 3]

@@ -553,7 +553,7 @@ def _cmd(args: argparse.Namespace) -> int:
         trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=args.preset, steps=args.steps,
         chain=args.chain, store=args.store, cheats=_parse_cheats(args.cheat), workdir=args.workdir,
         report=args.report, timeout_s=args.timeout, stages=args.stages, audit=args.audit, quorum=args.quorum, corpus=args.corpus,
-        metrics_port=args.metrics_port, dashboard_port=args.dashboard,
+        metrics_port=args.metrics_port, dashboard_port=args.dashboard, windows_s=args.windows,
     )
     check_options(opts)
     summary = run_demo(opts)
@@ -583,6 +583,8 @@ def register(sub: Any) -> None:
     p.add_argument("--audit", choices=["shard", "state"], default=d.audit,
                    help="what a challenge reveals: one block of a segment (shard) or whole states (state)")
     p.add_argument("--timeout", type=seconds, default=d.timeout_s, help="give up after this many seconds")
+    p.add_argument("--windows", type=positive, default=d.windows_s, metavar="S",
+                   help="every chain window in seconds (a node that stays silent is waited for this long)")
     p.add_argument("--dashboard", type=tcp_port, default=0, metavar="PORT",
                    help="serve the run's live dashboard on 127.0.0.1:PORT while the nodes run")
     p.add_argument("--metrics-port", type=tcp_port, default=0, metavar="P",

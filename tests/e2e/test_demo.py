@@ -1,7 +1,8 @@
 """The README's adversary demo, as a user types it, runs to its summary.
 
 Four epochs: a cheater caught in epoch 0 is removed from epoch 2 on while it still owes epoch 1's
-audit, and must answer it and stop cleanly rather than crash the demo.
+audit, and must answer it and stop cleanly rather than crash the demo. The copier cannot reveal, so
+epoch 0 waits out its reveal window: 30 s windows (of the demo's 60) halve that wait.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_readme_adversary_demo_prints_its_summary_and_slashes_every_cheater_once(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "veriloco.cli", "demo", "--trainers", "5",
            "--cheat", "lazy:1", "--cheat", "noise:1", "--cheat", "copy:1",
-           "--epochs", "4", "--steps", "4", "--workdir", str(tmp_path / "demo"), "--report", str(tmp_path / "report")]
+           "--epochs", "4", "--steps", "4", "--windows", "30", "--workdir", str(tmp_path / "demo"), "--report", str(tmp_path / "report")]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
                           check=False)

@@ -17,7 +17,7 @@ import pytest
 from coordinator.build import build_global
 from protocol.chain import Chain, Phase
 from protocol.run import open_run
-from tests.fixtures.network import run_network
+from tests.fixtures.network import run_network, skip_killed_commits, skip_unrevealed
 from veriloco.netdemo import DemoOptions
 
 pytestmark = pytest.mark.e2e
@@ -60,7 +60,8 @@ def test_honest_network_learns_and_nobody_is_slashed(tmp_path: Path) -> None:
 
 def test_every_cheater_is_slashed_and_never_aggregated(tmp_path: Path) -> None:
     """One network, one cheater of each kind among two honest trainers."""
-    s, included = _run(tmp_path, trainers=5, cheats=(("lazy", 1), ("noise", 1), ("copy", 1)))
+    # the copier cannot reveal: skip the rest of the reveal window it leaves open
+    s, included = _run(tmp_path, on_tick=skip_unrevealed(2), trainers=5, cheats=(("lazy", 1), ("noise", 1), ("copy", 1)))
     cheaters = set(s["cheaters"])
     assert sorted(s["cheaters"].values()) == ["copy", "lazy", "noise"]
     assert s["epochs_finalized"] == 2
@@ -103,7 +104,13 @@ def test_killed_nodes_resume_and_the_run_goes_on(tmp_path: Path) -> None:
                 c.restart(name)
             done.add("coord")
 
-    s, included = _run(tmp_path, epochs=3, steps=24, windows_s=45, on_tick=on_tick)
+    skip = skip_killed_commits(3)  # epoch 1's commit window, once only the killed trainer is missing
+
+    def kill_and_skip(c: Any) -> None:
+        on_tick(c)
+        skip(c)
+
+    s, included = _run(tmp_path, epochs=3, steps=24, windows_s=45, on_tick=kill_and_skip)
     assert done == {"t0", "t1", "t1-back", "coord"}
     assert s["epochs_finalized"] == 3 and s["slashed"] == []
     assert [len(included[e]) for e in range(3)] == [3, 2, 3]

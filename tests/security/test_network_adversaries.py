@@ -34,7 +34,7 @@ from protocol.digest import state_digest
 from protocol.leaf import block_count
 from protocol.model import preset
 from protocol.run import open_run
-from tests.fixtures.network import run_network
+from tests.fixtures.network import run_network, skip_to_verifier_finalize, skip_unrevealed
 from veriloco.netdemo import Control, DemoOptions
 
 pytestmark = pytest.mark.e2e
@@ -95,7 +95,9 @@ def test_adversarial_trainers_are_slashed_and_a_wrong_aggregate_is_corrected(
 
     opts = DemoOptions(trainers=5, verifiers=2, quorum=1, epochs=EPOCHS, steps=8, cheats=(("lazy", 1),),
                        workdir=tmp_path / "demo", timeout_s=480)
-    s, log = run_network(opts, inspect=inspect, on_tick=swap)
+    # epoch 1 waits for a verifier's finalize, and for the reveal of a cheater that stopped, if one did
+    skips = skip_unrevealed(EPOCHS), skip_to_verifier_finalize(EPOCHS)
+    s, log = run_network(opts, inspect=inspect, on_tick=lambda c: (swap(c), *(skip(c) for skip in skips)))
     cheaters = s["cheaters"]  # address -> kind, including the swapped-in adversaries
     assert sorted(cheaters.values()) == ["forge-final", "lazy", "stale-copy"], log
     assert s["epochs_finalized"] == EPOCHS, log
@@ -138,7 +140,8 @@ def test_a_coordinator_finalizing_an_unusable_model_changes_no_honest_model(
         seen["true"] = [state_digest(true.base(e)) for e in range(epochs + 1)]
         seen["posted"] = [bytes(chain.epoch_times(run_id, e).model_digest) for e in range(epochs)]
 
-    s, log = run_network(opts, inspect=inspect, on_tick=_swapper({"coordinator0": ["--scale", "1e30"]}))
+    swap, skip = _swapper({"coordinator0": ["--scale", "1e30"]}), skip_to_verifier_finalize(epochs)
+    s, log = run_network(opts, inspect=inspect, on_tick=lambda c: (swap(c), skip(c)))
     assert s["epochs_finalized"] == epochs, log
     assert s["slashed"] == [], log
     assert all(seen["true"][e + 1] == seen["posted"][e] for e in range(epochs))  # every confirmed model is the true one

@@ -196,7 +196,8 @@ class TrainerNode:
 
     def _wait(self, ready: Callable[[], bool], what: str, timeout: float | None = None) -> bool:
         """Poll `ready`, answering chain duties meanwhile; False on timeout."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
         announced = False
         while not ready():
             if deadline is not None and time.monotonic() > deadline:
@@ -206,6 +207,8 @@ class TrainerNode:
                 announced = True
             self.service(force=True)
             time.sleep(self.poll_s)
+        if announced:  # how long the protocol held this trainer, in its own log
+            self.log("waited", what=what, seconds=round(time.monotonic() - start, 1))
         return True
 
     # ------------------------------------------------------------------ one epoch

@@ -116,6 +116,7 @@ def test_killed_nodes_resume_and_the_run_goes_on(tmp_path: Path) -> None:
     assert [len(included[e]) for e in range(3)] == [3, 2, 3]
     log = (tmp_path / "demo" / "logs" / "trainer0.jsonl").read_text()
     assert '"event": "resumed"' in log
+    assert '"event": "waited"' in log  # each announced wait ends with how long the protocol held the trainer
 
 
 @pytest.mark.integration

@@ -66,7 +66,7 @@ class _Half(nn.Module):
     def __init__(self, cfg: GPTConfig, i: int, half: int) -> None:
         super().__init__()
         block = model_class(cfg).block(cfg)
-        for name in [n for n in block._modules if half_of(n) != half]:
+        for name in [n for n, _ in block.named_children() if half_of(n) != half]:
             delattr(block, name)
         self.blocks = nn.ModuleDict({str(i): block})
         self.i, self.part = str(i), half

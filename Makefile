@@ -47,7 +47,7 @@ devnet: install
 	$(BIN)/veriloco devnet $(DEVNET_ARGS)
 
 bench: install
-	$(BIN)/python benchmarks/convergence.py --preset tiny --seeds 0,1,2 --eval-rows 512 --methods allreduce,diloco,dilocox --sweep-outer 1.0:0.0,1.0:0.3,1.2:0.0 --out benchmarks/results/convergence-tiny.json
+	$(BIN)/python benchmarks/convergence.py --preset tiny --seeds 0,1,2 --eval-rows 512 --methods allreduce,diloco,dilocox --outer-lr 0.7 --outer-momentum 0.5 --sweep-outer 1.0:0.0,1.0:0.3,1.2:0.0 --out benchmarks/results/convergence-tiny.json
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .hypothesis

@@ -5,13 +5,17 @@ per seed (the seed sets both the model init and the data order, shared by every 
 seed), and reports each method's loss gap to AllReduce as a paired mean ± sd with a Student-t 95%
 interval over the seeds (veriloco/stats.py), at equal tokens; a separate table compares the methods
 at equal simulated time (the fastest method's simulated time at 1 Gbps). ``--sweep-outer`` reruns
-the DiLoCo-family methods at other outer lr / momentum settings against the same AllReduce runs.
+the DiLoCo-family methods at other outer lr / momentum settings against the same AllReduce runs;
+``--sweep-inner-lr`` reruns every method, AllReduce included, at other inner lrs and reports each
+at its own best. ``--merge`` joins runs of one configuration on disjoint seeds (one process per
+seed uses every core: each run is single-threaded for bitwise-stable losses).
 Prints Markdown (``--render JSON`` prints it again from a results file) and a projection of the
 traffic formulas to the DiLoCoX paper's setting with every input labelled measured or assumed.
 
     .venv/bin/python benchmarks/convergence.py --preset ci --seeds 0 --eval-rows 64 --out /tmp/c.json
     .venv/bin/python benchmarks/convergence.py --preset tiny --seeds 0,1,2 \
-        --methods allreduce,diloco,dilocox --sweep-outer 1.0:0.0 --out benchmarks/results/convergence-tiny.json
+        --methods allreduce,diloco,dilocox --sweep-outer 0.7:0.5 --out benchmarks/results/convergence-tiny.json
+    .venv/bin/python benchmarks/convergence.py --merge /tmp/s0.json /tmp/s1.json --out /tmp/both.json
 
 Simulated time uses one per-step training time for every method (the median of all steps measured
 in that seed's runs), so methods that ran while the machine was busier are not penalised; measured
@@ -167,6 +171,15 @@ def parse_outer(spec: str) -> list[tuple[float, float]]:
     return out
 
 
+def parse_lrs(spec: str) -> list[float]:
+    """``"1e-3,4e-3"`` -> [0.001, 0.004]; each must be positive."""
+    lrs = [float(x) for x in spec.split(",") if x.strip()]
+    bad = [x for x in lrs if not x > 0]
+    if bad:
+        raise SystemExit(f"--sweep-inner-lr needs positive learning rates, got {bad}")
+    return lrs
+
+
 def method_record(r: MethodResult, step_s: float) -> dict[str, Any]:
     return {
         "final_eval_loss": r.final_eval_loss,
@@ -271,8 +284,10 @@ def run_seed(
     sweep: list[tuple[float, float]],
     corpus: Corpus,
     say: Callable[[str], None],
+    lr_sweep: tuple[float, ...] = (),
 ) -> dict[str, Any]:
-    """All methods (and the outer sweep's local methods) for one seed, paired by init and data."""
+    """All methods (and the outer sweep's local methods, and every method at the swept inner lrs)
+    for one seed, paired by init and data."""
     c = replace(cfg, init_seed=seed, run_seed=seed)
     results: dict[str, MethodResult] = {}
     for n in names:
@@ -301,19 +316,29 @@ def run_seed(
                 "eval_curve": r.curve,
             }
             say(f"== seed {seed} outer {key} {n}: final eval {r.final_eval_loss:.4f}")
+    swept_lr: dict[str, dict[str, Any]] = {}
+    for lr in lr_sweep:
+        ic = replace(c, inner=replace(c.inner, lr=lr))
+        swept_lr[f"{lr:g}"] = {}
+        for n in names:
+            r = run_method(n, ic, corpus, say)
+            swept_lr[f"{lr:g}"][n] = {"final_eval_loss": r.final_eval_loss, "eval_curve": r.curve}
+            say(f"== seed {seed} inner lr {lr:g} {n}: final eval {r.final_eval_loss:.4f}")
     return {
         "seed": seed,
         "step_seconds_for_simulation": step_s,
         "methods": {n: method_record(r, step_s) for n, r in results.items()},
         "equal_time": {"budget_s": budget, "methods": equal_time},
         "sweep": swept,
+        "sweep_inner_lr": swept_lr,
     }
 
 
 def aggregate_seeds(
-    per_seed: list[dict[str, Any]], names: list[str], cfg: SimConfig
+    per_seed: list[dict[str, Any]], names: list[str], outer: tuple[float, float], inner_lr: float
 ) -> dict[str, Any]:
-    """Paired statistics over seeds: equal tokens, equal simulated time, and the outer sweep."""
+    """Paired statistics over seeds: equal tokens, equal simulated time, the outer sweep and the
+    inner lr sweep (``outer``: the main outer lr and momentum; ``inner_lr``: the main inner lr)."""
 
     def col(path: list[str]) -> list[float]:
         vals = []
@@ -360,7 +385,7 @@ def aggregate_seeds(
     local = [n for n in names if n != "allreduce"]
     rows = [
         {
-            "outer": {"lr": cfg.outer.lr, "momentum": cfg.outer.momentum},
+            "outer": {"lr": outer[0], "momentum": outer[1]},
             "main": True,
             **gap_summary({n: losses[n] for n in names}),
         }
@@ -371,7 +396,30 @@ def aggregate_seeds(
         sl.update({n: col(["sweep", key, n, "final_eval_loss"]) for n in local})
         rows.append({"outer": {"lr": lr, "momentum": mom}, "main": False, **gap_summary(sl)})
     out["sweep_outer"] = rows
+    if per_seed[0].get("sweep_inner_lr"):
+        by_lr = {f"{inner_lr:g}": losses}
+        by_lr.update({k: {n: col(["sweep_inner_lr", k, n, "final_eval_loss"]) for n in names}
+                      for k in per_seed[0]["sweep_inner_lr"]})
+        out["sweep_inner_lr"] = tuned_inner_lr(by_lr, f"{inner_lr:g}")
     return out
+
+
+def tuned_inner_lr(by_lr: dict[str, dict[str, list[float]]], main_lr: str) -> dict[str, Any]:
+    """Each method at its own best inner lr (lowest mean final loss over the seeds), paired by seed.
+
+    AllReduce is tuned too: comparing a tuned DiLoCo against an untuned AllReduce would flatter the
+    local methods. ``per_lr`` keeps every setting's gap against AllReduce at the same lr.
+    """
+    names = list(by_lr[main_lr])
+    best = {n: min(by_lr, key=lambda k: statistics.fmean(by_lr[k][n])) for n in names}
+    return {
+        "main_lr": main_lr,
+        "lrs": list(by_lr),
+        "mean_loss": {k: {n: statistics.fmean(v) for n, v in per.items()} for k, per in by_lr.items()},
+        "per_lr": {k: gap_summary(per) for k, per in by_lr.items()},
+        "best_lr": best,
+        "tuned": gap_summary({n: by_lr[best[n]][n] for n in names}),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,12 +447,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inner-lr", type=float, help="override the preset's inner (AdamW) lr")
     ap.add_argument("--warmup", type=int, help="override the preset's inner warmup steps")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--outer-lr", type=float, default=0.7)
-    ap.add_argument("--outer-momentum", type=float, default=0.5)
+    ap.add_argument("--outer-lr", type=float, default=1.0, help="outer lr (default 1.0, as examples/run.toml)")
+    ap.add_argument("--outer-momentum", type=float, default=0.0, help="outer Nesterov momentum (default 0)")
     ap.add_argument(
         "--sweep-outer",
         default="",
         help="extra outer settings LR:MOMENTUM,... for the local methods",
+    )
+    ap.add_argument(
+        "--sweep-inner-lr",
+        default="",
+        help="extra inner (AdamW) lrs LR,...: every method, AllReduce included, reruns at each; "
+        "the report adds each method at its own best lr",
+    )
+    ap.add_argument(
+        "--merge", type=Path, nargs="+", metavar="JSON",
+        help="merge results of one configuration run on disjoint seeds into --out, and exit",
     )
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
@@ -413,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.out is None:
         ap.error("--out is required (or --render)")
+    if a.merge:
+        return write(merge(a.merge), a.out)
     names = [n for n in a.methods.split(",") if n]
     unknown = set(names) - set(ALL)
     if unknown or "allreduce" not in names:
@@ -449,10 +509,11 @@ def main(argv: list[str] | None = None) -> int:
         eval_rows=a.eval_rows,
     )
     sweep = [s for s in parse_outer(a.sweep_outer) if s != (a.outer_lr, a.outer_momentum)]
+    lr_sweep = tuple(x for x in parse_lrs(a.sweep_inner_lr) if x != p.lr)
     info = machine()
     t_start = time.perf_counter()
     say = (lambda _: None) if a.quiet else (lambda s: print(s, flush=True))
-    per_seed = [run_seed(seed, cfg, names, sweep, corpus, say) for seed in seeds]
+    per_seed = [run_seed(seed, cfg, names, sweep, corpus, say, lr_sweep) for seed in seeds]
     out: dict[str, Any] = {
         "benchmark": "convergence",
         "preset": a.preset,
@@ -484,10 +545,27 @@ def main(argv: list[str] | None = None) -> int:
             "latency_s": cfg.latency_s,
             "allreduce_bucket_bytes": cfg.bucket_bytes,
         },
-        **aggregate_seeds(per_seed, names, cfg),
         "per_seed": per_seed,
         "digest_cost": digest_cost(p.model, p.batch_size, p.seq_len, corpus),
+        "wall_seconds": time.perf_counter() - t_start,
     }
+    return write(summarize(out), a.out)
+
+
+def write(out: dict[str, Any], path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(render(out))
+    return 0
+
+
+def summarize(out: dict[str, Any]) -> dict[str, Any]:
+    """The paired statistics, targets and projection, from ``config`` and ``per_seed`` alone (so
+    results run seed by seed, on several machines, can be merged and summarised the same way)."""
+    cfg, per_seed = out["config"], out["per_seed"]
+    names = list(per_seed[0]["methods"])
+    out = {**out, **aggregate_seeds(per_seed, names, (cfg["outer"]["lr"], cfg["outer"]["momentum"]),
+                                    cfg["inner"]["lr"])}
     if "dilocox" in names:
         gx = out["paired_gap_vs_allreduce"]["dilocox"]
         ms = out["methods"]
@@ -513,16 +591,44 @@ def main(argv: list[str] | None = None) -> int:
         payloads = [x for s in per_seed for x in s["methods"]["dilocox"]["payload_bytes_per_round"]]
         rounds = [s["methods"]["dilocox"]["rounds"] for s in per_seed]
         out["projection_107b_1gbps"] = projection(
-            a.trainers,
+            cfg["trainers"],
             out["traffic_reduction_vs_allreduce"],
-            4 * n_params(model) * len(payloads) / sum(payloads),
-            p.steps / statistics.fmean(rounds),
+            4 * cfg["n_params"] * len(payloads) / sum(payloads),
+            cfg["steps_per_worker"] / statistics.fmean(rounds),
         )
-    out["wall_seconds"] = time.perf_counter() - t_start
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(render(out))
-    return 0
+    return out
+
+
+def merge(paths: list[Path]) -> dict[str, Any]:
+    """One results file from runs of the same configuration on disjoint seeds (e.g. one process per
+    seed on a multi-core machine): per-seed records concatenated in seed order, then summarised."""
+    parts = [json.loads(x.read_text()) for x in paths]
+    first = parts[0]
+    for path, part in zip(paths[1:], parts[1:]):
+        for key in ("preset", "eval_rows", "config"):
+            if part.get(key) != first.get(key):
+                raise SystemExit(f"cannot merge {path}: its {key!r} differs from {paths[0]}'s; "
+                                 "merge only runs of one configuration")
+        ours, theirs = first["per_seed"][0], part["per_seed"][0]
+        for key in ("methods", "sweep", "sweep_inner_lr"):
+            if set(ours.get(key, {})) != set(theirs.get(key, {})):
+                raise SystemExit(f"cannot merge {path}: its {key} ({sorted(theirs.get(key, {}))}) "
+                                 f"differ from {paths[0]}'s ({sorted(ours.get(key, {}))})")
+    per_seed = sorted((s for part in parts for s in part["per_seed"]), key=lambda s: s["seed"])
+    seeds = [s["seed"] for s in per_seed]
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"cannot merge: seed(s) {sorted({x for x in seeds if seeds.count(x) > 1})} "
+                         "appear in more than one file")
+    keep = {k: v for k, v in first.items() if k in ("benchmark", "preset", "eval_rows", "config", "digest_cost")}
+    return summarize({
+        **keep,
+        "command": [part["command"] for part in parts],
+        "merged_from": [str(x) for x in paths],
+        "machine": [part["machine"] for part in parts],
+        "seeds": seeds,
+        "per_seed": per_seed,
+        "wall_seconds": sum(part["wall_seconds"] for part in parts),
+    })
 
 
 def sweep_vs_main(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -551,6 +657,38 @@ def _gap_cell(g: dict[str, Any]) -> str:
     return f"{mean * 100:+.2f}% ± {sd * 100:.2f} [{ci[0] * 100:+.2f}, {ci[1] * 100:+.2f}]"
 
 
+
+
+def _render_inner_lr(sw: dict[str, Any] | None, names: list[str]) -> list[str]:
+    if not sw:
+        return []
+    lines = [
+        "",
+        ("Inner lr sweep (equal tokens; every method, AllReduce included, at each lr). Mean final eval "
+         "loss, and the gap to AllReduce at the same lr:"),
+        "",
+        "| inner lr | " + " | ".join(names) + " |",
+        "|---:|" + "---:|" * len(names),
+    ]
+    for k in sw["lrs"]:
+        gaps = sw["per_lr"][k]["paired_gap_vs_allreduce"]
+        main = " (main)" if k == sw["main_lr"] else ""
+        lines.append(f"| {k}{main} | " + " | ".join(
+            f"{sw['mean_loss'][k][n]:.4f} ({_pct(gaps[n]['mean'])})" for n in names) + " |")
+    tuned = sw["tuned"]
+    lines += [
+        "",
+        "Each method at its own best inner lr (" + ", ".join(f"{n} {sw['best_lr'][n]}" for n in names)
+        + "), paired by seed:",
+        "",
+        "| method | gap vs tuned allreduce |",
+        "|---|---:|",
+    ]
+    lines += [f"| {n} | {_gap_cell(tuned['paired_gap_vs_allreduce'][n])} |" for n in names]
+    dd = tuned.get("paired_gap_dilocox_vs_diloco")
+    if isinstance(dd, dict):
+        lines += ["", f"DiLoCoX - DiLoCo at their best lrs (gap points, paired): {_gap_cell(dd)}"]
+    return lines
 
 
 def render(out: dict[str, Any]) -> str:
@@ -628,6 +766,7 @@ def render(out: dict[str, Any]) -> str:
         for key, per in vs_main.items():
             lr, mom = parse_outer(key)[0]
             lines.append(f"| {lr} | {mom} | " + " | ".join(_gap_cell(per[n]) for n in local) + " |")
+    lines += _render_inner_lr(out.get("sweep_inner_lr"), list(ms))
     pr = out.get("projection_107b_1gbps")
     if isinstance(pr, dict):
         inp = pr["inputs"]

@@ -45,7 +45,7 @@ def test_two_seed_run_writes_the_agreed_keys(
 ) -> None:
     out = tmp_path / "c.json"
     argv = ["--preset", "ci", "--seeds", "3,4", "--eval-rows", "8", "--steps", "4", "--h", "2",
-            "--methods", "allreduce,diloco,dilocox", "--sweep-outer", "1.0:0.0", "--quiet", "--out", str(out)]  # fmt: skip
+            "--methods", "allreduce,diloco,dilocox", "--sweep-outer", "0.7:0.5", "--quiet", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     r = json.loads(out.read_text())
     assert r["seeds"] == [3, 4] and r["eval_rows"] == 8
@@ -58,11 +58,37 @@ def test_two_seed_run_writes_the_agreed_keys(
     losses = [s["methods"]["allreduce"]["final_eval_loss"] for s in r["per_seed"]]
     assert losses[0] != losses[1]  # seeds change init and data
     assert [row["outer"] for row in r["sweep_outer"]] == [
-        {"lr": 0.7, "momentum": 0.5},
         {"lr": 1.0, "momentum": 0.0},
+        {"lr": 0.7, "momentum": 0.5},
     ]
     et = r["equal_simulated_time"]
     assert len(et["budget_s_per_seed"]) == 2 and "dilocox" in et["paired_gap_vs_allreduce"]
     text = capsys.readouterr().out
     assert text.strip() == render(r).strip()
     assert "Equal simulated time" in text and "| assumed (the paper's model) |" in text
+
+
+def test_seed_runs_merge_into_the_joint_run_and_inner_lr_is_tuned_per_method(tmp_path: Path) -> None:
+    """Two single-seed runs merged give the two-seed run's statistics exactly (single-threaded runs are
+    bitwise reproducible); the inner lr sweep reruns AllReduce too and picks each method's best lr."""
+    common = ["--preset", "ci", "--eval-rows", "8", "--steps", "4", "--h", "2", "--methods", "allreduce,diloco",
+              "--sweep-inner-lr", "1e-2", "--quiet"]  # fmt: skip
+    for seeds, name in (("3,4", "both"), ("4", "s4"), ("3", "s3")):
+        assert main([*common, "--seeds", seeds, "--out", str(tmp_path / f"{name}.json")]) == 0
+    assert main(["--merge", str(tmp_path / "s4.json"), str(tmp_path / "s3.json"), "--out", str(tmp_path / "m.json")]) == 0
+    both, merged = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("both", "m"))
+    assert merged["seeds"] == [3, 4]
+    for key in ("paired_gap_vs_allreduce", "sweep_inner_lr"):
+        assert merged[key] == both[key]
+    sw = merged["sweep_inner_lr"]
+    assert sw["lrs"] == ["0.003", "0.01"] and set(sw["best_lr"]) == {"allreduce", "diloco"}
+    for n, lr in sw["best_lr"].items():
+        assert sw["mean_loss"][lr][n] == min(sw["mean_loss"][k][n] for k in sw["lrs"])
+    assert "Each method at its own best inner lr" in render(merged)
+    with pytest.raises(SystemExit, match="seed"):
+        main(["--merge", str(tmp_path / "s3.json"), str(tmp_path / "both.json"), "--out", str(tmp_path / "x.json")])
+    bad = json.loads((tmp_path / "s4.json").read_text())
+    bad["config"]["batch_size"] += 1
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(SystemExit, match="config"):
+        main(["--merge", str(tmp_path / "s3.json"), str(tmp_path / "bad.json"), "--out", str(tmp_path / "x.json")])

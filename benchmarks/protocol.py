@@ -5,8 +5,8 @@
 
 Runs `veriloco demo` (a py-evm devnet, a LocalStore, K trainer, 3 verifier and one coordinator
 processes; quorum 3) once per scenario: shard audits and full-state audits, at H = 64 and H = 256
-on the `small` preset, both under the same deterrence policy (s = 2 audited steps, segments of
-r = 8 steps: 16 replayed steps per challenge set). Per scenario, from the nodes' logs:
+on the `small` preset, both under the same deterrence policy (s = 4 audited steps, segments of
+r = 8 steps: 32 replayed steps per challenge set). Per scenario, from the nodes' logs:
 
 - `traffic_reduction_vs_allreduce`: ring AllReduce of fp32 gradients for the steps trained
   (2 (K-1)/K x 4 bytes x parameters x H) over every store byte a trainer moves: what it publishes
@@ -25,6 +25,10 @@ r = 8 steps: 16 replayed steps per challenge set). Per scenario, from the nodes'
 - `audit_bytes_per_payload_byte`: bytes a trainer publishes to answer audits over its payload bytes.
 - `state_bytes_largest_process_fraction`: the training state (parameters, moments, error buffer)
   held by the trainer's largest process over the whole state; see `state_fraction`.
+
+Which blocks the audits draw follows the run's seeds, and a large block costs more bytes and
+replay than a small one, so one run is one sample. `--merge` of several runs of one scenario reports
+the mean of each figure, with every run's value under `runs`.
 """
 
 from __future__ import annotations
@@ -177,6 +181,28 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
     }
 
 
+SAMPLED = ("traffic_reduction_vs_allreduce", "traffic_reduction_vs_allreduce_per_fetch", "verifier_compute_fraction",
+           "trainer_stall_fraction", "commitment_fraction_of_training", "audit_bytes_per_payload_byte",
+           "trainer_compute_per_epoch_seconds")
+
+
+def combine(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Runs of the same scenario (preset, H, mode, policy, stages) as one: each figure in ``SAMPLED``
+    is the mean over the runs, and ``runs`` keeps every run's values."""
+    def key(sc: dict[str, Any]) -> tuple[Any, ...]:
+        return (sc["preset"], sc["H"], sc["audit_mode"], sc["audit_steps"], sc["audit_segment"], sc["stages"])
+
+    out = []
+    for _, group in itertools.groupby(scenarios, key):
+        runs = list(group)
+        if len(runs) == 1:
+            out.append(runs[0])
+            continue
+        mean = {k: round(statistics.fmean(r[k] for r in runs), 4) for k in SAMPLED}
+        out.append({**runs[0], **mean, "runs": [{k: r[k] for k in SAMPLED} for r in runs]})
+    return out
+
+
 def markdown(runs: list[dict[str, Any]]) -> str:
     rows = [
         "| preset | H | audits (s x r) | quorum | AllReduce bytes / trainer bytes: each byte once (per verifier fetch) | verifier / trainer compute | trainer stall | commitments / training | audit bytes / payload byte | largest process's state | compute / trainer / epoch |",
@@ -184,11 +210,13 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     ]
     for r in runs:
         frac = r["state_bytes_largest_process_fraction"]
+        runs_note = f" (mean of {len(r['runs'])} runs)" if "runs" in r else ""
         rows.append(
-            f"| {r['preset']} | {r['H']} | {r['audit_mode'].replace('_', '-')} ({r['audit_steps']} x {r['audit_segment']}) | "
-            f"{r['quorum']} | {r['traffic_reduction_vs_allreduce']} ({r['traffic_reduction_vs_allreduce_per_fetch']}) | "
+            f"| {r['preset']}{runs_note} | {r['H']} | {r['audit_mode'].replace('_', '-')} ({r['audit_steps']} x {r['audit_segment']}) | "
+            f"{r['quorum']} | "
+            f"{r['traffic_reduction_vs_allreduce']:.2f} ({r['traffic_reduction_vs_allreduce_per_fetch']:.2f}) | "
             f"{r['verifier_compute_fraction']:.3f} | {r['trainer_stall_fraction']:.3f} | "
-            f"{r['commitment_fraction_of_training']:.3f} | {r['audit_bytes_per_payload_byte']:,} | "
+            f"{r['commitment_fraction_of_training']:.3f} | {r['audit_bytes_per_payload_byte']:,.1f} | "
             f"{'n/a' if frac is None else f'{frac:g}'} | {r['trainer_compute_per_epoch_seconds']:.1f} s |"
         )
     return "\n".join(rows)
@@ -215,10 +243,11 @@ def main() -> int:
     if args.merge:
         parts = [json.loads(p.read_text()) for p in args.merge]
         order = {"shard": 0, "full_state": 1}
-        runs = sorted((sc for part in parts for sc in part["scenarios"]), key=lambda sc: (sc["H"], order[sc["audit_mode"]]))
-        out = {"scenarios": runs, "commands": [part["command"] for part in parts], "machine": parts[0]["machine"]}
+        merged = combine(sorted((sc for part in parts for sc in part["scenarios"]),
+                                key=lambda sc: (sc["H"], order[sc["audit_mode"]])))
+        out = {"scenarios": merged, "commands": [part["command"] for part in parts], "machine": parts[0]["machine"]}
         args.out.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
-        print(markdown(runs))
+        print(markdown(merged))
         return 0
     name = args.preset or ("tiny" if args.quick else "small")
     hs = args.steps or ([8, 16] if args.quick else [64, 256])

@@ -1,0 +1,15 @@
+"""The commitment-cost benchmark measures the trainer's own code path: one state leaf per segment."""
+
+import pytest
+
+from benchmarks.commitments import markdown, measure
+
+pytestmark = pytest.mark.unit
+
+
+def test_one_segment_of_tiny_is_measured_with_one_state_leaf() -> None:
+    r = measure("tiny", rows=2, seq=16, segment=3)
+    assert r["boundary_tensors_per_step"] == 2 * (2 * 2 + 1)  # two per edge between B = 2 n_layer + 2 blocks
+    assert r["tokens_per_step"] == 32 and r["compute_s_per_step"] > 0 and r["commit_s_per_step"] > 0
+    assert r["commitment_fraction_of_training"] > 0 and r["segment"] == 3
+    assert "| tiny |" in markdown([r])

@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows = [measure(n, r, s, a.segment) for n, r, s in SETTINGS if not wanted or n in wanted]
     load.append(os.getloadavg()[0])
-    out = {"benchmark": "commitments", "command": "nice -n 19 .venv/bin/python -m benchmarks.commitments " + " ".join(argv or []),
+    out = {"benchmark": "commitments", "command": " ".join(["nice -n 19 .venv/bin/python -m benchmarks.commitments", *(sys.argv[1:] if argv is None else argv)]),
            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": 1,
                        "load_average_1m": {"start": load[0], "end": load[1]}},
            "versions": {"python": platform.python_version(), "torch": torch.__version__},

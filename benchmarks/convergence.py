@@ -446,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, help="override the preset's per-worker batch")
     ap.add_argument("--inner-lr", type=float, help="override the preset's inner (AdamW) lr")
     ap.add_argument("--warmup", type=int, help="override the preset's inner warmup steps")
+    ap.add_argument("--corpus-bytes", type=int, help="override the preset's corpus size (same size, same data)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--outer-lr", type=float, default=1.0, help="outer lr (default 1.0, as examples/run.toml)")
     ap.add_argument("--outer-momentum", type=float, default=0.0, help="outer Nesterov momentum (default 0)")
@@ -492,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=a.batch_size or p.batch_size,
         lr=a.inner_lr or p.lr,
         warmup=p.warmup if a.warmup is None else a.warmup,
+        corpus_bytes=a.corpus_bytes or p.corpus_bytes,
     )
     configure_determinism(a.threads)
     corpus = default_corpus(p.corpus_bytes)

@@ -183,23 +183,22 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
 
 SAMPLED = ("traffic_reduction_vs_allreduce", "traffic_reduction_vs_allreduce_per_fetch", "verifier_compute_fraction",
            "trainer_stall_fraction", "commitment_fraction_of_training", "audit_bytes_per_payload_byte",
-           "trainer_compute_per_epoch_seconds")
+           "trainer_compute_per_epoch_seconds", "audit_bytes_per_trainer_per_epoch", "payload_bytes_per_trainer_per_epoch")
 
 
 def combine(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Runs of the same scenario (preset, H, mode, policy, stages) as one: each figure in ``SAMPLED``
-    is the mean over the runs, and ``runs`` keeps every run's values."""
-    def key(sc: dict[str, Any]) -> tuple[Any, ...]:
-        return (sc["preset"], sc["H"], sc["audit_mode"], sc["audit_steps"], sc["audit_segment"], sc["stages"])
-
+    """Runs of the same scenario as one: what fixes the scenario, the mean of each figure in
+    ``SAMPLED``, and every run whole under ``runs`` (its bytes, seconds, draws)."""
+    fixed = ("preset", "H", "audit_mode", "audit_steps", "audit_segment", "stages", "quorum", "trainers",
+             "verifiers", "epochs", "state_bytes_largest_process_fraction")
     out = []
-    for _, group in itertools.groupby(scenarios, key):
+    for _, group in itertools.groupby(scenarios, lambda sc: tuple(sc[k] for k in fixed)):
         runs = list(group)
         if len(runs) == 1:
             out.append(runs[0])
             continue
         mean = {k: round(statistics.fmean(r[k] for r in runs), 4) for k in SAMPLED}
-        out.append({**runs[0], **mean, "runs": [{k: r[k] for k in SAMPLED} for r in runs]})
+        out.append({**{k: runs[0][k] for k in fixed}, **mean, "runs": runs})
     return out
 
 
@@ -245,7 +244,8 @@ def main() -> int:
         order = {"shard": 0, "full_state": 1}
         merged = combine(sorted((sc for part in parts for sc in part["scenarios"]),
                                 key=lambda sc: (sc["H"], order[sc["audit_mode"]])))
-        out = {"scenarios": merged, "commands": [part["command"] for part in parts], "machine": parts[0]["machine"]}
+        out = {"scenarios": merged, "commands": [part["command"] for part in parts],
+               "machines": [part["machine"] for part in parts]}  # one per command
         args.out.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
         print(markdown(merged))
         return 0

@@ -21,6 +21,8 @@ r = 8 steps: 32 replayed steps per challenge set). Per scenario, from the nodes'
   longer run does not repeat, is reported apart as `trainer_stall_fraction_whole_run`). Steps'
   wall time is the trainer's `step_wall_s` (trainer/node.py); median over trainers. Every process
   shares this machine's cores, so a step's wall time includes contention from verifiers' replays.
+  `audit_answer_seconds_per_trainer_per_epoch` is the part of it spent building shard answers
+  (the trainer's `responded` events: replaying each drawn segment to recover its boundary tensors).
 - `commitment_fraction_of_training`: CPU seconds of leaf commitments over CPU seconds of steps.
 - `audit_bytes_per_payload_byte`: bytes a trainer publishes to answer audits over its payload bytes.
 - `state_bytes_largest_process_fraction`: the training state (parameters, moments, error buffer)
@@ -108,7 +110,7 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
     logs = {p.stem: _events(p) for p in (opts.workdir / "logs").glob("*.jsonl")}
     trainer_logs = [evs for name, evs in logs.items() if name.startswith("trainer")]
     stalls, stalls_whole, traffic = [], [], []
-    compute = digest = audit = payload = 0.0
+    compute = digest = audit = payload = answer_wall = 0.0
     per_epoch_compute: dict[int, list[float]] = {}
     for evs in trainer_logs:
         steps = [ev for ev in evs if ev["event"] == "step"]
@@ -126,6 +128,7 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
             payload += ev["payload_bytes"]
             per_epoch_compute.setdefault(ev["epoch"], []).append(ev["compute_s"])
         audit += sum(ev["audit_bytes"] for ev in evs if ev["event"] == "responded")
+        answer_wall += sum(ev.get("answer_s", 0.0) for ev in evs if ev["event"] == "responded")
         traffic.append(trainer_traffic(evs))
     verifier_s = sum(ev["cpu_s"] for name, evs in logs.items() if name.startswith("verifier")
                      for ev in evs if ev["event"] == "verified")
@@ -162,6 +165,8 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
         "trainer_compute_per_epoch_seconds": round(compute / n / epochs, 2),
         "trainer_stall_fraction_by_trainer": [round(x, 4) for x in stalls],
         "trainer_stall_fraction_whole_run": round(statistics.median(stalls_whole), 4),
+        # wall seconds building the shard answers (replaying the drawn segments), a part of the stall
+        "audit_answer_seconds_per_trainer_per_epoch": round(answer_wall / n / epochs, 2),
         "trainer_compute_seconds": round(compute, 2),
         "commitment_seconds": round(digest, 2),
         "verifier_compute_seconds": round(verifier_s, 2),
@@ -244,8 +249,8 @@ def main() -> int:
         order = {"shard": 0, "full_state": 1}
         merged = combine(sorted((sc for part in parts for sc in part["scenarios"]),
                                 key=lambda sc: (sc["H"], order[sc["audit_mode"]])))
-        out = {"scenarios": merged, "commands": [part["command"] for part in parts],
-               "machines": [part["machine"] for part in parts]}  # one per command
+        out: dict[str, Any] = {"scenarios": merged, "commands": [part["command"] for part in parts],
+                               "machines": [part["machine"] for part in parts]}  # one per command
         args.out.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
         print(markdown(merged))
         return 0

@@ -531,6 +531,7 @@ class TrainerNode:
 
         prev = self._dir(e - 1) if e >= 1 else None
         cont = bool(d.meta.get("continued")) and prev is not None and "leaves" in prev.meta
+        t0, c0 = time.monotonic(), time.process_time()  # answering replays each drawn segment: part of the stall
         m = shard_response(
             engine=eng, spec=self.spec, run_id=self.run_id, epoch=e, trainer=self.me, d=d,
             preimages=[bytes.fromhex(x) for x in d.meta["leaves"]], seed=seed, steps=steps,
@@ -539,12 +540,14 @@ class TrainerNode:
             prev=prev if cont else None,
             prev_preimages=[bytes.fromhex(x) for x in prev.meta["leaves"]] if cont and prev else (),
         )
+        built_s, built_cpu_s = time.monotonic() - t0, time.process_time() - c0
         encoded = shard_audit.encode_manifest(m, block_count(self.spec.model))
         mcid = self.store.put(encoded)
         tx = self.chain.respond(self.run_id, e, mcid, response)
         d.update(status=RESPONDED, manifest_cid=mcid, gas_respond=tx.gas_used)
         self.log("responded", epoch=e, transitions=list(steps), final=m.final.block >= 0, manifest=mcid, gas=tx.gas_used,
-                 blocks=[c.block for c in m.challenges], audit_bytes=published[0] + len(encoded), **self.traffic())
+                 blocks=[c.block for c in m.challenges], audit_bytes=published[0] + len(encoded),
+                 answer_s=round(built_s, 3), answer_cpu_s=round(built_cpu_s, 3), **self.traffic())
 
     def _prune(self, e: int) -> None:
         """Keep the last two epochs (the next start-rule check needs e-1); drop older checkpoints."""

@@ -8,6 +8,7 @@ the model the coordinator finalized, and no cheater may be among the included tr
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,9 @@ def test_honest_network_learns_and_nobody_is_slashed(tmp_path: Path) -> None:
     paid = sum(len(v) for v in included.values()) * 10**15 + s["verdicts"]["pass"] * 10**14
     assert s["rewards_paid_wei"] == paid and s["reward_pool_left_wei"] == 10**17 - paid
     assert (tmp_path / "report" / "summary.json").exists() and (tmp_path / "report" / "loss.png").exists()
+    answers = [json.loads(line) for log in (tmp_path / "demo" / "logs").glob("trainer*.jsonl")
+               for line in log.read_text().splitlines() if '"responded"' in line]
+    assert answers and all(a["answer_cpu_s"] > 0 and a["answer_s"] > 0 for a in answers)  # replaying a segment costs
 
 
 def test_every_cheater_is_slashed_and_never_aggregated(tmp_path: Path) -> None:

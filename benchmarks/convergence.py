@@ -414,7 +414,7 @@ def tuned_inner_lr(by_lr: dict[str, dict[str, list[float]]], main_lr: str) -> di
     best = {n: min(by_lr, key=lambda k: statistics.fmean(by_lr[k][n])) for n in names}
     return {
         "main_lr": main_lr,
-        "lrs": list(by_lr),
+        "lrs": sorted(by_lr, key=float),
         "mean_loss": {k: {n: statistics.fmean(v) for n, v in per.items()} for k, per in by_lr.items()},
         "per_lr": {k: gap_summary(per) for k, per in by_lr.items()},
         "best_lr": best,
@@ -602,25 +602,52 @@ def summarize(out: dict[str, Any]) -> dict[str, Any]:
 
 
 def merge(paths: list[Path]) -> dict[str, Any]:
-    """One results file from runs of the same configuration on disjoint seeds (e.g. one process per
-    seed on a multi-core machine): per-seed records concatenated in seed order, then summarised."""
+    """One results file from runs of one configuration: runs on disjoint seeds (e.g. one process
+    per seed) are concatenated in seed order; runs that differ only in the inner lr join the inner lr
+    sweep of the seeds they share (so a sweep can be widened later). The first file sets the main lr."""
     parts = [json.loads(x.read_text()) for x in paths]
     first = parts[0]
-    for path, part in zip(paths[1:], parts[1:]):
-        for key in ("preset", "eval_rows", "config"):
+    main_lr = first["config"]["inner"]["lr"]
+
+    def but_lr(cfg: dict[str, Any]) -> dict[str, Any]:
+        return {**cfg, "inner": {**cfg["inner"], "lr": None}}
+
+    mains: list[tuple[Path, dict[str, Any]]] = []
+    others: list[tuple[Path, dict[str, Any]]] = []
+    for path, part in zip(paths, parts):
+        for key in ("preset", "eval_rows"):
             if part.get(key) != first.get(key):
-                raise SystemExit(f"cannot merge {path}: its {key!r} differs from {paths[0]}'s; "
-                                 "merge only runs of one configuration")
+                raise SystemExit(f"cannot merge {path}: its {key!r} differs from {paths[0]}'s")
+        if but_lr(part["config"]) != but_lr(first["config"]):
+            raise SystemExit(f"cannot merge {path}: its 'config' differs from {paths[0]}'s in more than the inner lr; "
+                             "merge only runs of one configuration")
         ours, theirs = first["per_seed"][0], part["per_seed"][0]
-        for key in ("methods", "sweep", "sweep_inner_lr"):
+        same_lr = part["config"]["inner"]["lr"] == main_lr
+        for key in ("methods",) + (("sweep", "sweep_inner_lr") if same_lr else ()):
             if set(ours.get(key, {})) != set(theirs.get(key, {})):
                 raise SystemExit(f"cannot merge {path}: its {key} ({sorted(theirs.get(key, {}))}) "
                                  f"differ from {paths[0]}'s ({sorted(ours.get(key, {}))})")
-    per_seed = sorted((s for part in parts for s in part["per_seed"]), key=lambda s: s["seed"])
+        if not same_lr and (theirs.get("sweep") or theirs.get("sweep_inner_lr")):
+            raise SystemExit(f"cannot merge {path}: a run at another inner lr joins the sweep; it must not sweep itself")
+        (mains if same_lr else others).append((path, part))
+    per_seed = sorted((s for _, part in mains for s in part["per_seed"]), key=lambda s: s["seed"])
     seeds = [s["seed"] for s in per_seed]
     if len(set(seeds)) != len(seeds):
         raise SystemExit(f"cannot merge: seed(s) {sorted({x for x in seeds if seeds.count(x) > 1})} "
                          "appear in more than one file")
+    by_seed = {s["seed"]: s for s in per_seed}
+    for path, part in others:
+        lr = f"{part['config']['inner']['lr']:g}"
+        for s in part["per_seed"]:
+            if s["seed"] not in by_seed:
+                raise SystemExit(f"cannot merge {path}: seed {s['seed']} has no run at the main inner lr {main_lr:g}")
+            sweep = by_seed[s["seed"]].setdefault("sweep_inner_lr", {})
+            if lr in sweep:
+                raise SystemExit(f"cannot merge {path}: seed {s['seed']} already has runs at inner lr {lr}")
+            sweep[lr] = {n: {"final_eval_loss": r["final_eval_loss"], "eval_curve": r["eval_curve"]}
+                         for n, r in s["methods"].items()}
+    if len({tuple(sorted(s.get("sweep_inner_lr", {}))) for s in per_seed}) > 1:
+        raise SystemExit("cannot merge: the seeds were run at different inner lrs; give every seed the same ones")
     keep = {k: v for k, v in first.items() if k in ("benchmark", "preset", "eval_rows", "config", "digest_cost")}
     return summarize({
         **keep,

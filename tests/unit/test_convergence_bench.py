@@ -87,6 +87,15 @@ def test_seed_runs_merge_into_the_joint_run_and_inner_lr_is_tuned_per_method(tmp
     assert "Each method at its own best inner lr" in render(merged)
     with pytest.raises(SystemExit, match="seed"):
         main(["--merge", str(tmp_path / "s3.json"), str(tmp_path / "both.json"), "--out", str(tmp_path / "x.json")])
+    # the same sweep from separate files: one at the main lr, one at 1e-2 (which joins the sweep)
+    plain = [x for x in common if x not in ("--sweep-inner-lr", "1e-2")]
+    assert main([*plain, "--seeds", "3,4", "--out", str(tmp_path / "main.json")]) == 0
+    assert main([*plain, "--seeds", "4,3", "--inner-lr", "1e-2", "--out", str(tmp_path / "lr.json")]) == 0
+    assert main(["--merge", str(tmp_path / "main.json"), str(tmp_path / "lr.json"), "--out", str(tmp_path / "w.json")]) == 0
+    widened = json.loads((tmp_path / "w.json").read_text())
+    assert widened["sweep_inner_lr"] == both["sweep_inner_lr"] and widened["seeds"] == [3, 4]
+    with pytest.raises(SystemExit, match="already has runs at inner lr"):
+        main(["--merge", str(tmp_path / "both.json"), str(tmp_path / "lr.json"), "--out", str(tmp_path / "x.json")])
     bad = json.loads((tmp_path / "s4.json").read_text())
     bad["config"]["batch_size"] += 1
     (tmp_path / "bad.json").write_text(json.dumps(bad))

@@ -116,8 +116,11 @@ COVERED: dict[str, list[str]] = {
     "veriloco sample --prompt --tokens": ["tests/unit/test_export.py::test_cli_prepare_train_export_sample"],
     "make demo --corpus --preset": ["tests/e2e/test_own_data.py::test_llama_on_a_bpe_corpus_trains_verifies_exports_and_samples"],
     # Results: the benchmarks (their quick paths or drivers; every line is parsed by its own parser below)
-    "python benchmarks.convergence --eval-rows --methods --out --outer-lr --outer-momentum --preset --seeds --sweep-outer":
-        ["tests/unit/test_convergence_bench.py::test_two_seed_run_writes_the_agreed_keys"],
+    "python benchmarks.convergence --eval-rows --methods --out --preset --seeds --sweep-inner-lr --sweep-outer":
+        ["tests/unit/test_convergence_bench.py::test_two_seed_run_writes_the_agreed_keys",
+         "tests/unit/test_convergence_bench.py::test_seed_runs_merge_into_the_joint_run_and_inner_lr_is_tuned_per_method"],
+    "python benchmarks.convergence --merge --out":
+        ["tests/unit/test_convergence_bench.py::test_seed_runs_merge_into_the_joint_run_and_inner_lr_is_tuned_per_method"],
     "python benchmarks.convergence --render": ["tests/unit/test_convergence_bench.py::test_two_seed_run_writes_the_agreed_keys"],
     "python benchmarks.codec --h --out --preset --ranks --rounds": [f"{HERE}::test_benchmark_lines_parse_with_their_own_parsers"],
     "python benchmarks.gas --out": [f"{HERE}::test_benchmark_lines_parse_with_their_own_parsers"],

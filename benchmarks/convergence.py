@@ -8,7 +8,8 @@ at equal simulated time (the fastest method's simulated time at 1 Gbps). ``--swe
 the DiLoCo-family methods at other outer lr / momentum settings against the same AllReduce runs;
 ``--sweep-inner-lr`` reruns every method, AllReduce included, at other inner lrs and reports each
 at its own best. ``--merge`` joins runs of one configuration on disjoint seeds (one process per
-seed uses every core: each run is single-threaded for bitwise-stable losses).
+seed uses every core: each run is single-threaded for bitwise-stable losses) and folds runs that
+differ only in the inner lr into the inner lr sweep.
 Prints Markdown (``--render JSON`` prints it again from a results file) and a projection of the
 traffic formulas to the DiLoCoX paper's setting with every input labelled measured or assumed.
 
@@ -463,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--merge", type=Path, nargs="+", metavar="JSON",
-        help="merge results of one configuration run on disjoint seeds into --out, and exit",
+        help="merge results of one configuration (disjoint seeds, or the same seeds at other inner lrs) into --out, and exit",
     )
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)

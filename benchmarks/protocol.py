@@ -16,13 +16,21 @@ r = 8 steps: 32 replayed steps per challenge set). Per scenario, from the nodes'
 - `verifier_compute_fraction`: CPU seconds the q verifiers judging a trainer spend on it (fetching,
   parsing, replaying, chain reads) over that trainer's CPU seconds of inner steps; all summed.
 - `trainer_stall_fraction`: the share of a trainer's wall time outside its inner steps (chain
-  transactions, store traffic, building the global model, answering audits, waiting for peers), from
-  its first step to the end of its last epoch's training (the drain after the last epoch, which a
-  longer run does not repeat, is reported apart as `trainer_stall_fraction_whole_run`). Steps'
+  transactions, store traffic, building the global model, answering audits, waiting for peers) in
+  its last epoch's cycle, from the end of the previous epoch's training to the end of its own: a
+  steady-state cycle, holding the previous epoch's commit, reveal and audit answer once. Steps'
   wall time is the trainer's `step_wall_s` (trainer/node.py); median over trainers. Every process
-  shares this machine's cores, so a step's wall time includes contention from verifiers' replays.
-  `audit_answer_seconds_per_trainer_per_epoch` is the part of it spent building shard answers
-  (the trainer's `responded` events: replaying each drawn segment to recover its boundary tensors).
+  shares this machine's cores, so a step's wall time includes contention from verifiers' replays
+  and from the trainer's own answer worker. Also reported: `trainer_stall_fraction_from_first_step`
+  (from its first step to the end of its last epoch's training: two epochs hold one answer, so it
+  reads low; the figure of the runs before this field) and `trainer_stall_fraction_whole_run` (the
+  final drain added).
+- `audit_answer_compute_fraction`: CPU seconds a trainer spends building its audit answers (the
+  `responded` events' `answer_cpu_s`: replaying each drawn segment to recover its boundary tensors)
+  over its CPU seconds of inner steps. Trainers build answers on a worker thread beside the next
+  epoch's steps (trainer/answering.py, `audit_answers_beside_training`), so this work is not
+  stall; it is extra compute, counted here. `audit_answer_seconds_per_trainer_per_epoch` is its
+  wall time.
 - `commitment_fraction_of_training`: CPU seconds of leaf commitments over CPU seconds of steps.
 - `audit_bytes_per_payload_byte`: bytes a trainer publishes to answer audits over its payload bytes.
 - `state_bytes_largest_process_fraction`: the training state (parameters, moments, error buffer)
@@ -109,8 +117,8 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
     config = config_of(opts, audit_mode)
     logs = {p.stem: _events(p) for p in (opts.workdir / "logs").glob("*.jsonl")}
     trainer_logs = [evs for name, evs in logs.items() if name.startswith("trainer")]
-    stalls, stalls_whole, traffic = [], [], []
-    compute = digest = audit = payload = answer_wall = 0.0
+    stalls, stalls_first, stalls_whole, traffic = [], [], [], []
+    compute = digest = audit = payload = answer_wall = answer_cpu = 0.0
     per_epoch_compute: dict[int, list[float]] = {}
     for evs in trainer_logs:
         steps = [ev for ev in evs if ev["event"] == "step"]
@@ -119,7 +127,9 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
             continue
         step_wall = sum(ev["step_wall_s"] for ev in trained)
         first = steps[0]["t"] - trained[0]["step_wall_s"] / max(1, trained[0]["steps"])  # the first step's start
-        stalls.append(1.0 - step_wall / (trained[-1]["t"] - first))
+        stalls_first.append(1.0 - step_wall / (trained[-1]["t"] - first))
+        if len(trained) > 1:  # the last epoch's cycle: from the end of the one before (its answer falls inside)
+            stalls.append(1.0 - trained[-1]["step_wall_s"] / (trained[-1]["t"] - trained[-2]["t"]))
         end = max(ev["t"] for ev in evs if ev["event"] in ("trained", "responded", "finished"))
         stalls_whole.append(1.0 - step_wall / (end - first))
         for ev in trained:
@@ -129,6 +139,7 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
             per_epoch_compute.setdefault(ev["epoch"], []).append(ev["compute_s"])
         audit += sum(ev["audit_bytes"] for ev in evs if ev["event"] == "responded")
         answer_wall += sum(ev.get("answer_s", 0.0) for ev in evs if ev["event"] == "responded")
+        answer_cpu += sum(ev.get("answer_cpu_s", 0.0) for ev in evs if ev["event"] == "responded")
         traffic.append(trainer_traffic(evs))
     verifier_s = sum(ev["cpu_s"] for name, evs in logs.items() if name.startswith("verifier")
                      for ev in evs if ev["event"] == "verified")
@@ -151,7 +162,7 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
         "traffic_reduction_vs_allreduce": moved["reduction_vs_allreduce"],
         "traffic_reduction_vs_allreduce_per_fetch": round(baseline / per_fetch, 2),
         "verifier_compute_fraction": round(verifier_s / compute, 4),
-        "trainer_stall_fraction": round(statistics.median(stalls), 4),
+        "trainer_stall_fraction": round(statistics.median(stalls or stalls_first), 4),
         "commitment_fraction_of_training": round(digest / compute, 4),
         "audit_bytes_per_payload_byte": round(audit / payload, 3),
         "state_bytes_largest_process_fraction": state_fraction(trainer_logs, opts.stages),
@@ -163,10 +174,14 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
         "audit_segment": config.audit.segment,
         "trainer_compute_seconds_per_epoch": {str(e): [round(x, 2) for x in v] for e, v in sorted(per_epoch_compute.items())},
         "trainer_compute_per_epoch_seconds": round(compute / n / epochs, 2),
-        "trainer_stall_fraction_by_trainer": [round(x, 4) for x in stalls],
+        "trainer_stall_fraction_by_trainer": [round(x, 4) for x in stalls or stalls_first],
+        "trainer_stall_fraction_from_first_step": round(statistics.median(stalls_first), 4),
         "trainer_stall_fraction_whole_run": round(statistics.median(stalls_whole), 4),
-        # wall seconds building the shard answers (replaying the drawn segments), a part of the stall
+        # building the shard answers (replaying the drawn segments): wall seconds, and CPU over the steps' CPU
         "audit_answer_seconds_per_trainer_per_epoch": round(answer_wall / n / epochs, 2),
+        "audit_answer_compute_fraction": round(answer_cpu / compute, 4),
+        "audit_answers_beside_training": all(ev.get("beside_training", False) for evs in trainer_logs for ev in evs
+                                             if ev["event"] == "responded"),
         "trainer_compute_seconds": round(compute, 2),
         "commitment_seconds": round(digest, 2),
         "verifier_compute_seconds": round(verifier_s, 2),
@@ -188,6 +203,7 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
 
 SAMPLED = ("traffic_reduction_vs_allreduce", "traffic_reduction_vs_allreduce_per_fetch", "verifier_compute_fraction",
            "trainer_stall_fraction", "commitment_fraction_of_training", "audit_bytes_per_payload_byte",
+           "audit_answer_compute_fraction",
            "trainer_compute_per_epoch_seconds", "audit_bytes_per_trainer_per_epoch", "payload_bytes_per_trainer_per_epoch")
 
 
@@ -202,15 +218,19 @@ def combine(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if len(runs) == 1:
             out.append(runs[0])
             continue
-        mean = {k: round(statistics.fmean(r[k] for r in runs), 4) for k in SAMPLED}
+        mean = {k: round(statistics.fmean(r[k] for r in runs), 4) for k in SAMPLED if all(k in r for r in runs)}
         out.append({**{k: runs[0][k] for k in fixed}, **mean, "runs": runs})
     return out
 
 
+def _opt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
 def markdown(runs: list[dict[str, Any]]) -> str:
     rows = [
-        "| preset | H | audits (s x r) | quorum | AllReduce bytes / trainer bytes: each byte once (per verifier fetch) | verifier / trainer compute | trainer stall | commitments / training | audit bytes / payload byte | largest process's state | compute / trainer / epoch |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| preset | H | audits (s x r) | quorum | AllReduce bytes / trainer bytes: each byte once (per verifier fetch) | verifier / trainer compute | answer / trainer compute | trainer stall | commitments / training | audit bytes / payload byte | largest process's state | compute / trainer / epoch |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
         frac = r["state_bytes_largest_process_fraction"]
@@ -219,7 +239,7 @@ def markdown(runs: list[dict[str, Any]]) -> str:
             f"| {r['preset']}{runs_note} | {r['H']} | {r['audit_mode'].replace('_', '-')} ({r['audit_steps']} x {r['audit_segment']}) | "
             f"{r['quorum']} | "
             f"{r['traffic_reduction_vs_allreduce']:.2f} ({r['traffic_reduction_vs_allreduce_per_fetch']:.2f}) | "
-            f"{r['verifier_compute_fraction']:.3f} | {r['trainer_stall_fraction']:.3f} | "
+            f"{r['verifier_compute_fraction']:.3f} | {_opt(r.get('audit_answer_compute_fraction'))} | {r['trainer_stall_fraction']:.3f} | "
             f"{r['commitment_fraction_of_training']:.3f} | {r['audit_bytes_per_payload_byte']:,.1f} | "
             f"{'n/a' if frac is None else f'{frac:g}'} | {r['trainer_compute_per_epoch_seconds']:.1f} s |"
         )

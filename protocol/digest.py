@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,6 +38,30 @@ DTYPE_CODES: dict[torch.dtype, int] = {
 
 _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="digest")
 _PARALLEL_MIN_BYTES = 1 << 20
+_pool_cpu = [0.0]
+_pool_cpu_lock = threading.Lock()
+
+
+def pool_cpu_seconds() -> float:
+    """CPU seconds the hashing pool's threads have spent so far (``time.thread_time`` of each task).
+
+    A caller that times its own thread (``time.thread_time``, because another of its threads is
+    busy with something else) adds this to see the hashing it handed to the pool.
+    """
+    with _pool_cpu_lock:
+        return _pool_cpu[0]
+
+
+def _timed(tensor_hash: Callable[[torch.Tensor], bytes]) -> Callable[[torch.Tensor], bytes]:
+    def run(t: torch.Tensor) -> bytes:
+        c = time.thread_time()
+        out = tensor_hash(t)
+        spent = time.thread_time() - c
+        with _pool_cpu_lock:
+            _pool_cpu[0] += spent
+        return out
+
+    return run
 
 
 def keccak(data: bytes) -> Digest:
@@ -66,11 +92,14 @@ def _blake3(t: torch.Tensor) -> bytes:
 
 def _named_digests(
     states: Sequence[Mapping[str, torch.Tensor]], tag: bytes, tensor_hash: Callable[[torch.Tensor], bytes],
+    parallel: bool = True,
 ) -> list[Digest]:
-    """The §2 digest of each state; every tensor of every state is hashed in one pass over the pool.
+    """The §2 digest of each state; every tensor of every state is hashed in one pass over the pool
+    (``parallel``, for at least a megabyte in all) or on this thread.
 
     One pass, not one per state: a step commits dozens of sub-megabyte boundary tensors, each too
-    small to split, which together keep both cores busy.
+    small to split, which together keep both cores busy. The pool buys wall time, not CPU: on this
+    project's CPU it spends about 20% more CPU seconds on the same bytes than one thread does.
     """
     layouts = []
     for state in states:
@@ -80,8 +109,8 @@ def _named_digests(
                 raise ValueError(f"state entry {name!r} has unsupported dtype {state[name].dtype}")
         layouts.append([(n, state[n]) for n in names])
     tensors = [t for lay in layouts for _, t in lay]
-    big = sum(t.numel() * t.element_size() for t in tensors) >= _PARALLEL_MIN_BYTES
-    hashes = iter(list(_POOL.map(tensor_hash, tensors)) if big else [tensor_hash(t) for t in tensors])
+    big = parallel and sum(t.numel() * t.element_size() for t in tensors) >= _PARALLEL_MIN_BYTES
+    hashes = iter(list(_POOL.map(_timed(tensor_hash), tensors)) if big else [tensor_hash(t) for t in tensors])
     out = []
     for lay in layouts:
         h = _keccak.new(digest_bits=256)
@@ -108,9 +137,15 @@ def part_digest(state: Mapping[str, torch.Tensor]) -> Digest:
     states): BLAKE3 hashes 2.6x faster than sha256 on this project's CPU (4.7 against 1.8 GB/s, one
     thread), which is what keeps those commitments within a few percent of a step.
     """
-    return _named_digests([state], PART_TAG, _blake3)[0]
+    return part_digests([state])[0]
 
 
-def part_digests(states: Sequence[Mapping[str, torch.Tensor]]) -> list[Digest]:
-    """``part_digest`` of each state, hashed together (a leaf's boundaries, a state leaf's blocks)."""
-    return _named_digests(states, PART_TAG, _blake3)
+def part_digests(states: Sequence[Mapping[str, torch.Tensor]], *, parallel: bool | None = None) -> list[Digest]:
+    """``part_digest`` of each state, hashed together (a leaf's boundaries, a state leaf's blocks).
+
+    By default on as many threads as torch computes on (``torch.get_num_threads() > 1``: the pool):
+    a node that steps or replays on one thread hashes on that thread too, because the pool spends
+    about 20% more CPU seconds on the same bytes (docs/protocol.md §3.1) and buys only wall time on
+    cores that, on a node sized for its work, belong to something else.
+    """
+    return _named_digests(states, PART_TAG, _blake3, torch.get_num_threads() > 1 if parallel is None else parallel)

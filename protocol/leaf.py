@@ -162,7 +162,10 @@ def sq_bytes(sq: torch.Tensor) -> bytes:
 
 class LeafCommitter:
     """Builds the leaf entries of one trainer epoch for some blocks (all by default: a pipeline stage
-    passes its own); keeps the error buffer's digests, which are fixed within an epoch."""
+    passes its own); keeps the error buffer's digests, which are fixed within an epoch.
+
+    Hashes on as many threads as the step runs on (``protocol.digest.part_digests``).
+    """
 
     def __init__(self, cfg: GPTConfig, segment: int, leaf_count: int, blocks: Sequence[int] | None = None) -> None:
         self.groups = block_names(cfg)

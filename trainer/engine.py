@@ -17,8 +17,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+import torch
 from torch import Tensor
 
+from protocol.digest import pool_cpu_seconds
 from protocol.leaf import LeafCommitter, StepLeaf, block_names
 from trainer.blockstep import Batch, BlockIO, blockwise_step
 from trainer.checkpoints import EpochDir
@@ -32,6 +34,10 @@ BatchOf = Callable[[int], Batch]  # inner step k of this epoch -> its batch
 
 class Engine(Protocol):
     """What a sharded trainer node needs from wherever its state lives."""
+
+    #: whether ``audit_block`` and the block accessors may run on another thread while ``step`` runs
+    #: (the node then answers audits while the next epoch trains)
+    concurrent_audits: bool
 
     def begin(self, d: EpochDir, steps: int, g: Params, prev: EpochDir | None) -> StepLeaf:
         """Build S_e (continuing ``prev``'s states when given, else fresh from ``g``); checkpoint 0; leaf 0."""
@@ -86,8 +92,24 @@ def boundary_of(ios: list[BlockIO], b: int) -> tuple[Tensor | None, Tensor | Non
     return (ios[b - 1].act if b > 0 else None), (ios[b + 1].grad_in if b < len(ios) - 1 else None)
 
 
+def own_cpu() -> float:
+    """CPU seconds of this thread and of the hashing it handed to the digest pool.
+
+    Not ``time.process_time``: a trainer may answer audits on another thread while it trains, and
+    that replay is not the step's cost. With torch's intra-op threads (``threads > 1``) the step's
+    work is spread over threads this cannot see, so the whole process is counted (and the node
+    then answers audits inline: nothing else runs beside the step).
+    """
+    if torch.get_num_threads() > 1:
+        return time.process_time()
+    return time.thread_time() + pool_cpu_seconds()
+
+
 class LocalEngine:
-    """S = 1: this process holds the whole state."""
+    """S = 1: this process holds the whole state. Its audit answers read only checkpoints and run
+    pure steps, so they may run on another thread beside ``step``."""
+
+    concurrent_audits = True
 
     def __init__(self, spec: RoundSpec, every: int) -> None:
         self.spec, self.every = spec, max(1, every)
@@ -125,12 +147,12 @@ class LocalEngine:
     def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, StepLeaf]:
         if self.state is None or self.committer is None:
             raise TrainerError("the engine has no epoch begun or resumed")
-        t = time.process_time()
+        t = own_cpu()
         self.state, loss, ios = self._step(self.state, batch)
-        t_step = time.process_time()
+        t_step = own_cpu()
         leaf = self.committer.leaf(k + 1, self.state, ios)
         self._timings["compute_s"] += t_step - t
-        self._timings["commit_s"] += time.process_time() - t_step
+        self._timings["commit_s"] += own_cpu() - t_step
         if (k + 1) % self.every == 0 or k + 1 == self.steps:
             d.save_step(k + 1, self.state)
         return loss, leaf
@@ -165,4 +187,4 @@ class LocalEngine:
         self.state = None
 
 
-__all__ = ["BatchOf", "Engine", "LocalEngine", "boundary_of", "restrict", "tensor_bytes"]
+__all__ = ["BatchOf", "Engine", "LocalEngine", "boundary_of", "own_cpu", "restrict", "tensor_bytes"]

@@ -32,8 +32,9 @@ from protocol.outage import TRANSIENT, through_outages
 from protocol.payload import wrap
 from protocol.run import RunContext, open_run, params_of
 from protocol.statedir import run_dir
-from protocol.store import Metered, Store
+from protocol.store import IntegrityError, Metered, Store
 from protocol.types import Cid
+from trainer.answering import AnswerWorker, Built, FileSink, build
 from trainer.checkpoints import EpochDir
 from trainer.delay import StartRule, public_history_end
 from trainer.engine import Engine, LocalEngine
@@ -107,6 +108,7 @@ class TrainerNode:
         self.stages, self.microbatches = stages, microbatches
         self.pipeline: PipelineSteps | None = None
         self.engine: Engine | None = None  # sharded runs: where the training state lives
+        self.answers = AnswerWorker(threads)  # shard answers built while the next epoch trains
 
     # ------------------------------------------------------------------ main loop
 
@@ -126,6 +128,7 @@ class TrainerNode:
         try:
             self._run()
         finally:
+            self.answers.close()  # before the engine: a worker may be replaying from it
             if self.pipeline is not None:
                 self.pipeline.close()
             if self.engine is not None:
@@ -484,6 +487,8 @@ class TrainerNode:
         if sub.state >= 3:
             d.update(status=RESPONDED)
             return
+        if self.answers.busy(e):  # its answer is being built beside training
+            return self._collect_answer(e, d)
         seed = self.chain.fix_audit_seed(self.run_id, e)
         if seed is None:
             return  # the seed block is not past yet: the next service round answers
@@ -521,18 +526,39 @@ class TrainerNode:
         self.log("responded", epoch=e, transitions=list(a.steps), final=a.final_check, manifest=mcid, gas=tx.gas_used,
                  audit_bytes=published[0] + len(encoded), **self.traffic())
 
+    def _answers_beside_training(self, eng: Engine) -> bool:
+        """Whether audit answers are built on the worker thread: the engine allows it and the steps run
+        on one thread, so each thread's CPU time is its own (trainer/engine.py ``own_cpu``)."""
+        return eng.concurrent_audits and self.threads == 1
+
     def _respond_shards(self, e: int, d: EpochDir, seed: bytes, steps: tuple[int, ...], response: Any, eng: Engine) -> None:
-        """Answer a shard audit (docs/protocol.md §5.3): one block per drawn segment, final and start check."""
-        published = [0]
+        """Answer a shard audit (docs/protocol.md §5.3): one block per drawn segment, final and start check.
 
-        def publish(data: bytes) -> Cid:
-            published[0] += len(data)
-            return self.store.put(data)
+        Building the answer replays each drawn segment; where the engine allows, that runs on the
+        answer worker while the next epoch trains (trainer/answering.py), and a later service round
+        publishes it. Otherwise, and whenever half the response window is gone, the node waits for it.
+        """
+        make = functools.partial(self._shard_answer, e, d, seed, steps, eng)
+        if not self._answers_beside_training(eng):
+            return self._send_answer(e, d, steps, response, build(make, d.path, background=False))
+        deadline = self.chain.epoch_times(self.run_id, e).response_deadline
+        self.answers.start(e, make, d.path, window_s=deadline - self.chain.now(), context=(steps, response))
+        self.log("answering", epoch=e, transitions=list(steps), beside_training=True)
 
+    def _collect_answer(self, e: int, d: EpochDir) -> None:
+        """Send epoch e's answer once the worker has built it (waiting for it past half the window)."""
+        if not self.answers.ready(e):
+            if not self.answers.must_wait(e):
+                return
+            self.log("waiting", what=f"epoch {e}'s audit answer (half its response window has passed)")
+        built, (steps, response) = self.answers.take(e)
+        self._send_answer(e, d, steps, response, built)
+
+    def _shard_answer(self, e: int, d: EpochDir, seed: bytes, steps: tuple[int, ...], eng: Engine,
+                      publish: FileSink) -> shard_audit.ShardManifest:
         prev = self._dir(e - 1) if e >= 1 else None
         cont = bool(d.meta.get("continued")) and prev is not None and "leaves" in prev.meta
-        t0, c0 = time.monotonic(), time.process_time()  # answering replays each drawn segment: part of the stall
-        m = shard_response(
+        return shard_response(
             engine=eng, spec=self.spec, run_id=self.run_id, epoch=e, trainer=self.me, d=d,
             preimages=[bytes.fromhex(x) for x in d.meta["leaves"]], seed=seed, steps=steps,
             final_bps=self.ctx.info.params.final_check_bps,
@@ -540,14 +566,24 @@ class TrainerNode:
             prev=prev if cont else None,
             prev_preimages=[bytes.fromhex(x) for x in prev.meta["leaves"]] if cont and prev else (),
         )
-        built_s, built_cpu_s = time.monotonic() - t0, time.process_time() - c0
+
+    def _send_answer(self, e: int, d: EpochDir, steps: tuple[int, ...], response: Any, built: Built) -> None:
+        """Publish a built answer's files, then its manifest, then the on-chain response."""
+        file_bytes = built.file_bytes
+        for path, cid in built.files:
+            got = self.store.put_file(path)
+            if got != cid:
+                raise IntegrityError(f"{self.store.where} named audit file {path.name} {got}, its bytes hash to {cid}")
+            path.unlink(missing_ok=True)
+        m = built.manifest
         encoded = shard_audit.encode_manifest(m, block_count(self.spec.model))
         mcid = self.store.put(encoded)
         tx = self.chain.respond(self.run_id, e, mcid, response)
         d.update(status=RESPONDED, manifest_cid=mcid, gas_respond=tx.gas_used)
         self.log("responded", epoch=e, transitions=list(steps), final=m.final.block >= 0, manifest=mcid, gas=tx.gas_used,
-                 blocks=[c.block for c in m.challenges], audit_bytes=published[0] + len(encoded),
-                 answer_s=round(built_s, 3), answer_cpu_s=round(built_cpu_s, 3), **self.traffic())
+                 blocks=[c.block for c in m.challenges], audit_bytes=file_bytes + len(encoded),
+                 answer_s=round(built.seconds, 3), answer_cpu_s=round(built.cpu_s, 3),
+                 beside_training=built.background, **self.traffic())
 
     def _prune(self, e: int) -> None:
         """Keep the last two epochs (the next start-rule check needs e-1); drop older checkpoints."""

@@ -350,6 +350,8 @@ class StagedEngine:
     ``addr:port``. ``device`` ("cpu" or "cuda") is where the stages keep their state.
     """
 
+    concurrent_audits = False  # the stages serve one command at a time: audits wait between steps
+
     def __init__(self, spec: RoundSpec, every: int, stages: int = 2, threads: int = 1, device: str = "cpu",
                  launch: bool = True, addr: str = "127.0.0.1", port: int = 0) -> None:
         if spec.batch_size % spec.microbatches:

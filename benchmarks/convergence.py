@@ -446,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--h", type=int, help="override the preset's initial inner steps per round")
     ap.add_argument("--batch-size", type=int, help="override the preset's per-worker batch")
     ap.add_argument("--inner-lr", type=float, help="override the preset's inner (AdamW) lr")
+    ap.add_argument("--rank", type=int, help="override the preset's initial compression rank (DiLoCoX)")
     ap.add_argument("--warmup", type=int, help="override the preset's inner warmup steps")
     ap.add_argument("--corpus-bytes", type=int, help="override the preset's corpus size (same size, same data)")
     ap.add_argument("--threads", type=int, default=1)
@@ -493,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         h=a.h or p.h,
         batch_size=a.batch_size or p.batch_size,
         lr=a.inner_lr or p.lr,
+        rank=a.rank or p.rank,
         warmup=p.warmup if a.warmup is None else a.warmup,
         corpus_bytes=a.corpus_bytes or p.corpus_bytes,
     )

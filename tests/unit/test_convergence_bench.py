@@ -101,3 +101,17 @@ def test_seed_runs_merge_into_the_joint_run_and_inner_lr_is_tuned_per_method(tmp
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(SystemExit, match="config"):
         main(["--merge", str(tmp_path / "s3.json"), str(tmp_path / "bad.json"), "--out", str(tmp_path / "x.json")])
+
+
+def test_rank_override_is_recorded_and_kept_apart_from_other_ranks(tmp_path: Path) -> None:
+    common = ["--preset", "ci", "--eval-rows", "8", "--steps", "4", "--h", "2", "--methods", "allreduce,dilocox",
+              "--seeds", "3", "--quiet"]  # fmt: skip
+    assert main([*common, "--out", str(tmp_path / "r8.json")]) == 0
+    assert main([*common, "--rank", "2", "--out", str(tmp_path / "r2.json")]) == 0
+    r8, r2 = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("r8", "r2"))
+    assert r8["config"]["rank_initial"] == 8 and r2["config"]["rank_initial"] == 2
+    ar = [r["per_seed"][0]["methods"]["allreduce"]["final_eval_loss"] for r in (r8, r2)]
+    dx = [r["per_seed"][0]["methods"]["dilocox"]["final_eval_loss"] for r in (r8, r2)]
+    assert ar[0] == ar[1] and dx[0] != dx[1]  # the rank moves only the compressed method
+    with pytest.raises(SystemExit, match="config"):
+        main(["--merge", str(tmp_path / "r8.json"), str(tmp_path / "r2.json"), "--out", str(tmp_path / "x.json")])

@@ -547,11 +547,15 @@ class TrainerNode:
 
     def _collect_answer(self, e: int, d: EpochDir) -> None:
         """Send epoch e's answer once the worker has built it (waiting for it past half the window)."""
-        if not self.answers.ready(e):
+        waiting = not self.answers.ready(e)
+        if waiting:
             if not self.answers.must_wait(e):
                 return
-            self.log("waiting", what=f"epoch {e}'s audit answer (half its response window has passed)")
+            what, t0 = f"epoch {e}'s audit answer (half its response window has passed)", time.monotonic()
+            self.log("waiting", what=what)
         built, (steps, response) = self.answers.take(e)
+        if waiting:
+            self.log("waited", what=what, seconds=round(time.monotonic() - t0, 1))
         self._send_answer(e, d, steps, response, built)
 
     def _shard_answer(self, e: int, d: EpochDir, seed: bytes, steps: tuple[int, ...], eng: Engine,

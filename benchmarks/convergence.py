@@ -46,6 +46,7 @@ from coordinator.outer import OuterConfig
 from protocol.data import Corpus, batch, default_corpus
 from protocol.digest import state_digest
 from protocol.model import PRESETS, n_params
+from trainer.compress import CompressionConfig
 from trainer.inner import InnerConfig, configure_determinism, init_state, train_step
 from veriloco.simulate import (
     DDP_BUCKET_BYTES,
@@ -487,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--seeds needs distinct integers, got {a.seeds!r}")
     if a.eval_rows < 1:
         ap.error("--eval-rows must be positive")
+    lo, hi = CompressionConfig.rank_min, CompressionConfig.rank_max
+    if a.rank is not None and not lo <= a.rank <= hi:
+        ap.error(f"--rank {a.rank}: the adaptive schedule keeps the rank within [{lo}, {hi}]; give a rank in that range")
     p = PRESETS_BENCH[a.preset]
     p = replace(
         p,

@@ -115,3 +115,6 @@ def test_rank_override_is_recorded_and_kept_apart_from_other_ranks(tmp_path: Pat
     assert ar[0] == ar[1] and dx[0] != dx[1]  # the rank moves only the compressed method
     with pytest.raises(SystemExit, match="config"):
         main(["--merge", str(tmp_path / "r8.json"), str(tmp_path / "r2.json"), "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit):  # refused before anything trains: the schedule caps the rank
+        main([*common, "--rank", "64", "--out", str(tmp_path / "r64.json")])
+    assert not (tmp_path / "r64.json").exists()

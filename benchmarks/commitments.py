@@ -13,7 +13,9 @@ thread:
 
 Each setting runs ``segment`` steps, so exactly one state leaf falls in the measured steps, as in
 a long epoch. ``boundary`` is the median commit time of the steps without a state leaf; ``state`` is
-what the state leaf's step spent beyond that.
+what the state leaf's step spent beyond that. ``boundary_log_*`` is what writing every step's
+boundary tensors to the trainer's log costs (trainer/boundaries.py): not a commitment, but the price
+of answering an audit by replaying one block instead of whole steps.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 from protocol.data import batch, default_corpus
 from protocol.leaf import block_count
 from protocol.model import init_params, n_params, preset
+from trainer.boundaries import BoundaryLog
 from trainer.checkpoints import EpochDir
 from trainer.compress import CompressionConfig
 from trainer.delay import StartRule
@@ -52,7 +55,7 @@ def measure(name: str, rows: int, seq: int, segment: int) -> dict[str, Any]:
                      StartRule.DELAYED, run_seed=1, batch_size=rows, seq_len=seq, shard=True, segment=segment)
     corpus = default_corpus(max(200_000, 4 * rows * seq * segment))
     eng = LocalEngine(spec, every=segment)
-    compute, commit = [], []
+    compute, commit, logged = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         d = EpochDir(Path(tmp), 0)
         eng.begin(d, segment, init_params(cfg, 0), None)
@@ -61,6 +64,8 @@ def measure(name: str, rows: int, seq: int, segment: int) -> dict[str, Any]:
             eng.step(d, k, batch(corpus, 1, 0, 0, k, rows, seq))
             compute.append(eng.timings["compute_s"] - before["compute_s"])
             commit.append(eng.timings["commit_s"] - before["commit_s"])
+            logged.append(eng.timings["log_s"] - before["log_s"])
+        log_bytes = BoundaryLog(d.path).bytes() // segment
         eng.close()
     boundary = statistics.median(commit[:-1])
     step = statistics.median(compute)
@@ -73,6 +78,10 @@ def measure(name: str, rows: int, seq: int, segment: int) -> dict[str, Any]:
         "commitment_fraction_of_training": round(sum(commit) / sum(compute), 4),
         "boundary_fraction": round(boundary / step, 4),
         "state_leaf_fraction": round((commit[-1] - boundary) / segment / step, 4),
+        # the trainer's boundary log (trainer/boundaries.py): not a commitment, the price of cheap audit answers
+        "boundary_log_s_per_step": round(statistics.median(logged), 4),
+        "boundary_log_fraction": round(sum(logged) / sum(compute), 4),
+        "boundary_log_bytes_per_step": log_bytes,
     }
 
 
@@ -85,12 +94,13 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| preset | params | d_model | tokens / step | compute s / step | commitments / training | boundaries | state leaves (1 per segment) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| preset | params | d_model | tokens / step | compute s / step | commitments / training | boundaries | state leaves (1 per segment) | boundary log / training | log MB / step |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['preset']} | {r['params'] / 1e6:.1f}M | {r['d_model']} | {r['rows']} x {r['seq_len']} | "
                      f"{r['compute_s_per_step']:.3f} | **{r['commitment_fraction_of_training']:.4f}** | "
-                     f"{r['boundary_fraction']:.4f} | {r['state_leaf_fraction']:.4f} |")
+                     f"{r['boundary_fraction']:.4f} | {r['state_leaf_fraction']:.4f} | "
+                     f"{r.get('boundary_log_fraction', float('nan')):.4f} | {r.get('boundary_log_bytes_per_step', 0) / 1e6:.1f} |")
     return "\n".join(lines)
 
 

@@ -25,12 +25,14 @@ r = 8 steps: 32 replayed steps per challenge set). Per scenario, from the nodes'
   (from its first step to the end of its last epoch's training: two epochs hold one answer, so it
   reads low; the figure of the runs before this field) and `trainer_stall_fraction_whole_run` (the
   final drain added).
-- `audit_answer_compute_fraction`: CPU seconds a trainer spends building its audit answers (the
-  `responded` events' `answer_cpu_s`: replaying each drawn segment to recover its boundary tensors)
-  over its CPU seconds of inner steps. Trainers build answers on a worker thread beside the next
-  epoch's steps (trainer/answering.py, `audit_answers_beside_training`), so this work is not
-  stall; it is extra compute, counted here. `audit_answer_seconds_per_trainer_per_epoch` is its
-  wall time.
+- `audit_answer_compute_fraction`: CPU seconds a trainer spends to answer its audits over its CPU
+  seconds of inner steps: building the answers (the `responded` events' `answer_cpu_s`: one block
+  replayed from the boundary log, or whole steps without it) plus writing every step's boundary
+  tensors to that log (the `trained` events' `log_s`, also alone as `boundary_log_fraction`;
+  trainer/boundaries.py). Trainers build answers on a worker thread beside the next epoch's steps
+  (trainer/answering.py, `audit_answers_beside_training`), so this work is not stall; it is extra
+  compute, counted here. `audit_answer_seconds_per_trainer_per_epoch` is its wall time, and
+  `boundary_log_bytes_per_trainer_per_epoch` the disk the log takes until the answer is sent.
 - `commitment_fraction_of_training`: CPU seconds of leaf commitments over CPU seconds of steps.
 - `audit_bytes_per_payload_byte`: bytes a trainer publishes to answer audits over its payload bytes.
 - `state_bytes_largest_process_fraction`: the training state (parameters, moments, error buffer)
@@ -118,7 +120,7 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
     logs = {p.stem: _events(p) for p in (opts.workdir / "logs").glob("*.jsonl")}
     trainer_logs = [evs for name, evs in logs.items() if name.startswith("trainer")]
     stalls, stalls_first, stalls_whole, traffic = [], [], [], []
-    compute = digest = audit = payload = answer_wall = answer_cpu = 0.0
+    compute = digest = audit = payload = answer_wall = answer_cpu = log_cpu = log_bytes = 0.0
     per_epoch_compute: dict[int, list[float]] = {}
     for evs in trainer_logs:
         steps = [ev for ev in evs if ev["event"] == "step"]
@@ -135,6 +137,8 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
         for ev in trained:
             compute += ev["compute_s"]
             digest += ev["digest_s"]
+            log_cpu += ev.get("log_s", 0.0)
+            log_bytes += ev.get("boundary_log_bytes", 0)
             payload += ev["payload_bytes"]
             per_epoch_compute.setdefault(ev["epoch"], []).append(ev["compute_s"])
         audit += sum(ev["audit_bytes"] for ev in evs if ev["event"] == "responded")
@@ -177,9 +181,12 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
         "trainer_stall_fraction_by_trainer": [round(x, 4) for x in stalls or stalls_first],
         "trainer_stall_fraction_from_first_step": round(statistics.median(stalls_first), 4),
         "trainer_stall_fraction_whole_run": round(statistics.median(stalls_whole), 4),
-        # building the shard answers (replaying the drawn segments): wall seconds, and CPU over the steps' CPU
+        # answering the shard audits: wall seconds of the builds, and CPU (builds and boundary log) over the steps' CPU
         "audit_answer_seconds_per_trainer_per_epoch": round(answer_wall / n / epochs, 2),
-        "audit_answer_compute_fraction": round(answer_cpu / compute, 4),
+        "audit_answer_compute_fraction": round((answer_cpu + log_cpu) / compute, 4),
+        "audit_answer_build_fraction": round(answer_cpu / compute, 4),
+        "boundary_log_fraction": round(log_cpu / compute, 4),
+        "boundary_log_bytes_per_trainer_per_epoch": round(log_bytes / n / epochs),
         "audit_answers_beside_training": all(ev.get("beside_training", False) for evs in trainer_logs for ev in evs
                                              if ev["event"] == "responded"),
         "trainer_compute_seconds": round(compute, 2),

@@ -26,7 +26,7 @@ from protocol.chain_audit import draw
 from protocol.digest import keccak
 from protocol.errors import VerilocoError
 from protocol.formats import TensorSpec, decode_dataclass, encode_dataclass
-from protocol.leaf import LeafError, StepLeaf
+from protocol.leaf import LeafError, StepLeaf, part_digest, tensor_digest
 from protocol.types import Address, Cid, Digest
 from protocol.unixfs import CidError, validate_cid
 
@@ -265,6 +265,32 @@ def challenge_spec(
     return spec
 
 
+def unbound_input(
+    file: Mapping[str, torch.Tensor], leaves: Mapping[int, StepLeaf], start: int, end: int, b: int,
+    names: Sequence[str], n_blocks: int,
+) -> str | None:
+    """Why a challenge file's inputs are not what leaves ``start..end`` commit; None when all are bound.
+
+    The shard must be block b of state leaf ``start`` (parameters, moments, step counter, rng word),
+    and each boundary tensor the one its neighbour committed at that step. The verifier asks this
+    before it replays; the trainer asks it of an answer built from its boundary log before publishing.
+    """
+    first = leaves[start]
+    if (part_digest(file, names, ("param/",)) != first.blocks[b].params
+            or part_digest(file, names, ("adam.m/", "adam.v/")) != first.blocks[b].opt):
+        return f"the revealed shard is not block {b} of state leaf {start}"
+    if (int(file["meta/step"].item()), int(file["meta/rng"].item())) != (first.step, first.rng):
+        return f"the revealed step counter or rng word is not leaf {start}'s"
+    bnames = iter(boundary_names(b, n_blocks, start, end))
+    for k in range(start, end):
+        nxt = leaves[k + 1]
+        if b > 0 and tensor_digest(file[next(bnames)]) != nxt.blocks[b - 1].act:
+            return f"step {k}: the revealed input is not what block {b - 1} committed"
+        if b < n_blocks - 1 and tensor_digest(file[next(bnames)]) != nxt.blocks[b + 1].grad:
+            return f"step {k}: the revealed output gradient is not what block {b + 1} committed"
+    return None
+
+
 def transition_spec(shapes: Mapping[str, tuple[int, ...]], names: Sequence[str]) -> dict[str, TensorSpec]:
     """A final or start check's file: the block's params at the first leaf, params and buffer at the last."""
     spec = {}
@@ -291,4 +317,5 @@ __all__ = [
     "segment_of",
     "shard_challenges",
     "transition_spec",
+    "unbound_input",
 ]

@@ -111,6 +111,10 @@ class AnswerWorker:
         job = self._jobs.pop(epoch)
         return job.future.result(), job.context
 
+    def forget(self, epoch: int) -> None:
+        """Drop epoch's job (the epoch closed before its answer was sent); a running build finishes unread."""
+        self._jobs.pop(epoch, None)
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)

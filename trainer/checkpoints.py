@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
+
 from protocol.formats import load_state_file, write_state
 from trainer.inner import State
 
@@ -60,6 +62,11 @@ class EpochDir:
 
     def load(self, name: str) -> State:
         return load_state_file(self.path / f"{name}.safetensors", allow_nonfinite=True)
+
+    def load_part(self, name: str, keys: list[str]) -> State:
+        """Only ``keys`` of a state file (an audited block's share of a checkpoint: read, not the rest)."""
+        with safe_open(str(self.path / f"{name}.safetensors"), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in keys}
 
     def has(self, name: str) -> bool:
         return (self.path / f"{name}.safetensors").exists()

@@ -22,7 +22,8 @@ from torch import Tensor
 
 from protocol.digest import pool_cpu_seconds
 from protocol.leaf import LeafCommitter, StepLeaf, block_names
-from trainer.blockstep import Batch, BlockIO, blockwise_step
+from trainer.blockstep import Batch, BlockIO, blockwise_step, replay_block
+from trainer.boundaries import BoundaryLog
 from trainer.checkpoints import EpochDir
 from trainer.compress import CompressionStats, compress
 from trainer.delay import carry, pseudo_gradient
@@ -38,6 +39,8 @@ class Engine(Protocol):
     #: whether ``audit_block`` and the block accessors may run on another thread while ``step`` runs
     #: (the node then answers audits while the next epoch trains)
     concurrent_audits: bool
+    #: the last failed write of the boundary log (trainer/boundaries.py), for the node to report
+    log_error: str | None
 
     def begin(self, d: EpochDir, steps: int, g: Params, prev: EpochDir | None) -> StepLeaf:
         """Build S_e (continuing ``prev``'s states when given, else fresh from ``g``); checkpoint 0; leaf 0."""
@@ -57,8 +60,14 @@ class Engine(Protocol):
     def block_state(self, d: EpochDir, k: int, b: int, prefixes: tuple[str, ...]) -> State:
         """Audit block b's ``prefixes`` entries (plus meta) at checkpoint leaf k (0 or the last)."""
 
-    def audit_block(self, d: EpochDir, start: int, end: int, b: int, batch_of: BatchOf) -> tuple[State, list[tuple[Tensor | None, Tensor | None]]]:
-        """Block b's params and moments at leaf ``start`` and, per step start..end-1, its (input, output gradient)."""
+    def audit_block(self, d: EpochDir, start: int, end: int, b: int, batch_of: BatchOf, *, logged: bool = True) -> tuple[State, list[tuple[Tensor | None, Tensor | None]]]:
+        """Block b's params and moments at leaf ``start`` and, per step start..end-1, its (input, output gradient).
+
+        ``logged``: read them from the engine's boundary log where it has one (trainer/boundaries.py);
+        False replays whole steps (what a caller does when the log's answer failed its check)."""
+
+    def forget_boundaries(self, d: EpochDir) -> None:
+        """Drop what the engine kept of ``d``'s steps only to answer its audit (sent, or no longer due)."""
 
     def held_bytes(self) -> list[int]:
         """Training-state bytes per process (this one first), each from that process's own live tensors."""
@@ -111,13 +120,15 @@ class LocalEngine:
 
     concurrent_audits = True
 
-    def __init__(self, spec: RoundSpec, every: int) -> None:
+    def __init__(self, spec: RoundSpec, every: int, *, keep_boundaries: bool = True) -> None:
         self.spec, self.every = spec, max(1, every)
+        self.keep_boundaries = keep_boundaries
+        self.log_error: str | None = None  # the last boundary log write that failed (answers then replay whole steps)
         self.groups = block_names(spec.model)
         self.state: State | None = None
         self.committer: LeafCommitter | None = None
         self.steps = 0
-        self._timings = {"compute_s": 0.0, "commit_s": 0.0}
+        self._timings = {"compute_s": 0.0, "commit_s": 0.0, "log_s": 0.0}
 
     @property
     def timings(self) -> dict[str, float]:
@@ -151,8 +162,15 @@ class LocalEngine:
         self.state, loss, ios = self._step(self.state, batch)
         t_step = own_cpu()
         leaf = self.committer.leaf(k + 1, self.state, ios)
+        t_leaf = own_cpu()
+        if self.keep_boundaries:
+            try:
+                BoundaryLog(d.path).put(k, ios)
+            except OSError as exc:  # a full disk costs the cheap answer for this step, never the step
+                self.log_error = f"step {k}: {exc}"
         self._timings["compute_s"] += t_step - t
-        self._timings["commit_s"] += own_cpu() - t_step
+        self._timings["commit_s"] += t_leaf - t_step
+        self._timings["log_s"] += own_cpu() - t_leaf
         if (k + 1) % self.every == 0 or k + 1 == self.steps:
             d.save_step(k + 1, self.state)
         return loss, leaf
@@ -171,7 +189,14 @@ class LocalEngine:
     def block_state(self, d: EpochDir, k: int, b: int, prefixes: tuple[str, ...]) -> State:
         return restrict(d.load(f"state-{k:06d}"), self.groups[b], prefixes)
 
-    def audit_block(self, d: EpochDir, start: int, end: int, b: int, batch_of: BatchOf) -> tuple[State, list[tuple[Tensor | None, Tensor | None]]]:
+    def audit_block(self, d: EpochDir, start: int, end: int, b: int, batch_of: BatchOf, *, logged: bool = True) -> tuple[State, list[tuple[Tensor | None, Tensor | None]]]:
+        base = max((c for c in d.checkpoints() if c <= start), default=None)
+        log = BoundaryLog(d.path)
+        if logged and self.keep_boundaries and base is not None and log.has(range(base, end)):
+            try:
+                return self._logged_block(d, log, base, start, end, b, batch_of)
+            except Exception as exc:  # noqa: BLE001 - the log is a cache: a file it cannot read means whole steps
+                self.log_error = f"epoch {d.epoch} boundary log unreadable ({type(exc).__name__}: {exc}); replaying whole steps"
         state = d.state_at(start, lambda st, j: self._step(st, batch_of(j))[:2])
         shard = restrict(state, self.groups[b], (PARAM, MOM1, MOM2))
         bounds = []
@@ -179,6 +204,19 @@ class LocalEngine:
             state, _, ios = self._step(state, batch_of(j))
             bounds.append(boundary_of(ios, b))
         return shard, bounds
+
+    def _logged_block(self, d: EpochDir, log: BoundaryLog, base: int, start: int, end: int, b: int,
+                      batch_of: BatchOf) -> tuple[State, list[tuple[Tensor | None, Tensor | None]]]:
+        """Block b alone from checkpoint ``base`` to ``start`` on the logged boundaries, then the segment's."""
+        n, cfg = len(self.groups), self.spec
+        state = d.load_part(f"state-{base:06d}", [p + name for p in (PARAM, MOM1, MOM2) for name in self.groups[b]] + [STEP, RNG])
+        for j in range(base, start):
+            inp, g_out, sqs = log.block_inputs(j, b, n)
+            state, _ = replay_block(state, b, batch_of(j), cfg.model, cfg.inner, cfg.microbatches, inp, g_out, sqs)
+        return restrict(state, self.groups[b], (PARAM, MOM1, MOM2)), [log.block_inputs(j, b, n)[:2] for j in range(start, end)]
+
+    def forget_boundaries(self, d: EpochDir) -> None:
+        BoundaryLog(d.path).drop()
 
     def held_bytes(self) -> list[int]:
         return [tensor_bytes(self.state)]

@@ -35,6 +35,7 @@ from protocol.statedir import run_dir
 from protocol.store import IntegrityError, Metered, Store
 from protocol.types import Cid
 from trainer.answering import AnswerWorker, Built, FileSink, build
+from trainer.boundaries import BoundaryLog
 from trainer.checkpoints import EpochDir
 from trainer.delay import StartRule, public_history_end
 from trainer.engine import Engine, LocalEngine
@@ -93,7 +94,7 @@ class TrainerNode:
         self, chain: Chain, store: Store, run_id: int, workdir: Path, *,
         behaviour: Behaviour | None = None, log: Log | None = None, poll_s: float = 0.25,
         checkpoint_every: int = 4, threads: int = 1, max_epochs: int | None = None,
-        stages: int = 1, microbatches: int = 2,
+        stages: int = 1, microbatches: int = 2, keep_boundaries: bool = True,
     ) -> None:
         if chain.sender is None:
             raise TrainerError("a trainer node needs a signing key")
@@ -106,6 +107,7 @@ class TrainerNode:
         self.poll_s, self.every, self.threads, self.max_epochs = poll_s, max(1, checkpoint_every), threads, max_epochs
         self._last_service = 0.0
         self.stages, self.microbatches = stages, microbatches
+        self.keep_boundaries = keep_boundaries  # trainer/boundaries.py: disk for a cheaper audit answer
         self.pipeline: PipelineSteps | None = None
         self.engine: Engine | None = None  # sharded runs: where the training state lives
         self.answers = AnswerWorker(threads)  # shard answers built while the next epoch trains
@@ -143,7 +145,7 @@ class TrainerNode:
     def make_engine(self) -> Engine:
         """The sharded run's state holder: this process (S = 1) or S stage processes."""
         if self.stages == 1:
-            return LocalEngine(self.spec, self.shard_checkpoint_every)
+            return LocalEngine(self.spec, self.shard_checkpoint_every, keep_boundaries=self.keep_boundaries)
         from trainer.stages import StagedEngine
 
         return StagedEngine(self.spec, self.shard_checkpoint_every, self.stages, self.threads)
@@ -222,7 +224,7 @@ class TrainerNode:
         if d.meta.get("status") in (None, TRAINING):
             if not self._commit_still_possible(e):
                 self.log("skipped", epoch=e, reason="its commit phase has closed")
-                d.update(status=CLOSED)
+                self._close(d)
                 return True
             # The schedule and the start state read epochs before e; a slash in them is known once they close.
             end = public_history_end(self.spec.rule, e)
@@ -291,7 +293,7 @@ class TrainerNode:
             self._train_steps(e, d)
         except (ModelUnavailable, TrainerError) as exc:
             self.log("refused", epoch=e, reason=f"{type(exc).__name__}: {exc}")
-            d.update(status=CLOSED)
+            self._close(d)
 
     def _train_steps(self, e: int, d: EpochDir) -> None:
         if self.engine is not None:
@@ -367,6 +369,10 @@ class TrainerNode:
                 d.update(leaves=[x.hex() for x in preimages], digests=[keccak(x).hex() for x in preimages], losses=losses)
             self.log("step", epoch=e, step=k + 1, of=steps, loss=round(loss, 4))
             self.service()
+        if eng.log_error:
+            self.log("warning", epoch=e, what="boundary log", error=eng.log_error,
+                     effect="audit answers of the steps it misses replay whole steps")
+            eng.log_error = None
         payload, stats = eng.finish(d, rank, compress_seed(self.spec.run_seed, e, self.slot))
         final = Final(wrap(self.run_id, e, self.me, payload), {}, stats)
         d.write_bytes("payload.bin", self.behaviour.publication(self, final, e))
@@ -374,7 +380,8 @@ class TrainerNode:
         spent = {k: round(v - before.get(k, 0.0), 3) for k, v in eng.timings.items()}
         self.log("trained", epoch=e, steps=steps, rank=rank, loss=round(sum(losses[-4:]) / max(1, len(losses[-4:])), 4),
                  seconds=round(time.monotonic() - t0, 2), compute_s=spent.get("compute_s", 0.0),
-                 digest_s=spent.get("commit_s", 0.0), step_wall_s=round(step_wall_s, 3),
+                 digest_s=spent.get("commit_s", 0.0), log_s=spent.get("log_s", 0.0),
+                 boundary_log_bytes=BoundaryLog(d.path).bytes(), step_wall_s=round(step_wall_s, 3),
                  payload_bytes=stats.payload_bytes, dense_bytes=stats.dense_bytes,
                  base_epoch=meta.get("base_epoch"), base_digest=meta.get("base_digest"), **self.traffic())
 
@@ -404,7 +411,7 @@ class TrainerNode:
             self._wait(can_commit, f"epoch {e} to accept commitments")
             if self._phase(e) not in (Phase.COMMITTING, Phase.NOT_STARTED):
                 self.log("skipped", epoch=e, reason="commit phase closed before we could commit")
-                d.update(status=CLOSED)
+                self._close(d)
                 return
             tx = self._send("commit", d, lambda: self.chain.commit(self.run_id, e, self.behaviour.commitment(self, e, m)))
             if tx is not None or d.meta["status"] == CLOSED:
@@ -427,7 +434,7 @@ class TrainerNode:
             raise
         except ContractRevert as exc:
             self.log(f"{what}-failed", epoch=d.epoch, error=str(exc))
-            d.update(status=CLOSED)
+            self._close(d)
             return None
         except ChainError as exc:
             self.log(f"{what}-retry", epoch=d.epoch, error=str(exc))
@@ -472,14 +479,14 @@ class TrainerNode:
                 self.log("revealed", epoch=e, gas=tx.gas_used)
                 d.update(status=REVEALED)
             elif ph not in (Phase.COMMITTING, Phase.NOT_STARTED):
-                d.update(status=CLOSED)
+                self._close(d)
         elif status == REVEALED:
             if ph is Phase.AUDITING:
                 self._respond(e, d)
             elif ph in TERMINAL:
-                d.update(status=CLOSED)
+                self._close(d)
         elif status == RESPONDED and ph in TERMINAL:
-            d.update(status=CLOSED)
+            self._close(d)
             self._prune(e)
 
     def _respond(self, e: int, d: EpochDir) -> None:
@@ -584,10 +591,19 @@ class TrainerNode:
         mcid = self.store.put(encoded)
         tx = self.chain.respond(self.run_id, e, mcid, response)
         d.update(status=RESPONDED, manifest_cid=mcid, gas_respond=tx.gas_used)
+        if self.engine is not None:
+            self.engine.forget_boundaries(d)
         self.log("responded", epoch=e, transitions=list(steps), final=m.final.block >= 0, manifest=mcid, gas=tx.gas_used,
                  blocks=[c.block for c in m.challenges], audit_bytes=file_bytes + len(encoded),
                  answer_s=round(built.seconds, 3), answer_cpu_s=round(built.cpu_s, 3),
                  beside_training=built.background, **self.traffic())
+
+    def _close(self, d: EpochDir) -> None:
+        """The epoch is over for this trainer: drop what it kept only to answer its audit."""
+        d.update(status=CLOSED)
+        self.answers.forget(d.epoch)
+        if self.engine is not None:
+            self.engine.forget_boundaries(d)
 
     def _prune(self, e: int) -> None:
         """Keep the last two epochs (the next start-rule check needs e-1); drop older checkpoints."""

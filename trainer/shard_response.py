@@ -2,24 +2,29 @@
 
 The engine holds the state (trainer/engine.py); this module only decides what an audit reveals:
 for each drawn segment, one block's parameters and moments at its first state leaf and the boundary
-tensors it consumed at every step; for the final and start checks, one block's parameters at the
+tensors it consumed at every step (checked against the trainer's own leaves before it goes out); for the final and start checks, one block's parameters at the
 first leaf and its parameters and error buffer at the last. Files go out through ``publish``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+
+from torch import Tensor
 
 from protocol.chain_audit import final_check as final_drawn
 from protocol.formats import save_state
-from protocol.leaf import block_count
+from protocol.leaf import StepLeaf, block_count, block_names
+from protocol.model import GPTConfig
 from protocol.shard_audit import (
     START_PREFIX,
     ShardManifest,
     boundary_names,
     build_manifest,
     drawn_block,
+    required_leaves,
     shard_challenges,
+    unbound_input,
 )
 from protocol.types import Address, Cid
 from trainer.checkpoints import EpochDir
@@ -30,8 +35,24 @@ from trainer.round import RoundSpec
 Publish = Callable[[bytes], Cid]
 
 
-def challenge_file(engine: Engine, d: EpochDir, start: int, end: int, b: int, batch_of: BatchOf, n_blocks: int) -> State:
-    shard, bounds = engine.audit_block(d, start, end, b, batch_of)
+def challenge_file(engine: Engine, d: EpochDir, start: int, end: int, b: int, batch_of: BatchOf,
+                   leaves: Mapping[int, StepLeaf], model: GPTConfig) -> State:
+    """Block b's shard at ``start`` and its boundaries, checked against this trainer's own leaves.
+
+    An engine may build it from its boundary log (trainer/boundaries.py), a cache on disk: if that
+    answer is not bound to the committed leaves (a torn or altered file), whole steps are replayed
+    instead, so an honest trainer never publishes an answer its own commitments refute.
+    """
+    n_blocks = block_count(model)
+    out = _challenge(engine.audit_block(d, start, end, b, batch_of), b, n_blocks, start, end)
+    if unbound_input(out, leaves, start, end, b, block_names(model)[b], n_blocks) is not None:
+        out = _challenge(engine.audit_block(d, start, end, b, batch_of, logged=False), b, n_blocks, start, end)
+    return out
+
+
+def _challenge(built: tuple[State, list[tuple[Tensor | None, Tensor | None]]], b: int, n_blocks: int,
+               start: int, end: int) -> State:
+    shard, bounds = built
     out = dict(shard)
     names = iter(boundary_names(b, n_blocks, start, end))
     for inp, g_out in bounds:
@@ -64,12 +85,13 @@ def shard_response(
     n = block_count(spec.model)
     L = len(preimages)
     challenges = shard_challenges(seed, trainer, steps, L, spec.segment, n)
+    leaves = {k: StepLeaf.decode(preimages[k], n) for k in required_leaves(challenges, False, L)}
     fin = final_drawn(seed, trainer, final_bps)
     cont = prev is not None and bool(prev_preimages)
     return build_manifest(
         run_id=run_id, epoch=epoch, trainer=trainer, preimages=preimages, segment=spec.segment,
         challenges=challenges,
-        cid_of_challenge=lambda s, e, b: publish(save_state(challenge_file(engine, d, s, e, b, batch_of, n))),
+        cid_of_challenge=lambda s, e, b: publish(save_state(challenge_file(engine, d, s, e, b, batch_of, leaves, spec.model))),
         final_block=drawn_block(seed, trainer, "final-shard", 0, n) if fin else -1,
         cid_of_final=lambda b: publish(save_state(transition_file(engine, d, L - 1, b))),
         previous=prev_preimages if cont else (),

@@ -362,6 +362,7 @@ class StagedEngine:
         self.owner = [s for s, r in enumerate(self.ranges) for _ in r]
         self.steps = 0
         self._timings = {"compute_s": 0.0, "commit_s": 0.0}
+        self.log_error: str | None = None  # no boundary log here
         self.procs: list[Any] = []
         if launch and device.startswith("cuda") and torch.cuda.device_count() < stages:
             raise TrainerError(f"{stages} stages on CUDA need a GPU each (NCCL), this host has {torch.cuda.device_count()}; "
@@ -447,7 +448,8 @@ class StagedEngine:
         s = self._owner(b)
         return self._ask({s: ("block_state", (d, k, b, prefixes))})[s]
 
-    def audit_block(self, d: EpochDir, start: int, end: int, b: int, batch_of: BatchOf) -> tuple[State, list[Bound]]:
+    def audit_block(self, d: EpochDir, start: int, end: int, b: int, batch_of: BatchOf, *, logged: bool = True) -> tuple[State, list[Bound]]:
+        """Always whole steps across the stages (no boundary log: each stage would need its own)."""
         s = self._owner(b)
         common = set.intersection(*(set(c) for c in self._all("checkpoints", d).values()))
         base = max((c for c in common if c <= start), default=None)
@@ -456,6 +458,9 @@ class StagedEngine:
         batches = [batch_of(j) for j in range(base, end)]
         got = self._all("audit", d, base, start, end, b, batches)
         return got[s]
+
+    def forget_boundaries(self, d: EpochDir) -> None:
+        pass  # nothing kept beyond the checkpoints
 
     def held_bytes(self) -> list[int]:
         """Training-state bytes per process, from each one's own live tensors: [this node, stage 0, ...]."""

@@ -65,6 +65,7 @@ def _trainer(args: argparse.Namespace) -> int:
         chain, store, args.run, s.workdir / f"trainer-{chain.sender}", behaviour=behaviour, log=log,
         threads=args.threads, checkpoint_every=args.checkpoint_every,
         max_epochs=args.epochs, stages=args.stages, microbatches=args.microbatches,
+        keep_boundaries=not args.no_boundary_log,
     ).run()
     return 0
 
@@ -109,5 +110,8 @@ def register(sub: Any) -> None:
             p.add_argument("--stages", type=positive, default=1,
                            help="run inner steps as S pipeline stages, one process each (a whole-state run must be tolerant)")
             p.add_argument("--microbatches", type=positive, default=2, help="micro-batches per step with --stages")
+            p.add_argument("--no-boundary-log", action="store_true",
+                           help="sharded runs: do not keep each step's boundary tensors on disk (2(B-1) activations "
+                                "per step, deleted once the audit is answered); answers then replay whole steps")
             p.add_argument("--cheat", choices=CHEAT_KINDS, help=argparse.SUPPRESS)
         p.set_defaults(func=func)

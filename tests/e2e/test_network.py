@@ -61,6 +61,10 @@ def test_honest_network_learns_and_nobody_is_slashed(tmp_path: Path) -> None:
                for line in log.read_text().splitlines() if '"responded"' in line]
     assert answers and all(a["answer_cpu_s"] > 0 and a["answer_s"] > 0 for a in answers)  # replaying a segment costs
     assert all(a["beside_training"] for a in answers)  # built on the answer worker, not in the node's loop
+    trained = [json.loads(line) for log in (tmp_path / "demo" / "logs").glob("trainer*.jsonl")
+               for line in log.read_text().splitlines() if '"trained"' in line]
+    assert trained and all(t["boundary_log_bytes"] > 0 and t["log_s"] > 0 for t in trained)  # every step's boundaries kept
+    assert not list((tmp_path / "demo").rglob("bounds/step-*"))  # and dropped once each epoch was answered
 
 
 def test_every_cheater_is_slashed_and_never_aggregated(tmp_path: Path) -> None:

@@ -12,6 +12,8 @@ def test_one_segment_of_tiny_is_measured_with_one_state_leaf() -> None:
     assert r["boundary_tensors_per_step"] == 2 * (2 * 2 + 1)  # two per edge between B = 2 n_layer + 2 blocks
     assert r["tokens_per_step"] == 32 and r["compute_s_per_step"] > 0 and r["commit_s_per_step"] > 0
     assert r["commitment_fraction_of_training"] > 0 and r["segment"] == 3
+    # the boundary log holds exactly the boundary tensors: 2 (B - 1) of 2 x 16 x d_model fp32, one norm per block
+    assert r["boundary_log_bytes_per_step"] > 10 * 32 * 64 * 4 and r["boundary_log_fraction"] > 0
     assert "| tiny |" in markdown([r])
 
 

@@ -43,7 +43,7 @@ def test_merge_writes_the_means_and_every_run(tmp_path, monkeypatch, capsys) -> 
 
 def test_stall_is_the_last_epoch_s_cycle_and_answers_count_as_compute(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Two epochs: the first holds no answer, the second holds the first's; the headline stall is the
-    second cycle's, and the answer's CPU is reported against the steps' CPU."""
+    second cycle's, and the answer's CPU (builds and boundary log) is reported against the steps' CPU."""
     from benchmarks.protocol import analyze
     from veriloco.netdemo import DemoOptions
 
@@ -55,11 +55,11 @@ def test_stall_is_the_last_epoch_s_cycle_and_answers_count_as_compute(tmp_path) 
             {"event": "step", "t": 1.0, "epoch": 0, "step": 1},
             # epoch 0: 100 s of steps, no stall; epoch 1's cycle (100 -> 300): 150 s of steps in 200 s
             {"event": "trained", "t": 100.0, "epoch": 0, "steps": 64, "step_wall_s": 100.0, "compute_s": 80.0,
-             "digest_s": 1.0, "payload_bytes": 1000, "sent_bytes": 1000},
+             "digest_s": 1.0, "log_s": 4.0, "boundary_log_bytes": 2000, "payload_bytes": 1000, "sent_bytes": 1000},
             {"event": "responded", "t": 180.0, "epoch": 0, "audit_bytes": 5000, "answer_s": 30.0, "answer_cpu_s": 16.0,
              "beside_training": True, "sent_bytes": 6000},
             {"event": "trained", "t": 300.0, "epoch": 1, "steps": 64, "step_wall_s": 150.0, "compute_s": 80.0,
-             "digest_s": 1.0, "payload_bytes": 1000, "sent_bytes": 7000},
+             "digest_s": 1.0, "log_s": 4.0, "boundary_log_bytes": 2000, "payload_bytes": 1000, "sent_bytes": 7000},
         ]
         (logs / f"{name}.jsonl").write_text("\n".join(json.dumps(e) for e in evs) + "\n")
     (logs / "coordinator0.jsonl").write_text("")
@@ -67,4 +67,6 @@ def test_stall_is_the_last_epoch_s_cycle_and_answers_count_as_compute(tmp_path) 
     r = analyze(opts, "shard", {"epochs_finalized": 2, "initial_eval_loss": None, "final_eval_loss": None, "gas_used": None})
     assert r["trainer_stall_fraction"] == 0.25  # 1 - 150 / 200
     assert r["trainer_stall_fraction_from_first_step"] == round(1 - 250 / (300 - (1 - 100 / 64)), 4)  # first step at 1 - 100/64
-    assert r["audit_answer_compute_fraction"] == 0.1 and r["audit_answers_beside_training"]
+    assert r["audit_answer_build_fraction"] == 0.1 and r["audit_answers_beside_training"]
+    assert r["boundary_log_fraction"] == 0.05 and r["audit_answer_compute_fraction"] == 0.15  # the log's writes count too
+    assert r["boundary_log_bytes_per_trainer_per_epoch"] == 2000

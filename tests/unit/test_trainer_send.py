@@ -14,6 +14,7 @@ import pytest
 
 from protocol.chain import ChainUnavailable, TxResult
 from protocol.chain_errors import NotEligible, TransactionFailed
+from trainer.answering import AnswerWorker
 from trainer.checkpoints import EpochDir
 from trainer.node import CLOSED, COMMITTED, TrainerNode
 
@@ -21,10 +22,13 @@ pytestmark = pytest.mark.unit
 
 
 class _Node:
-    """What `_send` touches of a node: its log."""
+    """What `_send` touches of a node: its log, and how it closes an epoch (its answer job, its engine)."""
+
+    _close = TrainerNode._close
 
     def __init__(self) -> None:
         self.events: list[str] = []
+        self.answers, self.engine = AnswerWorker(threads=1), None
 
     def log(self, event: str, **fields: Any) -> None:
         self.events.append(event)

@@ -1,0 +1,106 @@
+"""The boundary log: an answer built from it has the bits of one built by replaying whole steps, costs a
+fraction of it, and a torn or altered log never reaches a verifier."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from protocol.formats import save_state
+from protocol.leaf import StepLeaf, block_count
+from protocol.model import init_params
+from tests.unit.test_engine import CFG, SPEC, _batch
+from trainer.boundaries import BoundaryLog
+from trainer.checkpoints import EpochDir
+from trainer.engine import LocalEngine
+from trainer.inner import configure_determinism
+from trainer.shard_response import challenge_file
+
+STEPS, EVERY = 8, 4  # checkpoints at 0, 4, 8; segment 2, so segments 2..4 and 6..8 start past a checkpoint
+
+
+def _epoch(root: Path, keep: bool = True) -> tuple[LocalEngine, EpochDir, dict[int, StepLeaf]]:
+    configure_determinism(1)
+    eng, d = LocalEngine(SPEC, every=EVERY, keep_boundaries=keep), EpochDir(root, 0)
+    leaves = {0: eng.begin(d, STEPS, init_params(CFG, 0), None)}
+    for k in range(STEPS):
+        leaves[k + 1] = eng.step(d, k, _batch(k))[1]
+    return eng, d, leaves
+
+
+def _file(eng: LocalEngine, d: EpochDir, start: int, b: int, leaves: dict[int, StepLeaf]) -> bytes:
+    return save_state(challenge_file(eng, d, start, start + 2, b, _batch, leaves, CFG))
+
+
+def test_an_answer_from_the_log_has_the_bits_of_whole_step_replay(tmp_path: Path) -> None:
+    eng, d, _ = _epoch(tmp_path)
+    assert sorted(p.name for p in (d.path / "bounds").iterdir()) == [f"step-{k:06d}.safetensors" for k in range(STEPS)]
+    for start in (2, 4, 6):
+        for b in (0, 3, block_count(CFG) - 1):  # embeddings (no input), a middle half, the head (no output gradient)
+            shard, bounds = eng.audit_block(d, start, start + 2, b, _batch)
+            full_shard, full_bounds = eng.audit_block(d, start, start + 2, b, _batch, logged=False)
+            assert save_state(shard) == save_state(full_shard)
+            for (i, g), (fi, fg) in zip(bounds, full_bounds):
+                assert (i is None) == (fi is None) and (g is None) == (fg is None)
+                assert i is None or (fi is not None and torch.equal(i, fi))
+                assert g is None or (fg is not None and torch.equal(g, fg))
+
+
+def test_the_log_replays_one_block_where_whole_steps_would_be_replayed(tmp_path: Path) -> None:
+    eng, d, _ = _epoch(tmp_path)
+
+    def cpu(logged: bool) -> float:
+        t = time.process_time()
+        for _ in range(3):
+            eng.audit_block(d, 6, 8, 3, _batch, logged=logged)
+        return time.process_time() - t
+
+    assert cpu(True) < cpu(False)
+
+
+def test_an_altered_or_missing_log_falls_back_to_whole_steps(tmp_path: Path) -> None:
+    eng, d, leaves = _epoch(tmp_path)
+    honest = {b: _file(eng, d, 6, b, leaves) for b in (2, 5)}
+    log = BoundaryLog(d.path)
+    step = d.path / "bounds" / "step-000006.safetensors"
+    tensors = load_file(step)
+    tensors["act/1"] = tensors["act/1"] + 1.0  # block 2's input at step 6
+    save_file(tensors, step)
+    assert _file(eng, d, 6, 2, leaves) == honest[2]
+    (d.path / "bounds" / "step-000005.safetensors").write_bytes(b"torn")  # inside block 5's replay to the segment
+    assert _file(eng, d, 6, 5, leaves) == honest[5]
+    (d.path / "bounds" / "step-000007.safetensors").unlink()
+    assert not log.has(range(4, 8)) and _file(eng, d, 6, 5, leaves) == honest[5]
+
+
+def test_a_trainer_without_the_log_keeps_no_boundaries_and_answers_alike(tmp_path: Path) -> None:
+    eng, d, leaves = _epoch(tmp_path / "a")
+    bare, d2, leaves2 = _epoch(tmp_path / "b", keep=False)
+    assert leaves == leaves2 and not (d2.path / "bounds").exists()
+    assert _file(bare, d2, 6, 4, leaves2) == _file(eng, d, 6, 4, leaves)
+    eng.forget_boundaries(d)
+    assert not (d.path / "bounds").exists() and _file(eng, d, 6, 4, leaves) == _file(bare, d2, 6, 4, leaves2)
+
+
+def test_a_log_write_that_fails_costs_the_log_not_the_step(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    configure_determinism(1)
+    eng, d = LocalEngine(SPEC, every=EVERY), EpochDir(tmp_path, 0)
+    ref, d_ref = LocalEngine(SPEC, every=EVERY, keep_boundaries=False), EpochDir(tmp_path / "ref", 0)
+    leaves = {0: eng.begin(d, 4, init_params(CFG, 0), None)}
+    ref.begin(d_ref, 4, init_params(CFG, 0), None)
+
+    def full(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    for k in range(4):
+        if k == 2:
+            monkeypatch.setattr("trainer.boundaries.write_state", full)
+        leaves[k + 1] = eng.step(d, k, _batch(k))[1]
+        assert leaves[k + 1] == ref.step(d_ref, k, _batch(k))[1]
+    assert eng.log_error is not None and "No space left" in eng.log_error
+    assert sorted(p.name for p in (d.path / "bounds").iterdir()) == ["step-000000.safetensors", "step-000001.safetensors"]
+    monkeypatch.undo()
+    assert _file(eng, d, 2, 3, leaves) == _file(ref, d_ref, 2, 3, leaves)  # whole steps for the missing ones

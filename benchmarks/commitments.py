@@ -36,7 +36,6 @@ import torch
 from protocol.data import batch, default_corpus
 from protocol.leaf import block_count
 from protocol.model import init_params, n_params, preset
-from trainer.boundaries import BoundaryLog
 from trainer.checkpoints import EpochDir
 from trainer.compress import CompressionConfig
 from trainer.delay import StartRule
@@ -65,7 +64,7 @@ def measure(name: str, rows: int, seq: int, segment: int) -> dict[str, Any]:
             compute.append(eng.timings["compute_s"] - before["compute_s"])
             commit.append(eng.timings["commit_s"] - before["commit_s"])
             logged.append(eng.timings["log_s"] - before["log_s"])
-        log_bytes = BoundaryLog(d.path).bytes() // segment
+        log_bytes = sum(eng.boundary_log_bytes(d)) // segment
         eng.close()
     boundary = statistics.median(commit[:-1])
     step = statistics.median(compute)

@@ -32,7 +32,8 @@ r = 8 steps: 32 replayed steps per challenge set). Per scenario, from the nodes'
   trainer/boundaries.py). Trainers build answers on a worker thread beside the next epoch's steps
   (trainer/answering.py, `audit_answers_beside_training`), so this work is not stall; it is extra
   compute, counted here. `audit_answer_seconds_per_trainer_per_epoch` is its wall time, and
-  `boundary_log_bytes_per_trainer_per_epoch` the disk the log takes until the answer is sent.
+  `boundary_log_bytes_per_trainer_per_epoch` what the log holds until the answer is sent
+  (`boundary_log_ram_bytes_per_trainer_per_epoch` of it in memory, the rest on disk).
 - `commitment_fraction_of_training`: CPU seconds of leaf commitments over CPU seconds of steps.
 - `audit_bytes_per_payload_byte`: bytes a trainer publishes to answer audits over its payload bytes.
 - `state_bytes_largest_process_fraction`: the training state (parameters, moments, error buffer)
@@ -120,7 +121,7 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
     logs = {p.stem: _events(p) for p in (opts.workdir / "logs").glob("*.jsonl")}
     trainer_logs = [evs for name, evs in logs.items() if name.startswith("trainer")]
     stalls, stalls_first, stalls_whole, traffic = [], [], [], []
-    compute = digest = audit = payload = answer_wall = answer_cpu = log_cpu = log_bytes = 0.0
+    compute = digest = audit = payload = answer_wall = answer_cpu = log_cpu = log_bytes = log_ram = 0.0
     per_epoch_compute: dict[int, list[float]] = {}
     for evs in trainer_logs:
         steps = [ev for ev in evs if ev["event"] == "step"]
@@ -139,6 +140,7 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
             digest += ev["digest_s"]
             log_cpu += ev.get("log_s", 0.0)
             log_bytes += ev.get("boundary_log_bytes", 0)
+            log_ram += ev.get("boundary_log_ram_bytes", 0)
             payload += ev["payload_bytes"]
             per_epoch_compute.setdefault(ev["epoch"], []).append(ev["compute_s"])
         audit += sum(ev["audit_bytes"] for ev in evs if ev["event"] == "responded")
@@ -187,6 +189,7 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
         "audit_answer_build_fraction": round(answer_cpu / compute, 4),
         "boundary_log_fraction": round(log_cpu / compute, 4),
         "boundary_log_bytes_per_trainer_per_epoch": round(log_bytes / n / epochs),
+        "boundary_log_ram_bytes_per_trainer_per_epoch": round(log_ram / n / epochs),
         "audit_answers_beside_training": all(ev.get("beside_training", False) for evs in trainer_logs for ev in evs
                                              if ev["event"] == "responded"),
         "trainer_compute_seconds": round(compute, 2),

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import struct
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -38,30 +36,6 @@ DTYPE_CODES: dict[torch.dtype, int] = {
 
 _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="digest")
 _PARALLEL_MIN_BYTES = 1 << 20
-_pool_cpu = [0.0]
-_pool_cpu_lock = threading.Lock()
-
-
-def pool_cpu_seconds() -> float:
-    """CPU seconds the hashing pool's threads have spent so far (``time.thread_time`` of each task).
-
-    A caller that times its own thread (``time.thread_time``, because another of its threads is
-    busy with something else) adds this to see the hashing it handed to the pool.
-    """
-    with _pool_cpu_lock:
-        return _pool_cpu[0]
-
-
-def _timed(tensor_hash: Callable[[torch.Tensor], bytes]) -> Callable[[torch.Tensor], bytes]:
-    def run(t: torch.Tensor) -> bytes:
-        c = time.thread_time()
-        out = tensor_hash(t)
-        spent = time.thread_time() - c
-        with _pool_cpu_lock:
-            _pool_cpu[0] += spent
-        return out
-
-    return run
 
 
 def keccak(data: bytes) -> Digest:
@@ -110,7 +84,7 @@ def _named_digests(
         layouts.append([(n, state[n]) for n in names])
     tensors = [t for lay in layouts for _, t in lay]
     big = parallel and sum(t.numel() * t.element_size() for t in tensors) >= _PARALLEL_MIN_BYTES
-    hashes = iter(list(_POOL.map(_timed(tensor_hash), tensors)) if big else [tensor_hash(t) for t in tensors])
+    hashes = iter(list(_POOL.map(tensor_hash, tensors)) if big else [tensor_hash(t) for t in tensors])
     out = []
     for lay in layouts:
         h = _keccak.new(digest_bits=256)

@@ -1,4 +1,4 @@
-"""Every step's boundary tensors kept on disk, so answering a shard audit replays one block, not whole steps.
+"""Every step's boundary tensors kept, so answering a shard audit replays one block, not whole steps.
 
 A challenge file needs one block's state at the segment start and the tensors the block consumed
 at each of its r steps (docs/protocol.md §5.3). Without this log the trainer has neither: it
@@ -7,11 +7,15 @@ replays whole steps from its last checkpoint to regain them, about 12 steps per 
 block's state is advanced alone (``replay_block``, the verifier's own code) from the checkpoint to
 the segment start: about 1/B of a step per step replayed.
 
-The price is disk, not CPU: 2 (B - 1) activation-sized tensors per step (20 MB on `small` at
-8 x 64 tokens, 5 GB per epoch at H = 256), written once and deleted when the epoch's answer is sent.
-The log is a cache, never trusted: an answer built from it is checked against the committed leaves
-before it is published (trainer/shard_response.py), and anything missing, torn or altered makes the
-trainer fall back to replaying whole steps.
+The price is memory or disk: 2 (B - 1) activation-sized tensors per step (20 MB on `small` at
+8 x 64 tokens, 5 GB per epoch at H = 256), kept until the epoch's answer is sent. Up to a byte
+budget shared by a trainer's logs (``RamBudget``) a step's tensors are simply kept: the step made
+them and nothing else holds them, so keeping them costs no copy. Past the budget they are written
+to ``<epoch dir>/bounds/`` (a copy into the page cache: 7 ms per 20 MB alone here, several times that
+on a machine whose memory bandwidth other processes share). The log is a cache, never trusted: an
+answer built from it is checked against the committed leaves before it is published
+(trainer/shard_response.py), and anything missing, torn or altered makes the trainer fall back to
+replaying whole steps.
 """
 
 from __future__ import annotations
@@ -40,23 +44,49 @@ def _grad(b: int) -> str:
     return f"grad/{b}"
 
 
-class BoundaryLog:
-    """``<epoch dir>/bounds/step-<k>.safetensors``: what every block exchanged in step k (leaf k+1)."""
+class RamBudget:
+    """Bytes of boundary tensors a trainer's logs may keep in memory, together (epochs overlap)."""
 
-    def __init__(self, epoch_dir: Path) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = max(0, limit), 0
+
+
+def quarter_of_memory() -> int:
+    """The node's default budget: a quarter of this machine's physical memory."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+class BoundaryLog:
+    """What every block exchanged in step k (leaf k+1) of one epoch: in memory within ``budget``, else
+    ``<epoch dir>/bounds/step-<k>.safetensors``."""
+
+    def __init__(self, epoch_dir: Path, budget: RamBudget | None = None) -> None:
         self.path = epoch_dir / "bounds"
+        self.budget = budget
+        self._ram: dict[int, dict[str, Tensor]] = {}
+        self.ram_bytes = 0
 
     def _file(self, k: int) -> Path:
         return self.path / f"step-{k:06d}.safetensors"
 
     def put(self, k: int, ios: Sequence[BlockIO]) -> None:
-        """Write step k's boundaries (atomically: a torn file is never read as whole)."""
+        """Keep step k's boundaries in memory if the budget allows, else write them (atomically: a torn
+        file is never read as whole)."""
         tensors: dict[str, Tensor] = {SQ: torch.stack([io.sq.to(torch.float32) for io in ios])}
         for b, io in enumerate(ios):
             if io.act is not None:
                 tensors[_act(b)] = io.act.contiguous()
             if io.grad_in is not None:
                 tensors[_grad(b)] = io.grad_in.contiguous()
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        if self.budget is not None and self.budget.used + size <= self.budget.limit and k not in self._ram:
+            self._ram[k] = tensors
+            self.ram_bytes += size
+            self.budget.used += size
+            return
         self.path.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".step-")
         os.close(fd)
@@ -68,24 +98,34 @@ class BoundaryLog:
             raise
 
     def has(self, steps: range) -> bool:
-        return all(self._file(k).exists() for k in steps)
+        return all(k in self._ram or self._file(k).exists() for k in steps)
 
     def block_inputs(self, k: int, b: int, n_blocks: int) -> tuple[Tensor | None, Tensor | None, list[Tensor]]:
         """Block b's inputs in step k: (input activations, output gradient, every block's squared norm)."""
-        with safe_open(str(self._file(k)), framework="pt") as f:
-            inp = f.get_tensor(_act(b - 1)) if b > 0 else None
-            g_out = f.get_tensor(_grad(b + 1)) if b < n_blocks - 1 else None
-            sqs = list(f.get_tensor(SQ).unbind())
+        kept = self._ram.get(k)
+        if kept is not None:
+            inp, g_out, sq = (kept[_act(b - 1)] if b > 0 else None), (kept[_grad(b + 1)] if b < n_blocks - 1 else None), kept[SQ]
+        else:
+            with safe_open(str(self._file(k)), framework="pt") as f:
+                inp = f.get_tensor(_act(b - 1)) if b > 0 else None
+                g_out = f.get_tensor(_grad(b + 1)) if b < n_blocks - 1 else None
+                sq = f.get_tensor(SQ)
+        sqs = list(sq.unbind())
         if len(sqs) != n_blocks:
             raise ValueError(f"boundary log step {k} holds {len(sqs)} norms for {n_blocks} blocks")
         return inp, g_out, sqs
 
-    def bytes(self) -> int:
+    def disk_bytes(self) -> int:
         """Disk bytes the log holds now."""
         return sum(p.stat().st_size for p in self.path.glob("step-*.safetensors"))
 
     def drop(self) -> None:
+        """Forget every step: memory back to the budget, files deleted."""
+        if self.budget is not None:
+            self.budget.used -= self.ram_bytes
+        self._ram.clear()
+        self.ram_bytes = 0
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-__all__ = ["BoundaryLog"]
+__all__ = ["BoundaryLog", "RamBudget", "quarter_of_memory"]

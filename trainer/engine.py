@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from protocol.digest import pool_cpu_seconds
 from protocol.leaf import LeafCommitter, StepLeaf, block_names
 from trainer.blockstep import Batch, BlockIO, blockwise_step, replay_block
-from trainer.boundaries import BoundaryLog
+from trainer.boundaries import BoundaryLog, RamBudget
 from trainer.checkpoints import EpochDir
 from trainer.compress import CompressionStats, compress
 from trainer.delay import carry, pseudo_gradient
@@ -66,6 +66,9 @@ class Engine(Protocol):
         ``logged``: read them from the engine's boundary log where it has one (trainer/boundaries.py);
         False replays whole steps (what a caller does when the log's answer failed its check)."""
 
+    def boundary_log_bytes(self, d: EpochDir) -> tuple[int, int]:
+        """(memory, disk) bytes the boundary log of ``d`` holds now (trainer/boundaries.py)."""
+
     def forget_boundaries(self, d: EpochDir) -> None:
         """Drop what the engine kept of ``d``'s steps only to answer its audit (sent, or no longer due)."""
 
@@ -102,7 +105,7 @@ def boundary_of(ios: list[BlockIO], b: int) -> tuple[Tensor | None, Tensor | Non
 
 
 def own_cpu() -> float:
-    """CPU seconds of this thread and of the hashing it handed to the digest pool.
+    """CPU seconds of this thread (its leaves hash on it too: ``protocol.digest.part_digests``).
 
     Not ``time.process_time``: a trainer may answer audits on another thread while it trains, and
     that replay is not the step's cost. With torch's intra-op threads (``threads > 1``) the step's
@@ -111,7 +114,7 @@ def own_cpu() -> float:
     """
     if torch.get_num_threads() > 1:
         return time.process_time()
-    return time.thread_time() + pool_cpu_seconds()
+    return time.thread_time()
 
 
 class LocalEngine:
@@ -120,9 +123,11 @@ class LocalEngine:
 
     concurrent_audits = True
 
-    def __init__(self, spec: RoundSpec, every: int, *, keep_boundaries: bool = True) -> None:
+    def __init__(self, spec: RoundSpec, every: int, *, keep_boundaries: bool = True, log_ram_bytes: int = 0) -> None:
         self.spec, self.every = spec, max(1, every)
         self.keep_boundaries = keep_boundaries
+        self.log_budget = RamBudget(log_ram_bytes)  # shared by the epochs' logs: two overlap while one is audited
+        self._logs: dict[Path, BoundaryLog] = {}
         self.log_error: str | None = None  # the last boundary log write that failed (answers then replay whole steps)
         self.groups = block_names(spec.model)
         self.state: State | None = None
@@ -165,7 +170,7 @@ class LocalEngine:
         t_leaf = own_cpu()
         if self.keep_boundaries:
             try:
-                BoundaryLog(d.path).put(k, ios)
+                self._log(d).put(k, ios)
             except OSError as exc:  # a full disk costs the cheap answer for this step, never the step
                 self.log_error = f"step {k}: {exc}"
         self._timings["compute_s"] += t_step - t
@@ -191,7 +196,7 @@ class LocalEngine:
 
     def audit_block(self, d: EpochDir, start: int, end: int, b: int, batch_of: BatchOf, *, logged: bool = True) -> tuple[State, list[tuple[Tensor | None, Tensor | None]]]:
         base = max((c for c in d.checkpoints() if c <= start), default=None)
-        log = BoundaryLog(d.path)
+        log = self._log(d)
         if logged and self.keep_boundaries and base is not None and log.has(range(base, end)):
             try:
                 return self._logged_block(d, log, base, start, end, b, batch_of)
@@ -215,8 +220,17 @@ class LocalEngine:
             state, _ = replay_block(state, b, batch_of(j), cfg.model, cfg.inner, cfg.microbatches, inp, g_out, sqs)
         return restrict(state, self.groups[b], (PARAM, MOM1, MOM2)), [log.block_inputs(j, b, n)[:2] for j in range(start, end)]
 
+    def _log(self, d: EpochDir) -> BoundaryLog:
+        if d.path not in self._logs:
+            self._logs[d.path] = BoundaryLog(d.path, self.log_budget)
+        return self._logs[d.path]
+
+    def boundary_log_bytes(self, d: EpochDir) -> tuple[int, int]:
+        log = self._log(d)
+        return log.ram_bytes, log.disk_bytes()
+
     def forget_boundaries(self, d: EpochDir) -> None:
-        BoundaryLog(d.path).drop()
+        self._logs.pop(d.path, BoundaryLog(d.path)).drop()
 
     def held_bytes(self) -> list[int]:
         return [tensor_bytes(self.state)]

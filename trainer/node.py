@@ -35,7 +35,7 @@ from protocol.statedir import run_dir
 from protocol.store import IntegrityError, Metered, Store
 from protocol.types import Cid
 from trainer.answering import AnswerWorker, Built, FileSink, build
-from trainer.boundaries import BoundaryLog
+from trainer.boundaries import quarter_of_memory
 from trainer.checkpoints import EpochDir
 from trainer.delay import StartRule, public_history_end
 from trainer.engine import Engine, LocalEngine
@@ -94,7 +94,7 @@ class TrainerNode:
         self, chain: Chain, store: Store, run_id: int, workdir: Path, *,
         behaviour: Behaviour | None = None, log: Log | None = None, poll_s: float = 0.25,
         checkpoint_every: int = 4, threads: int = 1, max_epochs: int | None = None,
-        stages: int = 1, microbatches: int = 2, keep_boundaries: bool = True,
+        stages: int = 1, microbatches: int = 2, keep_boundaries: bool = True, boundary_log_ram: int | None = None,
     ) -> None:
         if chain.sender is None:
             raise TrainerError("a trainer node needs a signing key")
@@ -107,7 +107,9 @@ class TrainerNode:
         self.poll_s, self.every, self.threads, self.max_epochs = poll_s, max(1, checkpoint_every), threads, max_epochs
         self._last_service = 0.0
         self.stages, self.microbatches = stages, microbatches
-        self.keep_boundaries = keep_boundaries  # trainer/boundaries.py: disk for a cheaper audit answer
+        # trainer/boundaries.py: memory (up to this many bytes), then disk, for a cheaper audit answer
+        self.keep_boundaries = keep_boundaries
+        self.boundary_log_ram = quarter_of_memory() if boundary_log_ram is None else boundary_log_ram
         self.pipeline: PipelineSteps | None = None
         self.engine: Engine | None = None  # sharded runs: where the training state lives
         self.answers = AnswerWorker(threads)  # shard answers built while the next epoch trains
@@ -145,7 +147,8 @@ class TrainerNode:
     def make_engine(self) -> Engine:
         """The sharded run's state holder: this process (S = 1) or S stage processes."""
         if self.stages == 1:
-            return LocalEngine(self.spec, self.shard_checkpoint_every, keep_boundaries=self.keep_boundaries)
+            return LocalEngine(self.spec, self.shard_checkpoint_every, keep_boundaries=self.keep_boundaries,
+                               log_ram_bytes=self.boundary_log_ram)
         from trainer.stages import StagedEngine
 
         return StagedEngine(self.spec, self.shard_checkpoint_every, self.stages, self.threads)
@@ -373,6 +376,7 @@ class TrainerNode:
             self.log("warning", epoch=e, what="boundary log", error=eng.log_error,
                      effect="audit answers of the steps it misses replay whole steps")
             eng.log_error = None
+        log_bytes = eng.boundary_log_bytes(d)
         payload, stats = eng.finish(d, rank, compress_seed(self.spec.run_seed, e, self.slot))
         final = Final(wrap(self.run_id, e, self.me, payload), {}, stats)
         d.write_bytes("payload.bin", self.behaviour.publication(self, final, e))
@@ -381,7 +385,7 @@ class TrainerNode:
         self.log("trained", epoch=e, steps=steps, rank=rank, loss=round(sum(losses[-4:]) / max(1, len(losses[-4:])), 4),
                  seconds=round(time.monotonic() - t0, 2), compute_s=spent.get("compute_s", 0.0),
                  digest_s=spent.get("commit_s", 0.0), log_s=spent.get("log_s", 0.0),
-                 boundary_log_bytes=BoundaryLog(d.path).bytes(), step_wall_s=round(step_wall_s, 3),
+                 boundary_log_bytes=sum(log_bytes), boundary_log_ram_bytes=log_bytes[0], step_wall_s=round(step_wall_s, 3),
                  payload_bytes=stats.payload_bytes, dense_bytes=stats.dense_bytes,
                  base_epoch=meta.get("base_epoch"), base_digest=meta.get("base_digest"), **self.traffic())
 

@@ -459,8 +459,11 @@ class StagedEngine:
         got = self._all("audit", d, base, start, end, b, batches)
         return got[s]
 
+    def boundary_log_bytes(self, d: EpochDir) -> tuple[int, int]:
+        return 0, 0  # nothing kept beyond the checkpoints
+
     def forget_boundaries(self, d: EpochDir) -> None:
-        pass  # nothing kept beyond the checkpoints
+        pass
 
     def held_bytes(self) -> list[int]:
         """Training-state bytes per process, from each one's own live tensors: [this node, stage 0, ...]."""

@@ -62,6 +62,17 @@ def seconds(text: str) -> float:
     return x
 
 
+def gibibytes(text: str) -> int:
+    """A size in GiB (fractions allowed, 0 included), as bytes."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in GiB (e.g. 4 or 0.5)") from None
+    if not 0 <= x < 2**20:
+        raise argparse.ArgumentTypeError(f"{text} must be a size in GiB from 0 to 1048575")
+    return int(x * 2**30)
+
+
 def address(text: str) -> str:
     """A 20-byte Ethereum address (0x + 40 hex digits; a mixed-case one must carry a valid checksum)."""
     from eth_utils import is_address, to_checksum_address

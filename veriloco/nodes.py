@@ -15,7 +15,7 @@ from eth_account import Account
 
 from protocol.chain import Chain
 from protocol.statedir import check_run
-from veriloco.argtypes import positive, run_id, tcp_port
+from veriloco.argtypes import gibibytes, positive, run_id, tcp_port
 from veriloco.logs import add_log_args, logger_from_args, node_logger, with_upload_progress
 from veriloco.settings import Settings, add_connection_args, open_store, resolve
 
@@ -66,6 +66,7 @@ def _trainer(args: argparse.Namespace) -> int:
         threads=args.threads, checkpoint_every=args.checkpoint_every,
         max_epochs=args.epochs, stages=args.stages, microbatches=args.microbatches,
         keep_boundaries=not args.no_boundary_log,
+        boundary_log_ram=args.boundary_log_ram,
     ).run()
     return 0
 
@@ -111,7 +112,10 @@ def register(sub: Any) -> None:
                            help="run inner steps as S pipeline stages, one process each (a whole-state run must be tolerant)")
             p.add_argument("--microbatches", type=positive, default=2, help="micro-batches per step with --stages")
             p.add_argument("--no-boundary-log", action="store_true",
-                           help="sharded runs: do not keep each step's boundary tensors on disk (2(B-1) activations "
+                           help="sharded runs: do not keep each step's boundary tensors (2(B-1) activations "
                                 "per step, deleted once the audit is answered); answers then replay whole steps")
+            p.add_argument("--boundary-log-ram", type=gibibytes, metavar="GIB", default=None,
+                           help="memory the boundary log may hold before it writes to disk (default: a quarter of "
+                                "this machine's memory; 0: disk only)")
             p.add_argument("--cheat", choices=CHEAT_KINDS, help=argparse.SUPPRESS)
         p.set_defaults(func=func)

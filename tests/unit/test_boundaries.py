@@ -3,9 +3,11 @@ fraction of it, and a torn or altered log never reaches a verifier."""
 
 from __future__ import annotations
 
+import argparse
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -18,6 +20,7 @@ from trainer.checkpoints import EpochDir
 from trainer.engine import LocalEngine
 from trainer.inner import configure_determinism
 from trainer.shard_response import challenge_file
+from veriloco.argtypes import gibibytes
 
 STEPS, EVERY = 8, 4  # checkpoints at 0, 4, 8; segment 2, so segments 2..4 and 6..8 start past a checkpoint
 
@@ -104,3 +107,29 @@ def test_a_log_write_that_fails_costs_the_log_not_the_step(tmp_path: Path, monke
     assert sorted(p.name for p in (d.path / "bounds").iterdir()) == ["step-000000.safetensors", "step-000001.safetensors"]
     monkeypatch.undo()
     assert _file(eng, d, 2, 3, leaves) == _file(ref, d_ref, 2, 3, leaves)  # whole steps for the missing ones
+
+
+def test_steps_within_the_memory_budget_are_kept_the_rest_written_and_answers_are_alike(tmp_path: Path) -> None:
+    configure_determinism(1)
+    _, d_disk, leaves = _epoch(tmp_path / "disk")
+    disk = LocalEngine(SPEC, every=EVERY)
+    one = sum(f.stat().st_size for f in (d_disk.path / "bounds").iterdir()) // STEPS  # a step's file: its tensors + a header
+    eng, d = LocalEngine(SPEC, every=EVERY, log_ram_bytes=3 * one), EpochDir(tmp_path / "ram", 0)
+    eng.begin(d, STEPS, init_params(CFG, 0), None)
+    for k in range(STEPS):
+        eng.step(d, k, _batch(k))
+    ram, on_disk = eng.boundary_log_bytes(d)
+    assert 0 < ram <= 3 * one and eng.log_budget.used == ram
+    assert sorted(p.name for p in (d.path / "bounds").iterdir()) == [f"step-{k:06d}.safetensors" for k in range(3, STEPS)]
+    assert on_disk == sum(f.stat().st_size for f in (d.path / "bounds").iterdir())
+    for start, b in ((0, 4), (2, 1), (6, 3)):  # from memory, across memory and disk, from disk
+        assert _file(eng, d, start, b, leaves) == _file(disk, d_disk, start, b, leaves)
+    eng.forget_boundaries(d)
+    assert eng.log_budget.used == 0 and eng.boundary_log_bytes(d) == (0, 0)
+
+
+def test_the_memory_budget_flag_takes_gib_and_refuses_nonsense() -> None:
+    assert gibibytes("0.5") == 2**29 and gibibytes("0") == 0
+    for bad in ("-1", "lots", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError, match="GiB"):
+            gibibytes(bad)

@@ -55,7 +55,7 @@ def test_stall_is_the_last_epoch_s_cycle_and_answers_count_as_compute(tmp_path) 
             {"event": "step", "t": 1.0, "epoch": 0, "step": 1},
             # epoch 0: 100 s of steps, no stall; epoch 1's cycle (100 -> 300): 150 s of steps in 200 s
             {"event": "trained", "t": 100.0, "epoch": 0, "steps": 64, "step_wall_s": 100.0, "compute_s": 80.0,
-             "digest_s": 1.0, "log_s": 4.0, "boundary_log_bytes": 2000, "payload_bytes": 1000, "sent_bytes": 1000},
+             "digest_s": 1.0, "log_s": 4.0, "boundary_log_bytes": 2000, "boundary_log_ram_bytes": 500, "payload_bytes": 1000, "sent_bytes": 1000},
             {"event": "responded", "t": 180.0, "epoch": 0, "audit_bytes": 5000, "answer_s": 30.0, "answer_cpu_s": 16.0,
              "beside_training": True, "sent_bytes": 6000},
             {"event": "trained", "t": 300.0, "epoch": 1, "steps": 64, "step_wall_s": 150.0, "compute_s": 80.0,
@@ -69,4 +69,4 @@ def test_stall_is_the_last_epoch_s_cycle_and_answers_count_as_compute(tmp_path) 
     assert r["trainer_stall_fraction_from_first_step"] == round(1 - 250 / (300 - (1 - 100 / 64)), 4)  # first step at 1 - 100/64
     assert r["audit_answer_build_fraction"] == 0.1 and r["audit_answers_beside_training"]
     assert r["boundary_log_fraction"] == 0.05 and r["audit_answer_compute_fraction"] == 0.15  # the log's writes count too
-    assert r["boundary_log_bytes_per_trainer_per_epoch"] == 2000
+    assert r["boundary_log_bytes_per_trainer_per_epoch"] == 2000 and r["boundary_log_ram_bytes_per_trainer_per_epoch"] == 250

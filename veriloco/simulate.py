@@ -164,7 +164,9 @@ def methods(h: int = 16, rank: int = 8) -> dict[str, Method]:
     """The compared methods; ``h`` and ``rank`` are the initial local steps and rank."""
     from trainer.compress import CompressionConfig
 
-    base = CompressionConfig(rank_initial=rank, h_initial=h, h_min=max(1, h // 2), h_max=4 * h)
+    # a rank above the schedule's usual ceiling raises the ceiling to it (the adaptive rule may then keep it)
+    base = CompressionConfig(rank_initial=rank, rank_max=max(CompressionConfig.rank_max, rank),
+                             h_initial=h, h_min=max(1, h // 2), h_max=4 * h)
     fixed = replace(base, adaptive=False)
     return {
         "allreduce": Method(

@@ -115,6 +115,14 @@ def test_rank_override_is_recorded_and_kept_apart_from_other_ranks(tmp_path: Pat
     assert ar[0] == ar[1] and dx[0] != dx[1]  # the rank moves only the compressed method
     with pytest.raises(SystemExit, match="config"):
         main(["--merge", str(tmp_path / "r8.json"), str(tmp_path / "r2.json"), "--out", str(tmp_path / "x.json")])
-    with pytest.raises(SystemExit):  # refused before anything trains: the schedule caps the rank
-        main([*common, "--rank", "64", "--out", str(tmp_path / "r64.json")])
-    assert not (tmp_path / "r64.json").exists()
+    for bad in ("1", "257"):  # refused before anything trains: below the schedule's floor, above the limit
+        with pytest.raises(SystemExit):
+            main([*common, "--rank", bad, "--out", str(tmp_path / f"r{bad}.json")])
+        assert not (tmp_path / f"r{bad}.json").exists()
+
+
+def test_a_rank_above_the_schedule_s_ceiling_raises_the_ceiling() -> None:
+    from veriloco.simulate import methods
+
+    assert methods(rank=64)["dilocox"].compression.rank_max == 64  # type: ignore[attr-defined]
+    assert methods(rank=8)["dilocox"].compression.rank_max == 32  # type: ignore[attr-defined]

@@ -63,8 +63,9 @@ def test_honest_network_learns_and_nobody_is_slashed(tmp_path: Path) -> None:
     assert all(a["beside_training"] for a in answers)  # built on the answer worker, not in the node's loop
     trained = [json.loads(line) for log in (tmp_path / "demo" / "logs").glob("trainer*.jsonl")
                for line in log.read_text().splitlines() if '"trained"' in line]
-    assert trained and all(t["boundary_log_bytes"] > 0 and t["log_s"] > 0 for t in trained)  # every step's boundaries kept
-    assert not list((tmp_path / "demo").rglob("bounds/step-*"))  # and dropped once each epoch was answered
+    # every step's boundaries kept, in memory (a tiny model's log fits the default budget: no copy, ~0 CPU)
+    assert trained and all(t["boundary_log_bytes"] == t["boundary_log_ram_bytes"] > 0 for t in trained)
+    assert not list((tmp_path / "demo").rglob("bounds/step-*"))  # nothing spilled to disk
 
 
 def test_every_cheater_is_slashed_and_never_aggregated(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from protocol.chain import RunParams
 from protocol.digest import keccak
 from protocol.errors import VerilocoError
 from protocol.formats import FormatError, canonical_json, decode_canonical_json
-from protocol.model import GPTConfig, preset
+from protocol.model import PRECISIONS, GPTConfig, preset
 from protocol.types import Address, Cid, Digest, Wei
 
 FORMAT = "veriloco.run.v1"
@@ -41,6 +41,7 @@ class ModelSection:
     preset: str = "tiny"  # a key of protocol.model.PRESETS (gpt2: tiny, small, gpt2-124m; llama: llama-*)
     init_seed: int = 0
     vocab_size: int = field(default=0, metadata=_NEW)  # 0: the preset's (256 bytes); a tokenized corpus sets its own
+    precision: str = field(default="fp32", metadata=_NEW)  # "fp32" or "bf16" (autocast; protocol.model.PRECISIONS)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,9 @@ class AuditSection:
     # "state": a challenge replays whole-model steps from published full states (docs/protocol.md §5);
     # "shard": one audit block of a segment from that block's state and boundary tensors (§5.3)
     unit: str = field(default="state", metadata=_NEW)
+    # the device class exact replay is pinned to: "cpu" or "cuda:<GPU name as torch reports it>"
+    # (trainer/device.py); every trainer and verifier of an exact-mode run computes on it
+    device: str = field(default="cpu", metadata=_NEW)
 
 
 @dataclass(frozen=True)
@@ -175,9 +179,11 @@ class RunConfig:
         return keccak(self.to_json())
 
     def model_config(self) -> GPTConfig:
-        """The model every participant builds: the preset, with the run's vocabulary when it sets one."""
-        base = preset(self.model.preset)
-        return dataclasses.replace(base, vocab_size=self.model.vocab_size) if self.model.vocab_size else base
+        """The model every participant builds: the preset, with the run's vocabulary when it sets one
+        and the run's precision."""
+        m = self.model
+        return dataclasses.replace(preset(m.preset), vocab_size=m.vocab_size or preset(m.preset).vocab_size,
+                                   precision=m.precision)
 
     def to_run_params(self, config_cid: str, init_model_cid: str, init_model_digest: bytes, coordinator: str) -> RunParams:
         """The fields the contract enforces, for `Chain.create_run` (whose reward_pool is rewards.pool_wei)."""
@@ -210,6 +216,8 @@ def _check(cfg: RunConfig) -> list[str]:
         p.append(f"audit.mode must be 'exact' or 'tolerant', got {a.mode!r}")
     if not 0 <= a.final_check_bps <= 10_000 or not 0 <= st.slash_bps <= 10_000:
         p.append("basis-point fields (audit.final_check_bps, stakes.slash_bps) must be within 0..10000")
+    if a.device != "cpu" and not (a.device.startswith("cuda:") and len(a.device) > len("cuda:")):
+        p.append(f"audit.device must be 'cpu' or 'cuda:<GPU name>' (e.g. 'cuda:NVIDIA H100 80GB HBM3'), got {a.device!r}")
     if a.segment < 1:
         p.append("audit.segment must be at least 1")
     if a.unit not in ("state", "shard"):
@@ -243,6 +251,8 @@ def _check(cfg: RunConfig) -> list[str]:
         p.append(f"data.token_dtype must be uint8, uint16 or uint32, got {d.token_dtype!r}")
     elif d.token_dtype != "uint8" and not cfg.model.vocab_size:
         p.append("a tokenized corpus (data.token_dtype != uint8) needs model.vocab_size (its tokenizer's vocabulary)")
+    if cfg.model.precision not in PRECISIONS:
+        p.append(f"model.precision must be one of {list(PRECISIONS)}, got {cfg.model.precision!r}")
     if not 0 <= cfg.model.vocab_size <= 2**32:
         p.append(f"model.vocab_size must be within 0..2^32 (0: the preset's), got {cfg.model.vocab_size}")
     if bool(d.tokenizer_cid) and not d.tokenizer_digest:

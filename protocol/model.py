@@ -34,6 +34,7 @@ fp32 training state) is defined for GPUs, its shapes tested on the meta device.
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -52,14 +53,19 @@ class ModelError(VerilocoError):
 
 
 ARCHS = ("gpt2", "llama")
+# What the forward and backward compute in: "fp32" everywhere, or "bf16" autocast (matmuls and
+# attention in bfloat16; norms, softmax, the loss, parameters, gradients and the optimizer in fp32).
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Shape of the model. Everything else (init, forward) is derived from it.
+    """Shape of the model and the precision its forward runs in. Everything else (init, forward)
+    is derived from it.
 
     ``n_kv_head`` (0: = n_head), ``d_ff`` (0: mlp_ratio * d_model), ``rope_theta`` and ``norm_eps``
-    matter only for ``arch="llama"``, except d_ff which both use.
+    matter only for ``arch="llama"``, except d_ff which both use. ``precision`` is part of the math a
+    verifier replays, so it is the run's, not a node's, choice (``model.precision`` in the run config).
     """
 
     n_layer: int
@@ -73,10 +79,13 @@ class GPTConfig:
     d_ff: int = 0
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
             raise ModelError(f"unknown architecture {self.arch!r}; choose one of {list(ARCHS)}")
+        if self.precision not in PRECISIONS:
+            raise ModelError(f"unknown precision {self.precision!r}; choose one of {list(PRECISIONS)}")
         if min(self.n_layer, self.n_head, self.d_model, self.seq_len, self.vocab_size) <= 0:
             raise ModelError(f"every GPTConfig dimension must be positive, got {self}")
         if self.n_kv_head < 0 or self.d_ff < 0:
@@ -405,15 +414,26 @@ def check_params(cfg: GPTConfig, params: dict[str, Tensor]) -> None:
             raise ModelError(f"parameter {n!r} is {t.dtype} {tuple(t.shape)}, expected float32 {s}")
 
 
+def compute_precision(cfg: GPTConfig, device: torch.device) -> AbstractContextManager[object]:
+    """The autocast region a forward on ``device`` runs in under ``cfg.precision`` (a no-op for fp32).
+
+    Backward follows what the forward recorded, so wrapping the forward alone fixes both.
+    """
+    if cfg.precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
 def forward(cfg: GPTConfig, params: dict[str, Tensor], idx: Tensor) -> Tensor:
     """Logits (B, T, V) for token ids ``idx`` (B, T), computed with the given parameters."""
-    return functional_call(skeleton(cfg), params, (idx,), strict=True)  # type: ignore[no-any-return]
+    with compute_precision(cfg, idx.device):
+        return functional_call(skeleton(cfg), params, (idx,), strict=True)  # type: ignore[no-any-return]
 
 
 def loss_fn(cfg: GPTConfig, params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
     """Mean next-token cross-entropy (nats) of targets ``y`` (B, T) given inputs ``x`` (B, T)."""
     logits = forward(cfg, params, x)
-    return F.cross_entropy(logits.reshape(-1, cfg.vocab_size), y.reshape(-1))
+    return F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size), y.reshape(-1))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from protocol.leaf import block_count, block_names
-from protocol.model import ATTENTION, GPTConfig, half_of, model_class
+from protocol.model import ATTENTION, GPTConfig, compute_precision, half_of, model_class
 from trainer.inner import (
     PARAM,
     STEP,
@@ -113,11 +113,12 @@ class BlockRun:
         self.leaves = leaves
         self.inp = inp if b == 0 else inp.detach().requires_grad_(True)
         with torch.enable_grad():
-            out = functional_call(module, dict(leaves), (self.inp,), strict=True)
+            with compute_precision(cfg, inp.device):
+                out = functional_call(module, dict(leaves), (self.inp,), strict=True)
             if self.last:
                 if target is None:
                     raise TrainerError("the head block needs the micro-batch's targets")
-                self.loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+                self.loss = F.cross_entropy(out.float().reshape(-1, out.shape[-1]), target.reshape(-1))
                 out = self.loss / micro
         self.out: Tensor = out
 

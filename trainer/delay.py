@@ -9,6 +9,11 @@ committed states of the previous epoch, so a verifier can recompute any start st
 - One-step delay (default): epoch e starts from G_{e-1} − Δ_{e-1} — the latest global model a
   trainer can hold without waiting (G_{e-1} is finalized while epoch e-1 trains) plus its own
   progress of epoch e-1. Epoch e-1's averaged update lands one round late, inside G_e.
+- Eager (diagnostic, simulation only): epoch e starts from G_{e-1} − (Δ_{e-1}/K + (1 − 1/K) u),
+  u = G_{e-2} − G_{e-1} the last public outer step. The own pseudo-gradient stands in for one
+  trainer's share of the unknown average, the last round's step for the others' (eager updates,
+  Kale et al. 2025); it starts closer to G_e when trainers' rounds differ more than consecutive
+  rounds do.
 
 In both, Adam moments and the step counter carry over from the end state E_{e-1}, and the error
 buffer is the one the compressor left when encoding epoch e-1.
@@ -36,6 +41,12 @@ from trainer.inner import (
 class StartRule(str, Enum):
     BLOCKING = "blocking"
     DELAYED = "delayed"
+    EAGER = "eager"
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether epoch e trains while epoch e-1 is aggregated (it starts before G_e exists)."""
+        return self is not StartRule.BLOCKING
 
 
 def global_index(rule: StartRule, epoch: int) -> int:
@@ -88,18 +99,45 @@ def delayed_start(
     return with_section(carried, PARAM, {n: g_prev[n] - delta[n] for n in delta})
 
 
+def eager_start(
+    g_prev: Mapping[str, Tensor],
+    g_prev2: Mapping[str, Tensor],
+    prev_start: Mapping[str, Tensor],
+    carried: Mapping[str, Tensor],
+    trainers: int,
+) -> State:
+    """S_e: params = G_{e-1} − (Δ_{e-1} / K + (1 − 1/K)(G_{e-2} − G_{e-1})), each term in fp32."""
+    if trainers < 1:
+        raise TrainerError(f"trainers must be >= 1, got {trainers}")
+    delta = pseudo_gradient(prev_start, carried)
+    if g_prev.keys() != delta.keys() or g_prev2.keys() != delta.keys():
+        raise TrainerError("global models and trainer state have different parameters")
+    own, rest = 1.0 / trainers, 1.0 - 1.0 / trainers
+    return with_section(
+        carried,
+        PARAM,
+        {n: g_prev[n] - (own * delta[n] + rest * (g_prev2[n] - g_prev[n])) for n in delta},
+    )
+
+
 def next_start(
     rule: StartRule,
     latest_global: Mapping[str, Tensor],
     prev_start: Mapping[str, Tensor] | None,
     carried: Mapping[str, Tensor] | None,
+    earlier_global: Mapping[str, Tensor] | None = None,
+    trainers: int = 1,
 ) -> State:
     """Start state of the next epoch; ``latest_global`` must be G_{global_index(rule, epoch)}.
 
-    ``prev_start``/``carried`` are None for epoch 0.
+    ``prev_start``/``carried`` are None for epoch 0. The eager rule also reads G_{e-2}
+    (``earlier_global``, None at epoch 1, where it falls back to the delayed rule) and the number of
+    trainers whose updates are averaged.
     """
     if carried is None or prev_start is None:
         return first_start(latest_global)
     if rule is StartRule.BLOCKING:
         return blocking_start(latest_global, carried)
+    if rule is StartRule.EAGER and earlier_global is not None:
+        return eager_start(latest_global, earlier_global, prev_start, carried, trainers)
     return delayed_start(latest_global, prev_start, carried)

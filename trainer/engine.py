@@ -123,8 +123,12 @@ class LocalEngine:
 
     concurrent_audits = True
 
-    def __init__(self, spec: RoundSpec, every: int, *, keep_boundaries: bool = True, log_ram_bytes: int = 0) -> None:
+    def __init__(self, spec: RoundSpec, every: int, *, keep_boundaries: bool = True, log_ram_bytes: int = 0,
+                 device: torch.device | str = "cpu") -> None:
         self.spec, self.every = spec, max(1, every)
+        # where the steps run; files, leaves, the log and compression stay on the CPU, so on a GPU only
+        # the live state and the step's tensors live there (trainer/device.py says which devices may)
+        self.device = torch.device(device)
         self.keep_boundaries = keep_boundaries
         self.log_budget = RamBudget(log_ram_bytes)  # shared by the epochs' logs: two overlap while one is audited
         self._logs: dict[Path, BoundaryLog] = {}
@@ -139,24 +143,34 @@ class LocalEngine:
     def timings(self) -> dict[str, float]:
         return self._timings
 
+    def _on(self, tensors: Mapping[str, Tensor]) -> State:
+        """``tensors`` on the engine's device (the same dict's tensors, uncopied, on the CPU)."""
+        return {k: v.to(self.device) for k, v in tensors.items()}
+
     def _step(self, state: State, batch: Batch) -> tuple[State, float, list[BlockIO]]:
-        return blockwise_step(state, batch, self.spec.model, self.spec.inner, self.spec.microbatches)
+        x, y = batch
+        new, loss, ios = blockwise_step(self._on(state), (x.to(self.device), y.to(self.device)), self.spec.model,
+                                        self.spec.inner, self.spec.microbatches)
+        if self.device.type != "cpu":  # leaves hash on the CPU and the log lives there: one copy each
+            ios = [BlockIO(None if io.act is None else io.act.cpu(), None if io.grad_in is None else io.grad_in.cpu(),
+                           io.sq.cpu()) for io in ios]
+        return new, loss, ios
 
     def start(self, d: EpochDir, g: Params, prev: EpochDir | None) -> State:
-        """S_e by the start rule (docs/protocol.md §8)."""
+        """S_e by the start rule (docs/protocol.md §8), computed on the CPU as a verifier does."""
         if prev is not None and self.has_states(prev):
             return start_state(self.spec, g, prev.load("state-000000"), prev.load("carried"))
         return start_state(self.spec, g, None, None)
 
     def begin(self, d: EpochDir, steps: int, g: Params, prev: EpochDir | None) -> StepLeaf:
         state = self.start(d, g, prev)
-        self.state, self.steps = state, steps
+        self.state, self.steps = self._on(state), steps
         self.committer = LeafCommitter(self.spec.model, self.spec.segment, steps + 1)
         d.save_step(0, state)
         return self.committer.leaf(0, state, None)
 
     def resume(self, d: EpochDir, steps: int, k: int) -> None:
-        self.state, self.steps = d.load(f"state-{k:06d}"), steps
+        self.state, self.steps = self._on(d.load(f"state-{k:06d}")), steps
         self.committer = LeafCommitter(self.spec.model, self.spec.segment, steps + 1)
         self.committer.state_parts(d.load("state-000000"))  # the error buffer's digests, fixed since leaf 0
 
@@ -183,7 +197,7 @@ class LocalEngine:
     def finish(self, d: EpochDir, rank: int, seed: int) -> tuple[bytes, CompressionStats]:
         if self.state is None:
             raise TrainerError("the engine has no epoch to finish")
-        start, end = d.load("state-000000"), self.state
+        start, end = d.load("state-000000"), {k: v.cpu() for k, v in self.state.items()}
         c = compress(pseudo_gradient(start, end), section(end, EF), rank, seed, self.spec.compression)
         d.save("carried", carry(end, c.new_ef))
         return c.payload, c.stats
@@ -214,10 +228,14 @@ class LocalEngine:
                       batch_of: BatchOf) -> tuple[State, list[tuple[Tensor | None, Tensor | None]]]:
         """Block b alone from checkpoint ``base`` to ``start`` on the logged boundaries, then the segment's."""
         n, cfg = len(self.groups), self.spec
-        state = d.load_part(f"state-{base:06d}", [p + name for p in (PARAM, MOM1, MOM2) for name in self.groups[b]] + [STEP, RNG])
+        state = self._on(d.load_part(f"state-{base:06d}", [p + name for p in (PARAM, MOM1, MOM2) for name in self.groups[b]] + [STEP, RNG]))
+        dev = self.device
         for j in range(base, start):
             inp, g_out, sqs = log.block_inputs(j, b, n)
-            state, _ = replay_block(state, b, batch_of(j), cfg.model, cfg.inner, cfg.microbatches, inp, g_out, sqs)
+            x, y = batch_of(j)
+            state, _ = replay_block(state, b, (x.to(dev), y.to(dev)), cfg.model, cfg.inner, cfg.microbatches,
+                                    None if inp is None else inp.to(dev), None if g_out is None else g_out.to(dev),
+                                    [q.to(dev) for q in sqs])
         return restrict(state, self.groups[b], (PARAM, MOM1, MOM2)), [log.block_inputs(j, b, n)[:2] for j in range(start, end)]
 
     def _log(self, d: EpochDir) -> BoundaryLog:
@@ -226,7 +244,7 @@ class LocalEngine:
         return self._logs[d.path]
 
     def boundary_log_bytes(self, d: EpochDir) -> tuple[int, int]:
-        log = self._log(d)
+        log = self._logs.get(d.path) or BoundaryLog(d.path)  # asking does not open a log
         return log.ram_bytes, log.disk_bytes()
 
     def forget_boundaries(self, d: EpochDir) -> None:

@@ -38,6 +38,7 @@ from trainer.answering import AnswerWorker, Built, FileSink, build
 from trainer.boundaries import quarter_of_memory
 from trainer.checkpoints import EpochDir
 from trainer.delay import StartRule, public_history_end
+from trainer.device import check_device, resolve_device
 from trainer.engine import Engine, LocalEngine
 from trainer.inner import Params, State, TrainerError, configure_determinism
 from trainer.round import (
@@ -95,6 +96,7 @@ class TrainerNode:
         behaviour: Behaviour | None = None, log: Log | None = None, poll_s: float = 0.25,
         checkpoint_every: int = 4, threads: int = 1, max_epochs: int | None = None,
         stages: int = 1, microbatches: int = 2, keep_boundaries: bool = True, boundary_log_ram: int | None = None,
+        device: str = "cpu",
     ) -> None:
         if chain.sender is None:
             raise TrainerError("a trainer node needs a signing key")
@@ -113,13 +115,19 @@ class TrainerNode:
         self.pipeline: PipelineSteps | None = None
         self.engine: Engine | None = None  # sharded runs: where the training state lives
         self.answers = AnswerWorker(threads)  # shard answers built while the next epoch trains
+        self.device = resolve_device(device)  # sharded runs only (make_engine); checked against the run in run()
 
     # ------------------------------------------------------------------ main loop
 
     def run(self) -> None:
-        configure_determinism(self.threads)
+        configure_determinism(self.threads, self.device.type)
         self.ctx: RunContext = open_run(self.chain, self.store, self.run_id)
         self.spec = RoundSpec.from_config(self.ctx.config)
+        a = self.ctx.config.audit
+        check_device(self.device, a.device, a.mode, self.run_id)
+        if self.device.type != "cpu" and not self.spec.shard:
+            raise TrainerError(f"--device {self.device}: run {self.run_id} audits whole states (audit.unit = "
+                               f"{a.unit!r}), which a GPU node does not serve; use --device cpu")
         if self.spec.shard:
             self.engine = self.behaviour.engine(self)
         elif self.stages > 1:
@@ -148,10 +156,10 @@ class TrainerNode:
         """The sharded run's state holder: this process (S = 1) or S stage processes."""
         if self.stages == 1:
             return LocalEngine(self.spec, self.shard_checkpoint_every, keep_boundaries=self.keep_boundaries,
-                               log_ram_bytes=self.boundary_log_ram)
+                               log_ram_bytes=self.boundary_log_ram, device=self.device)
         from trainer.stages import StagedEngine
 
-        return StagedEngine(self.spec, self.shard_checkpoint_every, self.stages, self.threads)
+        return StagedEngine(self.spec, self.shard_checkpoint_every, self.stages, self.threads, self.device.type)
 
     def inner_step(self, state: State, epoch: int, k: int) -> tuple[State, float]:
         """Inner step k of `epoch` on this trainer's batch: in this process, or across its pipeline stages."""

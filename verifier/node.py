@@ -53,6 +53,7 @@ from protocol.statedir import run_dir
 from protocol.store import IntegrityError, NotFound, Store, StoreError, StoreTimeout
 from protocol.types import Cid, Digest
 from trainer.delay import StartRule
+from trainer.device import check_device, resolve_device
 from trainer.inner import State, TrainerError, configure_determinism
 from trainer.round import RoundSpec, start_state
 from trainer.schedule import Schedule
@@ -78,10 +79,11 @@ EVIDENCE_FORMAT = "veriloco.evidence.v2"  # one document per verifier per epoch:
 class VerifierNode:
     def __init__(
         self, chain: Chain, store: Store, run_id: int, workdir: Path, *,
-        log: Log | None = None, poll_s: float = 0.25, threads: int = 1,
+        log: Log | None = None, poll_s: float = 0.25, threads: int = 1, device: str = "cpu",
     ) -> None:
         if chain.sender is None:
             raise TrainerError("a verifier node needs a signing key")
+        self.device = resolve_device(device)  # where shard segments replay; checked against the run in run()
         self.chain, self.store, self.run_id = chain, store, run_id
         self.me = chain.sender
         self.log: Log = log or (lambda event, **kv: None)
@@ -111,9 +113,14 @@ class VerifierNode:
         tmp.replace(self.ledger)
 
     def run(self) -> None:
-        configure_determinism(self.threads)
+        configure_determinism(self.threads, self.device.type)
         self.ctx: RunContext = open_run(self.chain, self.store, self.run_id)
         self.spec = RoundSpec.from_config(self.ctx.config)
+        a = self.ctx.config.audit
+        check_device(self.device, a.device, a.mode, self.run_id)
+        if self.device.type != "cpu" and not self.spec.shard:
+            raise TrainerError(f"--device {self.device}: run {self.run_id} audits whole states (audit.unit = "
+                               f"{a.unit!r}), which replay on the CPU; use --device cpu")
         self.schedule = Schedule(self.chain, self.store, self.ctx, self.spec)
         m = self.chain.member(self.run_id, self.me)
         if m.role == 1:
@@ -396,7 +403,7 @@ class VerifierNode:
         return audit_findings(
             m, chained, lambda cid, spec: load_state(self.store.get(cid, max_size=MAX_STATE_BYTES), expect=spec),
             self.spec, self.ctx.corpus, self._start_model(e), publication, run_id=self.run_id, epoch=e, slot=slot,
-            trainer=t, rank=rank, prev_rank=prev_rank, grad_digests=grads,
+            trainer=t, rank=rank, prev_rank=prev_rank, grad_digests=grads, device=self.device,
         )
 
     def _check_start(self, e: int, t: str, slot: int, m: AuditManifest) -> Finding:

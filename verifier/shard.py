@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from protocol.chain_audit import final_check
@@ -52,8 +53,10 @@ _P, _O, _E = (PARAM,), (MOM1, MOM2), (EF,)
 def check_segment(
     leaves: Mapping[int, StepLeaf], start: int, end: int, b: int, file: Mapping[str, Tensor],
     spec: RoundSpec, corpus: Corpus, epoch: int, slot: int, grad_digests: list[bytes] | None = None,
+    device: torch.device | None = None,
 ) -> Finding:
-    """Replay block b over steps start..end-1 from the revealed shard; compare with every committed leaf."""
+    """Replay block b over steps start..end-1 from the revealed shard (on ``device``, default the CPU);
+    compare with every committed leaf."""
     name = f"block {b} steps {start}->{end}"
     names = block_names(spec.model)[b]
     n_blocks = len(block_names(spec.model))
@@ -61,18 +64,19 @@ def check_segment(
         unbound = unbound_input(file, leaves, start, end, b, names, n_blocks)
         if unbound is not None:
             return Finding(name, False, unbound)
-        state = {k: v for k, v in file.items() if k.startswith((PARAM, MOM1, MOM2)) or k in (STEP, RNG)}
+        dev = device or torch.device("cpu")
+        state = {k: v.to(dev) for k, v in file.items() if k.startswith((PARAM, MOM1, MOM2)) or k in (STEP, RNG)}
         bnames = iter(boundary_names(b, n_blocks, start, end))
         for k in range(start, end):
             here, nxt = leaves[k], leaves[k + 1]
             if (nxt.step, nxt.rng) != (here.step + 1, here.rng):
                 return Finding(name, False, f"leaf {k + 1}'s step counter does not follow leaf {k}'s")
-            inp = file[next(bnames)] if b > 0 else None
-            g_out = file[next(bnames)] if b < n_blocks - 1 else None
+            inp = file[next(bnames)].to(dev) if b > 0 else None
+            g_out = file[next(bnames)].to(dev) if b < n_blocks - 1 else None
             on_grads = None if grad_digests is None else (lambda g: grad_digests.append(gradient_digest(g)))
-            batch = epoch_batch(spec, corpus, epoch, slot, k)
-            state, io = replay_block(state, b, batch, spec.model, spec.inner, spec.microbatches, inp, g_out,
-                                     nxt.sqs, on_grads)
+            x, y = epoch_batch(spec, corpus, epoch, slot, k)
+            state, io = replay_block(state, b, (x.to(dev), y.to(dev)), spec.model, spec.inner, spec.microbatches,
+                                     inp, g_out, [q.to(dev) for q in nxt.sqs], on_grads)
             mine = nxt.blocks[b]
             if tensor_digest(io.act) != (mine.act if b < n_blocks - 1 else ZERO):
                 return Finding(name, False, f"step {k}: block {b}'s output activations differ from its commitment")
@@ -191,7 +195,7 @@ class Chained:
 def audit_findings(
     m: ShardManifest, chained: Chained, fetch: Fetch, spec: RoundSpec, corpus: Corpus, g: Mapping[str, Tensor],
     publication: bytes, *, run_id: int, epoch: int, slot: int, trainer: str, rank: int, prev_rank: int,
-    grad_digests: list[bytes] | None = None,
+    grad_digests: list[bytes] | None = None, device: torch.device | None = None,
 ) -> list[Finding]:
     """Every check of a shard audit, given a decoded (validated) manifest: bound to the chain and to the
     drawn challenges first, then each segment, the final check and the start check."""
@@ -220,7 +224,8 @@ def audit_findings(
         except Exception as exc:  # noqa: BLE001 - a file that cannot be read or has the wrong layout fails
             out.append(_fail(f"block {c.block} steps {c.start}->{c.end}", exc))
             continue
-        out.append(check_segment(leaves, c.start, c.end, c.block, file, spec, corpus, epoch, slot, grad_digests))
+        out.append(check_segment(leaves, c.start, c.end, c.block, file, spec, corpus, epoch, slot, grad_digests,
+                                 device))
     if fin:
         try:
             file = fetch(m.final.cid, transition_spec(shapes, groups[m.final.block]))

@@ -73,6 +73,18 @@ def gibibytes(text: str) -> int:
     return int(x * 2**30)
 
 
+def device(text: str) -> str:
+    """A torch device this machine can compute on: cpu, cuda or cuda:N (trainer/device.py)."""
+    from trainer.device import resolve_device  # torch: only for the commands that take --device
+    from trainer.inner import TrainerError
+
+    try:
+        resolve_device(text)
+    except TrainerError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def address(text: str) -> str:
     """A 20-byte Ethereum address (0x + 40 hex digits; a mixed-case one must carry a valid checksum)."""
     from eth_utils import is_address, to_checksum_address

@@ -15,7 +15,7 @@ from eth_account import Account
 
 from protocol.chain import Chain
 from protocol.statedir import check_run
-from veriloco.argtypes import gibibytes, positive, run_id, tcp_port
+from veriloco.argtypes import device, gibibytes, positive, run_id, tcp_port
 from veriloco.logs import add_log_args, logger_from_args, node_logger, with_upload_progress
 from veriloco.settings import Settings, add_connection_args, open_store, resolve
 
@@ -66,7 +66,7 @@ def _trainer(args: argparse.Namespace) -> int:
         threads=args.threads, checkpoint_every=args.checkpoint_every,
         max_epochs=args.epochs, stages=args.stages, microbatches=args.microbatches,
         keep_boundaries=not args.no_boundary_log,
-        boundary_log_ram=args.boundary_log_ram,
+        boundary_log_ram=args.boundary_log_ram, device=args.device,
     ).run()
     return 0
 
@@ -77,7 +77,8 @@ def _verifier(args: argparse.Namespace) -> int:
     s = resolve(args)
     chain = open_chain(s, args.run)
     store, log = observed(args, s, chain, "verifier")
-    VerifierNode(chain, store, args.run, s.workdir / f"verifier-{chain.sender}", log=log, threads=args.threads).run()
+    VerifierNode(chain, store, args.run, s.workdir / f"verifier-{chain.sender}", log=log, threads=args.threads,
+                 device=args.device).run()
     return 0
 
 
@@ -105,6 +106,9 @@ def register(sub: Any) -> None:
                        help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off, the default)")
         if name != "coordinator":
             p.add_argument("--threads", type=positive, default=1, help="torch threads; replay is exact only at equal settings")
+            p.add_argument("--device", type=device, default="cpu",
+                           help="cpu, cuda or cuda:N: where steps (trainer) or segment replays (verifier) run; an "
+                                "exact-mode run admits only the device class it pins (audit.device)")
         if name == "trainer":
             p.add_argument("--checkpoint-every", type=positive, default=4, help="keep every N-th state to answer audits")
             p.add_argument("--epochs", type=positive, help="stop after this many epochs (default: the run's schedule)")

@@ -8,7 +8,7 @@ budget (every worker runs the same number of inner steps on batches of the same 
 - ``allreduce``: data-parallel AdamW, gradients averaged every step (ring all-reduce, fp32);
 - ``diloco``: H local AdamW steps, fp32 pseudo-gradients all-reduced, blocking;
 - ``dilocox``: one-step-delay overlap + adaptive low-rank int4 compression with error feedback;
-- ablations: ``dilocox_blocking`` (no overlap), ``lowrank_only`` (fp32 factors), ``quant_only``
+- ablations: ``dilocox_blocking`` (no overlap), ``dilocox_eager`` (eager start), ``lowrank_only`` (fp32 factors), ``quant_only``
   (dense int4, no low rank), ``fixed_rank`` (no rank/H adaptation).
 
 Traffic model (bytes *sent* per worker): ring all-reduce of ``B`` bytes sends ``2 (K-1)/K B``; a
@@ -157,7 +157,7 @@ class Method:
 
     @property
     def overlaps(self) -> bool:
-        return self.kind == "local" and self.rule is StartRule.DELAYED
+        return self.kind == "local" and self.rule.overlaps
 
 
 def methods(h: int = 16, rank: int = 8) -> dict[str, Method]:
@@ -184,6 +184,13 @@ def methods(h: int = 16, rank: int = 8) -> dict[str, Method]:
             StartRule.BLOCKING,
             base,
             "adaptive low-rank int4, blocking",
+        ),
+        "dilocox_eager": Method(
+            "dilocox_eager",
+            "local",
+            StartRule.EAGER,
+            base,
+            "eager start (own delta / K + last outer step) + adaptive low-rank int4",
         ),
         "lowrank_only": Method(
             "lowrank_only",
@@ -502,13 +509,14 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
         else:
             rank, h = 0, cfg.h
         h = min(h, cfg.steps - done)
-        latest = globals_[global_index(method.rule, epoch)]
+        gi = global_index(method.rule, epoch)
+        latest, earlier = globals_[gi], (globals_[gi - 1] if gi >= 1 else None)
         deltas: list[Params] = []
         payloads: list[bytes] = []
         sizes, errs, train_t, codec_t = [], [], [], []
         for k in range(cfg.trainers):
             t0 = time.perf_counter()
-            start = next_start(method.rule, latest, starts[k], carried[k])
+            start = next_start(method.rule, latest, starts[k], carried[k], earlier, cfg.trainers)
             s = start
             for i in range(h):
                 t1 = time.perf_counter()

@@ -98,6 +98,9 @@ OFFLINE = [
     (["dashboard", "--run", "1", "--refresh", "0"], "at least 1"),
     (["dashboard", "--run", "1"], "no RPC endpoint"),
     (["trainer", "--run", "1", "--metrics-port", "-1"], "not a TCP port"),
+    (["trainer", "--run", "1", "--device", "cuda:99"], "--device 'cuda:99'"),  # no CUDA here, or not 100 GPUs
+    (["verifier", "--run", "1", "--device", "mps"], "only cpu and cuda"),
+    (["verifier", "--run", "1", "--device", "gpu!"], "not a device name"),
     (["demo", "--dashboard", "x"], "not a whole number"),
 ]
 

@@ -195,6 +195,7 @@ def method_record(r: MethodResult, step_s: float) -> dict[str, Any]:
         "schedule_rank_h": r.schedule,
         "payload_bytes_per_round": r.payload_bytes,
         "compression_rel_error_per_round": r.rel_error,
+        "unsent_eval_loss": r.unsent_eval_loss,
         "eval_curve": r.curve,
         "eval_curve_simulated_seconds": curve_times(r, step_s),
         "description": r.description,

@@ -85,6 +85,23 @@ def test_delayed_start_is_previous_global_minus_own_delta() -> None:
     assert int(s2[STEP]) == 10
 
 
+def test_eager_start_mixes_own_delta_with_the_last_outer_step() -> None:
+    g0, g1 = _params(0), _params(5)
+    s1 = first_start(g0)
+    e1 = _end(s1, 3)
+    c1 = carry(e1, section(e1, EF))
+    own = pseudo_gradient(s1, c1)
+    s2 = next_start(StartRule.EAGER, g1, s1, c1, earlier_global=g0, trainers=4)
+    want = g1["w"] - (0.25 * own["w"] + 0.75 * (g0["w"] - g1["w"]))
+    assert torch.equal(s2[PARAM + "w"], want)
+    assert int(s2[STEP]) == int(e1[STEP]) and StartRule.EAGER.overlaps and not StartRule.BLOCKING.overlaps
+    # without G_{e-2} (epoch 1) it is the delayed rule
+    assert torch.equal(next_start(StartRule.EAGER, g1, s1, c1, None, 4)[PARAM + "b"],
+                       delayed_start(g1, s1, c1)[PARAM + "b"])
+    with pytest.raises(TrainerError, match="trainers"):
+        next_start(StartRule.EAGER, g1, s1, c1, earlier_global=g0, trainers=0)
+
+
 def test_mismatched_states_are_errors() -> None:
     s = state_from_params(_params(0))
     other = state_from_params({"w": torch.zeros(4, 3)})

@@ -56,12 +56,15 @@ def test_all_methods_run_with_the_stated_traffic(corpus: Corpus) -> None:
     assert (
         res["diloco"].bytes_per_worker == dense * 2
     )  # two rounds of H=4, one full all-reduce each
-    for name in ("dilocox", "dilocox_blocking", "quant_only", "fixed_rank", "lowrank_only"):
+    for name in ("dilocox", "dilocox_blocking", "dilocox_eager", "dilocox_e80", "quant_only", "fixed_rank",
+                 "lowrank_only"):
         r = res[name]
         assert r.steps_per_worker == 8
+        assert r.unsent_eval_loss is not None and math.isfinite(r.unsent_eval_loss)
         assert r.bytes_per_worker == sum(p for p in r.payload_bytes)  # (K-1) = 1 payload per round
         assert r.bytes_per_worker < res["diloco"].bytes_per_worker
     assert res["quant_only"].bytes_per_worker < res["diloco"].bytes_per_worker / 5  # int4 vs fp32
+    assert res["diloco"].unsent_eval_loss is None  # nothing is held back without compression
     for r in res.values():
         assert math.isfinite(r.final_eval_loss) and r.final_eval_loss < r.curve[0][1]  # it learned
     assert res["dilocox"].schedule[0] == (2, 4)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from protocol.leaf import LeafCommitter, StepLeaf, block_names, tensor_digest
-from protocol.model import preset
+from protocol.model import GPTConfig, preset
 from trainer.blockstep import blockwise_step, replay_block
 from trainer.inner import (
     MOM1,
@@ -41,17 +43,23 @@ def _det() -> None:
     configure_determinism(1)
 
 
-@pytest.mark.parametrize("micro", [1, 2])
-def test_every_block_replayed_alone_matches_the_trainer_bitwise(micro: int) -> None:
-    state = init_state(CFG, 0)
-    state, _, _ = blockwise_step(state, _batch(1), CFG, INNER, micro)  # non-zero moments
-    new, loss, ios = blockwise_step(state, _batch(2), CFG, INNER, micro)
-    groups = block_names(CFG)
+BF16 = [dataclasses.replace(preset(n), precision="bf16") for n in ("tiny", "llama-tiny")]
+
+
+@pytest.mark.parametrize("cfg,micro", [(CFG, 1), (CFG, 2), (BF16[0], 2), (BF16[1], 2)],
+                         ids=["fp32-1", "fp32-2", "bf16-gpt2", "bf16-llama"])
+def test_every_block_replayed_alone_matches_the_trainer_bitwise(cfg: GPTConfig, micro: int) -> None:
+    state = init_state(cfg, 0)
+    state, _, _ = blockwise_step(state, _batch(1), cfg, INNER, micro)  # non-zero moments
+    new, loss, ios = blockwise_step(state, _batch(2), cfg, INNER, micro)
+    assert all(t.dtype in (torch.float32, torch.int64) for t in new.values()), "the state stays fp32 in bf16"
+    assert all(io.act is None or io.act.dtype == torch.float32 for io in ios), "so do the boundaries"
+    groups = block_names(cfg)
     sqs = [io.sq for io in ios]
     for b, names in enumerate(groups):
         inp = ios[b - 1].act if b > 0 else None
         g_out = ios[b + 1].grad_in if b < len(groups) - 1 else None
-        got, io = replay_block(_block_state(state, names), b, _batch(2), CFG, INNER, micro, inp, g_out, sqs)
+        got, io = replay_block(_block_state(state, names), b, _batch(2), cfg, INNER, micro, inp, g_out, sqs)
         for n in names:
             for p in (PARAM, MOM1, MOM2):
                 assert torch.equal(got[p + n], new[p + n]), (b, p + n)
@@ -96,7 +104,7 @@ def test_leaf_preimage_round_trips_and_binds_every_field() -> None:
 def test_each_transformer_block_is_two_audit_blocks_whose_chain_is_the_block(name: str) -> None:
     """Attention half then MLP half is the model's own block, bit for bit; each half holds only its names."""
     from protocol.leaf import block_count
-    from protocol.model import GPTConfig, half_of, init_params, model_class
+    from protocol.model import half_of, init_params, model_class
     from trainer.blockstep import block_module
 
     cfg: GPTConfig = preset(name)

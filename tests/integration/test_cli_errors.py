@@ -199,3 +199,16 @@ def test_account_new_refuses_cleanly(offline: Path, capsys: pytest.CaptureFixtur
     assert "needs a password" in refused(capsys, "account", "new", "--out", "k.json")  # no terminal here
     assert "cannot read password file" in refused(capsys, "account", "new", "--out", "k.json", "--password-file", "nope")
     assert not (offline / "k.json").exists()
+
+
+def test_nodes_refuse_a_run_pinned_to_other_hardware_before_staking(online: Path, devnet: Any,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    (online / "gpu.toml").write_text(RUN_TOML.replace("quorum = 1\n", 'quorum = 1\ndevice = "cuda:NVIDIA H200"\n'))
+    code, out, err = cli(capsys, "run", "create", "--config", "gpu.toml", "--account", "0", "--json")
+    assert code == 0, err
+    rid = str(json.loads(out)["run_id"])
+    chain = Chain(devnet.info.rpc_url, devnet.info.contract)
+    for role, account in (("trainer", "1"), ("verifier", "2")):
+        line = refused(capsys, role, "--run", rid, "--account", account)
+        assert "replays bit for bit on 'cuda:NVIDIA H200'" in line and "computes on 'cpu'" in line, line
+        assert chain.member(int(rid), devnet.info.accounts[int(account)].address).role == 0  # nothing staked

@@ -45,8 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from coordinator.outer import OuterConfig
 from protocol.data import Corpus, batch, default_corpus
 from protocol.digest import state_digest
-from protocol.model import PRESETS, n_params
+from protocol.errors import VerilocoError
+from protocol.model import PRECISIONS, PRESETS, n_params
 from trainer.compress import CompressionConfig
+from trainer.device import device_class, resolve_device
 from trainer.inner import InnerConfig, configure_determinism, init_state, train_step
 from veriloco.simulate import (
     DDP_BUCKET_BYTES,
@@ -453,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, help="override the preset's inner warmup steps")
     ap.add_argument("--corpus-bytes", type=int, help="override the preset's corpus size (same size, same data)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where the workers' steps and the eval run")
+    ap.add_argument("--precision", choices=PRECISIONS, default="fp32", help="the model's compute precision (bf16: autocast)")
     ap.add_argument("--outer-lr", type=float, default=1.0, help="outer lr (default 1.0, as examples/run.toml)")
     ap.add_argument("--outer-momentum", type=float, default=0.0, help="outer Nesterov momentum (default 0)")
     ap.add_argument(
@@ -505,9 +509,13 @@ def main(argv: list[str] | None = None) -> int:
         warmup=p.warmup if a.warmup is None else a.warmup,
         corpus_bytes=a.corpus_bytes or p.corpus_bytes,
     )
-    configure_determinism(a.threads)
+    configure_determinism(a.threads, a.device)
+    try:
+        resolve_device(a.device)
+    except VerilocoError as exc:
+        ap.error(str(exc))
     corpus = default_corpus(p.corpus_bytes)
-    model = PRESETS[p.model]
+    model = replace(PRESETS[p.model], precision=a.precision)
     cfg = SimConfig(
         model=model,
         trainers=a.trainers,
@@ -519,10 +527,11 @@ def main(argv: list[str] | None = None) -> int:
         inner=InnerConfig(lr=p.lr, warmup_steps=p.warmup, total_steps=p.steps),
         outer=OuterConfig(lr=a.outer_lr, momentum=a.outer_momentum),
         eval_rows=a.eval_rows,
+        device=a.device,
     )
     sweep = [s for s in parse_outer(a.sweep_outer) if s != (a.outer_lr, a.outer_momentum)]
     lr_sweep = tuple(x for x in parse_lrs(a.sweep_inner_lr) if x != p.lr)
-    info = machine()
+    info = {**machine(), "device": device_class(resolve_device(a.device))}
     t_start = time.perf_counter()
     say = (lambda _: None) if a.quiet else (lambda s: print(s, flush=True))
     per_seed = [run_seed(seed, cfg, names, sweep, corpus, say, lr_sweep) for seed in seeds]
@@ -539,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
             "model": p.model,
             "model_config": asdict(model),
             "n_params": n_params(model),
+            **({"device": a.device} if a.device != "cpu" else {}),
             "trainers": a.trainers,
             "steps_per_worker": p.steps,
             "batch_size": p.batch_size,

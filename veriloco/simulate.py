@@ -248,6 +248,9 @@ class SimConfig:
     bandwidth_bps: float = 1e9
     latency_s: float = 0.0  # per message, for every method's exchange
     bucket_bytes: int = DDP_BUCKET_BYTES  # AllReduce's gradient buckets (DDP's default cap)
+    # where the workers' steps and the eval run; the global model, payloads and aggregation stay on
+    # the CPU, as in the protocol (trainer/device.py)
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.trainers < 1 or self.steps < 1 or self.batch_size < 1 or self.h < 1:
@@ -314,13 +317,22 @@ def _mean(grads: list[Params]) -> Params:
     return mean_delta(grads, shapes)
 
 
+def _to(tensors: Params, device: str) -> Params:
+    return {n: t.to(device) for n, t in tensors.items()}
+
+
+def _batch_on(xy: tuple[Tensor, Tensor], device: str) -> tuple[Tensor, Tensor]:
+    return xy[0].to(device), xy[1].to(device)
+
+
 class _Evaluator:
     def __init__(self, cfg: SimConfig, corpus: Corpus) -> None:
         self.cfg = cfg
-        self.batches = val_batches(corpus, cfg.rows, cfg.eval_rows)
+        self.batches = [_batch_on(xy, cfg.device) for xy in val_batches(corpus, cfg.rows, cfg.eval_rows)]
 
     def __call__(self, params: Params) -> float:
-        return eval_loss(lambda x, y: loss_fn(self.cfg.model, params, x, y), self.batches)
+        on = _to(params, self.cfg.device)
+        return eval_loss(lambda x, y: loss_fn(self.cfg.model, on, x, y), self.batches)
 
 
 def _work_wait(r: RoundTiming, step_seconds: float | None) -> tuple[float, float]:
@@ -448,7 +460,7 @@ def run_allreduce(cfg: SimConfig, corpus: Corpus, progress: Progress) -> MethodR
     """Data-parallel baseline: K gradients per step, fp32 mean in slot order, one AdamW update."""
     m = cfg.model
     evaluate = _Evaluator(cfg, corpus)
-    state = init_state(m, cfg.init_seed)
+    state = init_state(m, cfg.init_seed, device=cfg.device)
     per_step_bytes = ring_allreduce_bytes(4 * n_params(m), cfg.trainers)
     buckets = tuple(
         (ready, cfg.link.ring_allreduce_seconds(nbytes, cfg.trainers))
@@ -462,7 +474,7 @@ def run_allreduce(cfg: SimConfig, corpus: Corpus, progress: Progress) -> MethodR
         grads, times = [], []
         for k in range(cfg.trainers):
             t0 = time.perf_counter()
-            xy = batch(corpus, cfg.run_seed, 0, k, step, cfg.batch_size, cfg.rows)
+            xy = _batch_on(batch(corpus, cfg.run_seed, 0, k, step, cfg.batch_size, cfg.rows), cfg.device)
             grads.append(compute_grads(section(state, PARAM), xy, m)[0])
             times.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
@@ -526,7 +538,7 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
             rank, h = 0, cfg.h
         h = min(h, cfg.steps - done)
         gi = global_index(method.rule, epoch)
-        latest, earlier = globals_[gi], (globals_[gi - 1] if gi >= 1 else None)
+        latest, earlier = _to(globals_[gi], cfg.device), (_to(globals_[gi - 1], cfg.device) if gi >= 1 else None)
         deltas: list[Params] = []
         payloads: list[bytes] = []
         sizes, errs, train_t, codec_t = [], [], [], []
@@ -536,7 +548,7 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
             s = start
             for i in range(h):
                 t1 = time.perf_counter()
-                xy = batch(corpus, cfg.run_seed, epoch, k, i, cfg.batch_size, cfg.rows)
+                xy = _batch_on(batch(corpus, cfg.run_seed, epoch, k, i, cfg.batch_size, cfg.rows), cfg.device)
                 s, _ = train_step(s, xy, m, cfg.inner)
                 step_times.append(time.perf_counter() - t1)
             delta = pseudo_gradient(start, s)
@@ -544,13 +556,13 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
             t0 = time.perf_counter()
             if ccfg is None:
                 carried[k] = s
-                deltas.append(delta)
+                deltas.append(_to(delta, "cpu"))
                 sizes.append(dense_bytes)
             else:
                 comp = compress(
                     delta, section(s, EF), rank, compression_seed(cfg.run_seed, epoch, k), ccfg
                 )
-                carried[k] = carry(s, comp.new_ef)
+                carried[k] = carry(s, _to(comp.new_ef, cfg.device))
                 payloads.append(comp.payload)
                 sizes.append(len(comp.payload))
                 errs.append(comp.stats.rel_error)
@@ -587,7 +599,7 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
         )
     unsent = None
     if ccfg is not None:  # G_E - lr * mean(ef): the update the error buffers still hold
-        held = _mean([section(c, EF) for c in carried if c is not None])
+        held = _mean([_to(section(c, EF), "cpu") for c in carried if c is not None])
         unsent = evaluate({n: t - cfg.outer.lr * held[n] for n, t in globals_[-1].items()})
     return _result(
         method.name,

@@ -126,3 +126,20 @@ def test_a_rank_above_the_schedule_s_ceiling_raises_the_ceiling() -> None:
 
     assert methods(rank=64)["dilocox"].compression.rank_max == 64  # type: ignore[attr-defined]
     assert methods(rank=8)["dilocox"].compression.rank_max == 32  # type: ignore[attr-defined]
+
+
+def test_precision_and_device_are_recorded_and_kept_apart(tmp_path: Path) -> None:
+    common = ["--preset", "ci", "--eval-rows", "8", "--steps", "4", "--h", "2", "--methods", "allreduce,dilocox",
+              "--seeds", "3", "--quiet"]  # fmt: skip
+    assert main([*common, "--out", str(tmp_path / "fp32.json")]) == 0
+    assert main([*common, "--precision", "bf16", "--out", str(tmp_path / "bf16.json")]) == 0
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("fp32", "bf16"))
+    assert a["config"]["model_config"]["precision"] == "fp32" and b["config"]["model_config"]["precision"] == "bf16"
+    assert a["machine"]["device"] == "cpu"
+    la, lb = (r["per_seed"][0]["methods"]["allreduce"]["final_eval_loss"] for r in (a, b))
+    assert la != lb and abs(la - lb) / la < 0.02  # autocast took effect, and it is close
+    with pytest.raises(SystemExit, match="config"):
+        main(["--merge", str(tmp_path / "fp32.json"), str(tmp_path / "bf16.json"), "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit):  # a device this machine does not have is refused before anything trains
+        main([*common, "--device", "cuda:99", "--out", str(tmp_path / "gpu.json")])
+    assert not (tmp_path / "gpu.json").exists()

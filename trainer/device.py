@@ -44,14 +44,18 @@ def device_class(dev: torch.device) -> str:
     return dev.type
 
 
-def check_device(dev: torch.device, pinned: str, mode: str, run_id: int) -> None:
-    """Refuse a device an exact-mode run's replay cannot match (see the module docstring)."""
+def check_device(dev: torch.device, pinned: str, mode: str, unit: str, run_id: int) -> None:
+    """Refuse a device the run's replay cannot match (see the module docstring), and a GPU in a run
+    that audits whole states (those replay on the CPU)."""
     have = device_class(dev)
     if mode == "exact" and have != pinned:
         raise TrainerError(
             f"run {run_id} replays bit for bit on {pinned!r} (audit.device), but this node computes on {have!r}; "
             f"run it on {pinned!r} hardware with the matching --device, or join a run pinned to {have!r}"
         )
+    if dev.type != "cpu" and unit != "shard":
+        raise TrainerError(f"--device {dev}: run {run_id} audits whole states (audit.unit = {unit!r}), "
+                           "which are computed and replayed on the CPU; use --device cpu")
 
 
 __all__ = ["check_device", "device_class", "resolve_device"]

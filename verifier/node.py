@@ -117,10 +117,7 @@ class VerifierNode:
         self.ctx: RunContext = open_run(self.chain, self.store, self.run_id)
         self.spec = RoundSpec.from_config(self.ctx.config)
         a = self.ctx.config.audit
-        check_device(self.device, a.device, a.mode, self.run_id)
-        if self.device.type != "cpu" and not self.spec.shard:
-            raise TrainerError(f"--device {self.device}: run {self.run_id} audits whole states (audit.unit = "
-                               f"{a.unit!r}), which replay on the CPU; use --device cpu")
+        check_device(self.device, a.device, a.mode, a.unit, self.run_id)
         self.schedule = Schedule(self.chain, self.store, self.ctx, self.spec)
         m = self.chain.member(self.run_id, self.me)
         if m.role == 1:

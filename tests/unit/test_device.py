@@ -31,10 +31,11 @@ def test_cuda_without_a_gpu_says_what_to_do() -> None:
 
 def test_exact_runs_admit_only_their_pinned_class() -> None:
     cpu = torch.device("cpu")
-    check_device(cpu, "cpu", "exact", 1)
+    check_device(cpu, "cpu", "exact", "shard", 1)
+    check_device(cpu, "cpu", "exact", "state", 1)
     with pytest.raises(TrainerError, match="replays bit for bit on 'cuda:NVIDIA H200'.*computes on 'cpu'"):
-        check_device(cpu, "cuda:NVIDIA H200", "exact", 1)
-    check_device(cpu, "cuda:NVIDIA H200", "tolerant", 1)  # a relative bound: any device
+        check_device(cpu, "cuda:NVIDIA H200", "exact", "shard", 1)
+    check_device(cpu, "cuda:NVIDIA H200", "tolerant", "shard", 1)  # a relative bound: any device
 
 
 def test_the_pin_is_a_run_setting_that_keeps_old_digests() -> None:
@@ -45,3 +46,10 @@ def test_the_pin_is_a_run_setting_that_keeps_old_digests() -> None:
     for bad in ("gpu", "cuda:", "cuda"):
         with pytest.raises(ConfigError, match="audit.device"):
             base.replace(audit={"device": bad})
+
+
+def test_whole_state_runs_stay_on_the_cpu() -> None:
+    other = torch.device("meta")  # any non-CPU device (no GPU needed to check the rule)
+    with pytest.raises(TrainerError, match="audits whole states.*use --device cpu"):
+        check_device(other, "cpu", "tolerant", "state", 1)
+    check_device(other, "cpu", "tolerant", "shard", 1)

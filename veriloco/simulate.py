@@ -9,7 +9,9 @@ budget (every worker runs the same number of inner steps on batches of the same 
 - ``diloco``: H local AdamW steps, fp32 pseudo-gradients all-reduced, blocking;
 - ``dilocox``: one-step-delay overlap + adaptive low-rank int4 compression with error feedback;
 - ablations: ``dilocox_blocking`` (no overlap), ``dilocox_eager`` (eager start), ``lowrank_only`` (fp32 factors), ``quant_only``
-  (dense int4, no low rank), ``fixed_rank`` (no rank/H adaptation).
+  (dense int4, no low rank), ``fixed_rank`` (no rank/H adaptation) and ``fixed_rank_blocking`` (the
+  same without the delay: with ``fixed_rank`` and ``diloco`` it splits the gap into delay and
+  compression on one (rank, H) path).
 
 Traffic model (bytes *sent* per worker): ring all-reduce of ``B`` bytes sends ``2 (K-1)/K B``; a
 compressed payload cannot be summed in flight, so it is all-gathered: ``(K-1) P``. Every method's
@@ -223,6 +225,13 @@ def methods(h: int = 16, rank: int = 8) -> dict[str, Method]:
             StartRule.DELAYED,
             fixed,
             f"low-rank int4, rank {rank}, H={h} fixed",
+        ),
+        "fixed_rank_blocking": Method(
+            "fixed_rank_blocking",
+            "local",
+            StartRule.BLOCKING,
+            fixed,
+            f"low-rank int4, rank {rank}, H={h} fixed, blocking",
         ),
     }
 

@@ -181,9 +181,8 @@ class RunConfig:
     def model_config(self) -> GPTConfig:
         """The model every participant builds: the preset, with the run's vocabulary when it sets one
         and the run's precision."""
-        m = self.model
-        return dataclasses.replace(preset(m.preset), vocab_size=m.vocab_size or preset(m.preset).vocab_size,
-                                   precision=m.precision)
+        m, base = self.model, preset(self.model.preset)
+        return dataclasses.replace(base, vocab_size=m.vocab_size or base.vocab_size, precision=m.precision)
 
     def to_run_params(self, config_cid: str, init_model_cid: str, init_model_digest: bytes, coordinator: str) -> RunParams:
         """The fields the contract enforces, for `Chain.create_run` (whose reward_pool is rewards.pool_wei)."""

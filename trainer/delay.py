@@ -15,7 +15,7 @@ committed states of the previous epoch, so a verifier can recompute any start st
   Kale et al. 2025); it starts closer to G_e when trainers' rounds differ more than consecutive
   rounds do.
 
-In both, Adam moments and the step counter carry over from the end state E_{e-1}, and the error
+In every rule, Adam moments and the step counter carry over from the end state E_{e-1}, and the error
 buffer is the one the compressor left when encoding epoch e-1.
 """
 

@@ -90,13 +90,19 @@ def blocking_start(g_e: Mapping[str, Tensor], carried: Mapping[str, Tensor]) -> 
 
 
 def delayed_start(
-    g_prev: Mapping[str, Tensor], prev_start: Mapping[str, Tensor], carried: Mapping[str, Tensor]
+    g_prev: Mapping[str, Tensor], prev_start: Mapping[str, Tensor], carried: Mapping[str, Tensor],
+    own_weight: float = 1.0,
 ) -> State:
-    """S_e: params = G_{e-1} − Δ_{e-1}, with Δ_{e-1} = S_{e-1}.param − E_{e-1}.param computed first (fp32)."""
+    """S_e: params = G_{e-1} − Δ_{e-1}, with Δ_{e-1} = S_{e-1}.param − E_{e-1}.param computed first (fp32).
+
+    ``own_weight`` w != 1 (a simulation-only diagnostic) starts from G_{e-1} − w Δ_{e-1}: less of the
+    trainer's own progress, which is noisier than the average it stands in for."""
     delta = pseudo_gradient(prev_start, carried)
     if g_prev.keys() != delta.keys():
         raise TrainerError("global model and trainer state have different parameters")
-    return with_section(carried, PARAM, {n: g_prev[n] - delta[n] for n in delta})
+    if own_weight == 1.0:
+        return with_section(carried, PARAM, {n: g_prev[n] - delta[n] for n in delta})
+    return with_section(carried, PARAM, {n: g_prev[n] - own_weight * delta[n] for n in delta})
 
 
 def eager_start(
@@ -127,6 +133,7 @@ def next_start(
     carried: Mapping[str, Tensor] | None,
     earlier_global: Mapping[str, Tensor] | None = None,
     trainers: int = 1,
+    own_weight: float = 1.0,
 ) -> State:
     """Start state of the next epoch; ``latest_global`` must be G_{global_index(rule, epoch)}.
 
@@ -140,4 +147,4 @@ def next_start(
         return blocking_start(latest_global, carried)
     if rule is StartRule.EAGER and earlier_global is not None:
         return eager_start(latest_global, earlier_global, prev_start, carried, trainers)
-    return delayed_start(latest_global, prev_start, carried)
+    return delayed_start(latest_global, prev_start, carried, own_weight)

@@ -156,6 +156,7 @@ class Method:
     rule: StartRule = StartRule.BLOCKING
     compression: object | None = None  # trainer.compress.CompressionConfig
     description: str = ""
+    own_weight: float = 1.0  # the delayed start's share of the trainer's own Δ (trainer.delay.delayed_start)
 
     @property
     def overlaps(self) -> bool:
@@ -225,6 +226,14 @@ def methods(h: int = 16, rank: int = 8) -> dict[str, Method]:
             StartRule.DELAYED,
             fixed,
             f"low-rank int4, rank {rank}, H={h} fixed",
+        ),
+        "fixed_rank_half": Method(
+            "fixed_rank_half",
+            "local",
+            StartRule.DELAYED,
+            fixed,
+            f"low-rank int4, rank {rank}, H={h} fixed, delayed start with half the own pseudo-gradient",
+            own_weight=0.5,
         ),
         "fixed_rank_blocking": Method(
             "fixed_rank_blocking",
@@ -553,7 +562,7 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
         sizes, errs, train_t, codec_t = [], [], [], []
         for k in range(cfg.trainers):
             t0 = time.perf_counter()
-            start = next_start(method.rule, latest, starts[k], carried[k], earlier, cfg.trainers)
+            start = next_start(method.rule, latest, starts[k], carried[k], earlier, cfg.trainers, method.own_weight)
             s = start
             for i in range(h):
                 t1 = time.perf_counter()

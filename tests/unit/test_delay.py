@@ -83,6 +83,8 @@ def test_delayed_start_is_previous_global_minus_own_delta() -> None:
     s2 = next_start(StartRule.DELAYED, g1, s1, carry(e1, section(e1, EF)))
     torch.testing.assert_close(s2[PARAM + "b"], g1["b"] - (s1[PARAM + "b"] - e1[PARAM + "b"]))
     assert int(s2[STEP]) == 10
+    half = next_start(StartRule.DELAYED, g1, s1, carry(e1, section(e1, EF)), own_weight=0.5)
+    torch.testing.assert_close(half[PARAM + "b"], g1["b"] - 0.5 * (s1[PARAM + "b"] - e1[PARAM + "b"]))
 
 
 def test_eager_start_mixes_own_delta_with_the_last_outer_step() -> None:

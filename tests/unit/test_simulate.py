@@ -57,7 +57,7 @@ def test_all_methods_run_with_the_stated_traffic(corpus: Corpus) -> None:
         res["diloco"].bytes_per_worker == dense * 2
     )  # two rounds of H=4, one full all-reduce each
     for name in ("dilocox", "dilocox_blocking", "dilocox_eager", "dilocox_e80", "quant_only", "fixed_rank",
-                 "fixed_rank_blocking", "lowrank_only"):
+                 "fixed_rank_blocking", "fixed_rank_half", "lowrank_only"):
         r = res[name]
         assert r.steps_per_worker == 8
         assert r.unsent_eval_loss is not None and math.isfinite(r.unsent_eval_loss)

@@ -49,13 +49,11 @@ from trainer.checkpoints import EpochDir
 from trainer.compress import CompressionConfig
 from trainer.delay import StartRule
 from trainer.device import device_class, resolve_device
-from trainer.engine import LocalEngine
+from trainer.engine import LocalEngine, restrict
 from trainer.inner import (
     MOM1,
     MOM2,
     PARAM,
-    RNG,
-    STEP,
     InnerConfig,
     configure_determinism,
     init_state,
@@ -153,9 +151,7 @@ def replay(cfg: GPTConfig, dev: torch.device, rows: int, seq: int, corpus: Any) 
     groups = block_names(cfg)
     bi = len(groups) // 2
     names = groups[bi]
-    blk = {p + n: before[p + n] for p in (PARAM, MOM1, MOM2) for n in names}
-    blk[STEP], blk[RNG] = before[STEP], before[RNG]
-    got, _ = replay_block(blk, bi, (x.to(dev), y.to(dev)), cfg, inner, 1, ios[bi - 1].act, ios[bi + 1].grad_in,
+    got, _ = replay_block(restrict(before, names, (PARAM, MOM1, MOM2)), bi, (x.to(dev), y.to(dev)), cfg, inner, 1, ios[bi - 1].act, ios[bi + 1].grad_in,
                           [io.sq for io in ios])
     block_ok = all(torch.equal(got[p + n], after[p + n]) for p in (PARAM, MOM1, MOM2) for n in names)
     cpu_before = {k: v.cpu() for k, v in before.items()}

@@ -452,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, help="override the preset's per-worker batch")
     ap.add_argument("--inner-lr", type=float, help="override the preset's inner (AdamW) lr")
     ap.add_argument("--rank", type=int, help=f"override the preset's initial compression rank (DiLoCoX; up to {RANK_LIMIT})")
+    ap.add_argument("--merge-step", type=int, default=1,
+                    help="the *_merge methods: inner steps into a round at which the previous round's global model is folded in")
     ap.add_argument("--warmup", type=int, help="override the preset's inner warmup steps")
     ap.add_argument("--corpus-bytes", type=int, help="override the preset's corpus size (same size, same data)")
     ap.add_argument("--threads", type=int, default=1)
@@ -494,6 +496,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--seeds needs distinct integers, got {a.seeds!r}")
     if a.eval_rows < 1:
         ap.error("--eval-rows must be positive")
+    if a.merge_step < 0:
+        ap.error("--merge-step must be >= 0 (0 merges before a round's first step, i.e. blocking)")
     lo, hi = CompressionConfig.rank_min, RANK_LIMIT
     if a.rank is not None and not lo <= a.rank <= hi:
         ap.error(f"--rank {a.rank}: give a rank from the schedule's floor {lo} to {hi} (above {CompressionConfig.rank_max}, "
@@ -524,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         seq_len=p.seq_len,
         h=p.h,
         rank=p.rank,
+        merge_step=a.merge_step,
         inner=InnerConfig(lr=p.lr, warmup_steps=p.warmup, total_steps=p.steps),
         outer=OuterConfig(lr=a.outer_lr, momentum=a.outer_momentum),
         eval_rows=a.eval_rows,
@@ -556,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
             "tokens_total": p.steps * p.batch_size * p.seq_len * a.trainers,
             "h_initial": p.h,
             "rank_initial": p.rank,
+            **({"merge_step": a.merge_step} if any(n.endswith("_merge") for n in names) else {}),
             "inner": asdict(cfg.inner),
             "outer": asdict(cfg.outer),
             "seeds_set": "init_seed = run_seed = seed for every method",

@@ -9,6 +9,11 @@ committed states of the previous epoch, so a verifier can recompute any start st
 - One-step delay (default): epoch e starts from G_{e-1} − Δ_{e-1} — the latest global model a
   trainer can hold without waiting (G_{e-1} is finalized while epoch e-1 trains) plus its own
   progress of epoch e-1. Epoch e-1's averaged update lands one round late, inside G_e.
+- Merge at step m (``MERGE``): epoch e continues from its own end state E_{e-1} and, after m of its
+  steps, folds in G_e: params += G_e − S_e.param. Its pseudo-gradient is G_e − E_e (all H steps of
+  own progress, on the fresh base). m = H is the one-step delay (up to rounding), m = 0 blocking: the
+  exchange and the global update of epoch e-1 hide behind only m steps, and the trajectory is m
+  steps stale instead of H.
 - Eager (diagnostic, simulation only): epoch e starts from G_{e-1} − (Δ_{e-1}/K + (1 − 1/K) u),
   u = G_{e-2} − G_{e-1} the last public outer step. The own pseudo-gradient stands in for one
   trainer's share of the unknown average, the last round's step for the others' (eager updates,
@@ -42,6 +47,7 @@ class StartRule(str, Enum):
     BLOCKING = "blocking"
     DELAYED = "delayed"
     EAGER = "eager"
+    MERGE = "merge"
 
     @property
     def overlaps(self) -> bool:
@@ -62,6 +68,27 @@ def public_history_end(rule: StartRule, epoch: int) -> int:
     The adaptive rank/H rule for ``epoch`` may read only those: e-1 for blocking, e-2 with the delay.
     """
     return max(epoch - (0 if rule is StartRule.BLOCKING else 1), 0)
+
+
+def merge_global(
+    running: Mapping[str, Tensor], g_e: Mapping[str, Tensor], start: Mapping[str, Tensor]
+) -> State:
+    """The ``MERGE`` rule's mid-epoch transition: params + (G_e − S_e.param), each term fp32.
+
+    Everything but the params carries over: the moments keep the epoch's own history."""
+    s = section(start, PARAM)
+    r = section(running, PARAM)
+    if g_e.keys() != s.keys() or r.keys() != s.keys():
+        raise TrainerError("global model and trainer state have different parameters")
+    return with_section(running, PARAM, {n: r[n] + (g_e[n] - s[n]) for n in s})
+
+
+def merged_pseudo_gradient(g_e: Mapping[str, Tensor], end: Mapping[str, Tensor]) -> Params:
+    """Δ_e = G_e − E_e under ``MERGE``: the epoch's own progress measured from the base it ended on."""
+    e = section(end, PARAM)
+    if g_e.keys() != e.keys():
+        raise TrainerError("global model and trainer state have different parameters")
+    return {n: g_e[n] - e[n] for n in e}
 
 
 def pseudo_gradient(start: Mapping[str, Tensor], end: Mapping[str, Tensor]) -> Params:
@@ -100,8 +127,7 @@ def delayed_start(
     delta = pseudo_gradient(prev_start, carried)
     if g_prev.keys() != delta.keys():
         raise TrainerError("global model and trainer state have different parameters")
-    if own_weight == 1.0:
-        return with_section(carried, PARAM, {n: g_prev[n] - delta[n] for n in delta})
+    # w = 1 (the protocol's rule) is bitwise G_{e-1} − Δ_{e-1}: 1.0 * x is exact
     return with_section(carried, PARAM, {n: g_prev[n] - own_weight * delta[n] for n in delta})
 
 
@@ -143,6 +169,8 @@ def next_start(
     """
     if carried is None or prev_start is None:
         return first_start(latest_global)
+    if rule is StartRule.MERGE:  # continue; G_e is folded in after the merge step (merge_global)
+        return {k: t.clone() for k, t in carried.items()}
     if rule is StartRule.BLOCKING:
         return blocking_start(latest_global, carried)
     if rule is StartRule.EAGER and earlier_global is not None:

@@ -44,6 +44,8 @@ from trainer.delay import (
     StartRule,
     carry,
     global_index,
+    merge_global,
+    merged_pseudo_gradient,
     next_start,
     pseudo_gradient,
     public_history_end,
@@ -157,14 +159,16 @@ class Method:
     compression: object | None = None  # trainer.compress.CompressionConfig
     description: str = ""
     own_weight: float = 1.0  # the delayed start's share of the trainer's own Δ (trainer.delay.delayed_start)
+    merge_step: int | None = None  # StartRule.MERGE: steps into an epoch at which G_e is folded in
 
     @property
     def overlaps(self) -> bool:
         return self.kind == "local" and self.rule.overlaps
 
 
-def methods(h: int = 16, rank: int = 8) -> dict[str, Method]:
-    """The compared methods; ``h`` and ``rank`` are the initial local steps and rank.
+def methods(h: int = 16, rank: int = 8, merge_step: int = 1) -> dict[str, Method]:
+    """The compared methods; ``h`` and ``rank`` are the initial local steps and rank, ``merge_step``
+    the step at which the ``*_merge`` methods fold the previous round's global model in.
 
     ``dilocox_e80`` is DiLoCoX whose rank rule aims at 80% of the pseudo-gradient's energy instead of
     the default 50%, with the ceiling at twice the initial rank (a diagnostic: does holding more of
@@ -235,6 +239,22 @@ def methods(h: int = 16, rank: int = 8) -> dict[str, Method]:
             f"low-rank int4, rank {rank}, H={h} fixed, delayed start with half the own pseudo-gradient",
             own_weight=0.5,
         ),
+        "dilocox_merge": Method(
+            "dilocox_merge",
+            "local",
+            StartRule.MERGE,
+            base,
+            f"adaptive low-rank int4, the previous round merged after step {merge_step} (delay {merge_step} steps)",
+            merge_step=merge_step,
+        ),
+        "fixed_rank_merge": Method(
+            "fixed_rank_merge",
+            "local",
+            StartRule.MERGE,
+            fixed,
+            f"low-rank int4, rank {rank}, H={h} fixed, the previous round merged after step {merge_step}",
+            merge_step=merge_step,
+        ),
         "fixed_rank_blocking": Method(
             "fixed_rank_blocking",
             "local",
@@ -258,6 +278,7 @@ class SimConfig:
     seq_len: int | None = None  # training/eval row length; default the model context
     h: int = 16
     rank: int = 8
+    merge_step: int = 1  # the *_merge methods (StartRule.MERGE)
     inner: InnerConfig = field(default_factory=InnerConfig)
     outer: OuterConfig = field(default_factory=OuterConfig)
     run_seed: int = 1
@@ -273,6 +294,8 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.trainers < 1 or self.steps < 1 or self.batch_size < 1 or self.h < 1:
             raise SimulationError(f"trainers, steps, batch_size and h must be positive: {self}")
+        if self.merge_step < 0:
+            raise SimulationError(f"merge_step must be >= 0 (0 merges before the first step), got {self.merge_step}")
         if self.seq_len is not None and not 1 <= self.seq_len <= self.model.seq_len:
             raise SimulationError(f"seq_len must be in 1..{self.model.seq_len} (the model context)")
 
@@ -298,6 +321,9 @@ class RoundTiming:
     # AllReduce only: per gradient bucket (backward fraction done when ready, link seconds); the
     # exchange then overlaps the backward pass instead of following the round
     buckets: tuple[tuple[float, float], ...] = ()
+    # overlapping methods: steps of this round that may run before the previous round's global model
+    # is needed (None: all of them, the one-step delay; StartRule.MERGE: the merge step)
+    hide_steps: int | None = None
 
 
 @dataclass
@@ -381,8 +407,12 @@ def simulated_timeline(
             out.append(t)
         return out
     prev_wait = 0.0
-    for w, x in ww:
-        t += max(w, prev_wait)  # this round's training alongside the previous exchange
+    for r, (w, x) in zip(rounds, ww):
+        if r.hide_steps is None or r.steps == 0:
+            t += max(w, prev_wait)  # this round's training alongside the previous exchange
+        else:  # the exchange hides behind the first hide_steps steps; the round stalls for the rest
+            frac = min(r.hide_steps, r.steps) / r.steps
+            t += w + max(prev_wait - frac * (w - r.codec_s), 0.0)
         out.append(t + x)
         prev_wait = x
     return out
@@ -564,12 +594,20 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
             t0 = time.perf_counter()
             start = next_start(method.rule, latest, starts[k], carried[k], earlier, cfg.trainers, method.own_weight)
             s = start
+            fresh = _to(globals_[epoch], cfg.device) if method.rule is StartRule.MERGE else None
             for i in range(h):
+                if fresh is not None and epoch > 0 and i == method.merge_step:
+                    s = merge_global(s, fresh, start)
                 t1 = time.perf_counter()
                 xy = _batch_on(batch(corpus, cfg.run_seed, epoch, k, i, cfg.batch_size, cfg.rows), cfg.device)
                 s, _ = train_step(s, xy, m, cfg.inner)
                 step_times.append(time.perf_counter() - t1)
-            delta = pseudo_gradient(start, s)
+            if fresh is None:
+                delta = pseudo_gradient(start, s)
+            else:
+                if epoch > 0 and (method.merge_step or 0) >= h:  # a merge step past the round: at its end
+                    s = merge_global(s, fresh, start)
+                delta = merged_pseudo_gradient(fresh, s)
             train_t.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             if ccfg is None:
@@ -600,7 +638,7 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
             comm = cfg.link.allgather_seconds(max(sizes), cfg.trainers)
             history.append(EpochRecord(rank=rank, h=h, profiles=tuple(profiles)))
         sent += per_worker
-        rounds.append(RoundTiming(h, max(train_t), max(codec_t), agg, comm))
+        rounds.append(RoundTiming(h, max(train_t), max(codec_t), agg, comm, hide_steps=method.merge_step))
         schedule.append((rank, h))
         payload_sizes.append(sum(sizes) // len(sizes))
         rel_errors.append(sum(errs) / len(errs) if errs else 0.0)
@@ -638,7 +676,7 @@ def run_method(
     name: str, cfg: SimConfig, corpus: Corpus, progress: Progress = lambda _: None
 ) -> MethodResult:
     """Run one method by name (see ``methods``)."""
-    table = methods(cfg.h, cfg.rank)
+    table = methods(cfg.h, cfg.rank, cfg.merge_step)
     if name not in table:
         raise SimulationError(f"unknown method {name!r}; choose from {sorted(table)}")
     torch.manual_seed(cfg.init_seed)  # nothing should read the global RNG; pin it anyway

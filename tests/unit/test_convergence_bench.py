@@ -143,3 +143,16 @@ def test_precision_and_device_are_recorded_and_kept_apart(tmp_path: Path) -> Non
     with pytest.raises(SystemExit):  # a device this machine does not have is refused before anything trains
         main([*common, "--device", "cuda:99", "--out", str(tmp_path / "gpu.json")])
     assert not (tmp_path / "gpu.json").exists()
+
+
+def test_merge_step_is_recorded_for_the_merge_methods_only(tmp_path: Path) -> None:
+    common = ["--preset", "ci", "--eval-rows", "8", "--steps", "4", "--h", "2", "--seeds", "3", "--quiet"]
+    assert main([*common, "--methods", "allreduce,fixed_rank_merge", "--merge-step", "1",
+                 "--out", str(tmp_path / "m1.json")]) == 0  # fmt: skip
+    assert main([*common, "--methods", "allreduce,dilocox", "--out", str(tmp_path / "d.json")]) == 0
+    m1, d = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("m1", "d"))
+    assert m1["config"]["merge_step"] == 1 and "merge_step" not in d["config"]
+    assert "fixed_rank_merge" in m1["paired_gap_vs_allreduce"]
+    with pytest.raises(SystemExit):
+        main([*common, "--methods", "allreduce,fixed_rank_merge", "--merge-step", "-1", "--out", str(tmp_path / "x.json")])
+    assert not (tmp_path / "x.json").exists()

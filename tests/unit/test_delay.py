@@ -11,6 +11,8 @@ from trainer.delay import (
     delayed_start,
     first_start,
     global_index,
+    merge_global,
+    merged_pseudo_gradient,
     next_start,
     pseudo_gradient,
     public_history_end,
@@ -102,6 +104,30 @@ def test_eager_start_mixes_own_delta_with_the_last_outer_step() -> None:
                        delayed_start(g1, s1, c1)[PARAM + "b"])
     with pytest.raises(TrainerError, match="trainers"):
         next_start(StartRule.EAGER, g1, s1, c1, earlier_global=g0, trainers=0)
+
+
+def test_merge_rule_continues_then_swaps_the_stale_base_for_the_fresh_global() -> None:
+    g0, g1 = _params(0), _params(6)
+    s0 = first_start(g0)
+    c0 = carry(_end(s0, 1), section(s0, EF))
+    s1 = next_start(StartRule.MERGE, g0, s0, c0)  # epoch 1 continues from its own end state
+    assert state_digest(s1) == state_digest(c0) and s1[PARAM + "w"] is not c0[PARAM + "w"]
+    assert StartRule.MERGE.overlaps and global_index(StartRule.MERGE, 1) == 0
+    assert public_history_end(StartRule.MERGE, 2) == 1  # e-1 is still being aggregated at the start
+    mid = _end(s1, 7)  # m steps into epoch 1
+    merged = merge_global(mid, g1, s1)
+    assert torch.equal(merged[PARAM + "w"], mid[PARAM + "w"] + (g1["w"] - s1[PARAM + "w"]))
+    assert torch.equal(merged[MOM1 + "b"], mid[MOM1 + "b"]) and int(merged[STEP]) == int(mid[STEP])
+    end = _end(merged, 8)
+    assert torch.equal(merged_pseudo_gradient(g1, end)["b"], g1["b"] - end[PARAM + "b"])
+    # merging before the first step is the blocking start; at the end, the one-step delay
+    torch.testing.assert_close(merge_global(s1, g1, s1)[PARAM + "w"], blocking_start(g1, c0)[PARAM + "w"])
+    e1 = _end(s1, 9)
+    late = merge_global(e1, g1, s1)
+    torch.testing.assert_close(late[PARAM + "w"], delayed_start(g1, s1, e1)[PARAM + "w"])
+    torch.testing.assert_close(merged_pseudo_gradient(g1, late)["w"], pseudo_gradient(s1, e1)["w"])
+    with pytest.raises(TrainerError, match="different parameters"):
+        merge_global(mid, {"w": g1["w"]}, s1)
 
 
 def test_mismatched_states_are_errors() -> None:

@@ -1,6 +1,7 @@
 """The local simulation: every method runs on a toy model, traffic follows the stated formulas, runs repeat."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -57,7 +58,7 @@ def test_all_methods_run_with_the_stated_traffic(corpus: Corpus) -> None:
         res["diloco"].bytes_per_worker == dense * 2
     )  # two rounds of H=4, one full all-reduce each
     for name in ("dilocox", "dilocox_blocking", "dilocox_eager", "dilocox_e80", "quant_only", "fixed_rank",
-                 "fixed_rank_blocking", "fixed_rank_half", "lowrank_only"):
+                 "fixed_rank_blocking", "fixed_rank_half", "lowrank_only", "dilocox_merge", "fixed_rank_merge"):
         r = res[name]
         assert r.steps_per_worker == 8
         assert r.unsent_eval_loss is not None and math.isfinite(r.unsent_eval_loss)
@@ -104,6 +105,13 @@ def test_simulated_time_overlaps_exchange_with_next_round() -> None:
         3 * (4.0 + 0.1 + 0.7)
     )
     assert simulated_seconds([], overlaps=True) == 0.0
+    # a merge step: the exchange hides behind only that many steps, the round stalls for the rest
+    merge1 = [replace(r, hide_steps=1) for r in rounds]
+    assert simulated_seconds(merge1, overlaps=True) == pytest.approx(1.1 + 2 * (1.1 + 0.7 - 0.5) + 0.7)
+    assert simulated_seconds([replace(r, hide_steps=2) for r in rounds], overlaps=True) == pytest.approx(
+        simulated_seconds(rounds, overlaps=True))
+    assert simulated_seconds([replace(r, hide_steps=0) for r in rounds], overlaps=True) == pytest.approx(
+        simulated_seconds(rounds, overlaps=False))
 
 
 def test_ddp_overlaps_each_bucket_with_the_rest_of_the_backward() -> None:
@@ -188,6 +196,17 @@ def test_timeline_and_equal_time_lookup(corpus: Corpus) -> None:
     assert loss_at_time(r, times[-1]) == r.curve[-1]
     assert loss_at_time(r, (times[1] + times[2]) / 2) == r.curve[1]
     assert loss_at_time(r, 0.0) == r.curve[0]
+
+
+def test_merge_step_spans_blocking_to_the_one_step_delay(corpus: Corpus) -> None:
+    """Merging G_e before an epoch's first step trains like blocking; at its end, like the delay."""
+    for m, twin in ((0, "fixed_rank_blocking"), (CFG.h, "fixed_rank")):
+        cfg = replace(CFG, merge_step=m)
+        merged, ref = run_method("fixed_rank_merge", cfg, corpus), run_method(twin, cfg, corpus)
+        assert merged.final_eval_loss == pytest.approx(ref.final_eval_loss, abs=1e-4)
+        assert merged.bytes_per_worker == ref.bytes_per_worker
+    with pytest.raises(SimulationError, match="merge_step"):
+        replace(CFG, merge_step=-1)
 
 
 def test_unknown_method_and_bad_config_are_errors(corpus: Corpus) -> None:

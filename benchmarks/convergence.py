@@ -217,6 +217,11 @@ def gap_summary(
         if a in gaps and b in gaps:
             diff = [x - y for x, y in zip(gaps[a], gaps[b])]
             out[f"paired_gap_{a}_vs_{b}"] = paired(diff).to_json()
+    if "diloco" in gaps:  # what compression and the start rule cost, for every local method
+        out["paired_gap_vs_diloco"] = {
+            n: paired([x - y for x, y in zip(g, gaps["diloco"])]).to_json()
+            for n, g in gaps.items() if n not in ("allreduce", "diloco")
+        }
     return out
 
 
@@ -438,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--methods", default=",".join(ALL), help="comma-separated subset of " + ",".join(ALL)
     )
+    ap.add_argument("--keep", help="with --merge: keep only these methods (comma-separated; allreduce always)")
     ap.add_argument(
         "--seeds",
         default="0,1,2",
@@ -484,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.out is None:
         ap.error("--out is required (or --render)")
     if a.merge:
-        return write(merge(a.merge), a.out)
+        return write(merge(a.merge, [n for n in a.keep.split(",") if n] if a.keep else None), a.out)
     names = [n for n in a.methods.split(",") if n]
     unknown = set(names) - set(ALL)
     if unknown or "allreduce" not in names:
@@ -627,16 +633,112 @@ def summarize(out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def merge(paths: list[Path]) -> dict[str, Any]:
+def join_methods(paths: list[Path], parts: list[dict[str, Any]]) -> tuple[list[Path], list[dict[str, Any]]]:
+    """Runs of one configuration on the same seeds with different methods become one run per seed set.
+
+    Methods two runs share must have given the same results to the last digit on every seed (AllReduce
+    always does: it is the same deterministic run), so the joined methods are paired against one
+    baseline. Runs without a partner on the same seeds pass through unchanged.
+    """
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, part in enumerate(parts):
+        key = (tuple(sorted(s["seed"] for s in part["per_seed"])), part["config"]["inner"]["lr"])
+        groups.setdefault(key, []).append(i)
+    out_paths, out_parts = [], []
+    for idx in groups.values():
+        base = parts[idx[0]]
+        if len(idx) == 1 or any(set(parts[i]["per_seed"][0]["methods"]) == set(base["per_seed"][0]["methods"])
+                                for i in idx[1:]):
+            out_paths += [paths[i] for i in idx]  # same methods on the same seeds: merge() refuses them
+            out_parts += [parts[i] for i in idx]
+            continue
+        joined = json.loads(json.dumps(base))
+        for i in idx[1:]:
+            part = parts[i]
+            if part.get("sweep_inner_lr") or any(s.get("sweep") or s.get("sweep_inner_lr") for s in part["per_seed"]):
+                raise SystemExit(f"cannot merge {paths[i]}: a run joined by its methods must not sweep")
+            by_seed = {s["seed"]: s for s in part["per_seed"]}
+            for s in joined["per_seed"]:
+                theirs = by_seed[s["seed"]]["methods"]
+                for n, r in theirs.items():
+                    if n in s["methods"] and s["methods"][n]["eval_curve"] != r["eval_curve"]:
+                        raise SystemExit(f"cannot merge {paths[i]}: its {n} on seed {s['seed']} differs from "
+                                         f"{paths[idx[0]]}'s; methods shared by joined runs must repeat exactly")
+                    s["methods"].setdefault(n, r)
+                s.setdefault("step_seconds_for_simulation_joined", [s["step_seconds_for_simulation"]]).append(
+                    by_seed[s["seed"]]["step_seconds_for_simulation"])
+            joined["config"] = {**part["config"], **joined["config"]}
+            joined["command"] = _as_list(joined["command"]) + _as_list(part["command"])
+            joined["machine"] = _as_list(joined["machine"]) + _as_list(part["machine"])
+            joined["wall_seconds"] += part["wall_seconds"]
+        for s in joined["per_seed"]:
+            s["equal_time"] = equal_time_of(s["methods"])
+        joined["joined_methods"] = ("per seed, the methods of several runs on these seeds; each keeps the simulated "
+                                    "times of its own run's common step time (step_seconds_for_simulation_joined)")
+        out_paths.append(paths[idx[0]])
+        out_parts.append(joined)
+    return out_paths, out_parts
+
+
+def equal_time_of(methods: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``run_seed``'s equal-time record from the methods' stored curves: the fastest method's simulated
+    time is the budget; each method is scored by its last evaluated global model by then."""
+    budget = min(r["simulated_seconds_1gbps"] for r in methods.values())
+    out = {}
+    for n, r in methods.items():
+        best = r["eval_curve"][0]
+        for point, t in zip(r["eval_curve"], r["eval_curve_simulated_seconds"]):
+            if t <= budget * (1 + 1e-12):
+                best = point
+        out[n] = {"steps_per_worker": best[0], "eval_loss": best[1]}
+    return {"budget_s": budget, "methods": out}
+
+
+def _as_list(x: Any) -> list[Any]:
+    return x if isinstance(x, list) else [x]
+
+
+def keep_methods(part: dict[str, Any], keep: list[str], path: Path) -> dict[str, Any]:
+    """``part`` with only the methods in ``keep`` (and AllReduce, the baseline), sweeps included."""
+    want = {"allreduce", *keep}
+    missing = sorted(want - set(part["per_seed"][0]["methods"]))
+    if missing:
+        raise SystemExit(f"cannot merge {path}: it has no {', '.join(missing)}; --keep only methods every file (or joined run) has")
+
+    def only(d: dict[str, Any]) -> dict[str, Any]:
+        return {n: r for n, r in d.items() if n in want}
+
+    per_seed = []
+    for s in part["per_seed"]:
+        per_seed.append({**s, "methods": only(s["methods"]),
+                         "sweep": {k: only(v) for k, v in s.get("sweep", {}).items()},
+                         "sweep_inner_lr": {k: only(v) for k, v in s.get("sweep_inner_lr", {}).items()}})
+        per_seed[-1]["equal_time"] = equal_time_of(per_seed[-1]["methods"])
+    return {**part, "per_seed": per_seed}
+
+
+def merge(paths: list[Path], keep: list[str] | None = None) -> dict[str, Any]:
     """One results file from runs of one configuration: runs on disjoint seeds (e.g. one process
     per seed) are concatenated in seed order; runs that differ only in the inner lr join the inner lr
-    sweep of the seeds they share (so a sweep can be widened later). The first file sets the main lr."""
+    sweep of the seeds they share (so a sweep can be widened later); runs of other methods on the
+    same seeds are joined method by method (``join_methods``). The first file sets the main lr."""
+    given = [str(x) for x in paths]
     parts = [json.loads(x.read_text()) for x in paths]
+    for path, part in zip(paths, parts):
+        for key in ("preset", "eval_rows"):
+            if part.get(key) != parts[0].get(key):
+                raise SystemExit(f"cannot merge {path}: its {key!r} differs from {paths[0]}'s")
+        if _but_merge_step(part["config"]) != _but_merge_step(parts[0]["config"]):
+            break  # refused below, with the reason
+    else:
+        paths, parts = join_methods(paths, parts)
+    if keep is not None:
+        parts = [keep_methods(part, keep, path) for path, part in zip(paths, parts)]
     first = parts[0]
     main_lr = first["config"]["inner"]["lr"]
 
     def but_lr(cfg: dict[str, Any]) -> dict[str, Any]:
-        return {**cfg, "inner": {**cfg["inner"], "lr": None}}
+        return {**_but_merge_step(cfg), "inner": {**cfg["inner"], "lr": None}}
 
     mains: list[tuple[Path, dict[str, Any]]] = []
     others: list[tuple[Path, dict[str, Any]]] = []
@@ -674,16 +776,25 @@ def merge(paths: list[Path]) -> dict[str, Any]:
                          for n, r in s["methods"].items()}
     if len({tuple(sorted(s.get("sweep_inner_lr", {}))) for s in per_seed}) > 1:
         raise SystemExit("cannot merge: the seeds were run at different inner lrs; give every seed the same ones")
-    keep = {k: v for k, v in first.items() if k in ("benchmark", "preset", "eval_rows", "config", "digest_cost")}
+    kept = {k: v for k, v in first.items() if k in ("benchmark", "preset", "eval_rows", "config", "digest_cost",
+                                                     "joined_methods")}
+    step = [p["config"]["merge_step"] for p in parts if "merge_step" in p["config"]]
+    if step:
+        kept["config"] = {**kept["config"], "merge_step": step[0]}
     return summarize({
-        **keep,
-        "command": [part["command"] for part in parts],
-        "merged_from": [str(x) for x in paths],
-        "machine": [part["machine"] for part in parts],
+        **kept,
+        "command": [c for part in parts for c in _as_list(part["command"])],
+        "merged_from": given,
+        "machine": [m for part in parts for m in _as_list(part["machine"])],
         "seeds": seeds,
         "per_seed": per_seed,
         "wall_seconds": sum(part["wall_seconds"] for part in parts),
     })
+
+
+def _but_merge_step(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A config without ``merge_step``, which only the *_merge methods read (their names say they ran)."""
+    return {k: v for k, v in cfg.items() if k != "merge_step"}
 
 
 def sweep_vs_main(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -771,9 +882,14 @@ def render(out: dict[str, Any]) -> str:
             f"| {m['traffic_reduction_vs_allreduce']:,.0f}x | {m['simulated_seconds_1gbps_mean']:.1f} "
             f"| {m['speedup_1gbps']:.2f}x |"
         )
-    dd = out.get("paired_gap_dilocox_vs_diloco")
-    if isinstance(dd, dict):
-        lines += ["", f"DiLoCoX - DiLoCo (gap points, paired): {_gap_cell(dd)}"]
+    vs = out.get("paired_gap_vs_diloco") or {}
+    if len(vs) > 1:
+        lines += ["", "Minus DiLoCo (gap points, paired):", "", "| method | minus diloco |", "|---|---:|"]
+        lines += [f"| {n} | {_gap_cell(d)} |" for n, d in vs.items()]
+    else:
+        dd = out.get("paired_gap_dilocox_vs_diloco")
+        if isinstance(dd, dict):
+            lines += ["", f"DiLoCoX - DiLoCo (gap points, paired): {_gap_cell(dd)}"]
     et = out["equal_simulated_time"]
     budgets = ", ".join(f"{b:.1f}" for b in et["budget_s_per_seed"])
     lines += [

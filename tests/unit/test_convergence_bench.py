@@ -145,14 +145,29 @@ def test_precision_and_device_are_recorded_and_kept_apart(tmp_path: Path) -> Non
     assert not (tmp_path / "gpu.json").exists()
 
 
-def test_merge_step_is_recorded_for_the_merge_methods_only(tmp_path: Path) -> None:
+def test_runs_of_other_methods_on_the_same_seeds_join_against_one_baseline(tmp_path: Path) -> None:
     common = ["--preset", "ci", "--eval-rows", "8", "--steps", "4", "--h", "2", "--seeds", "3", "--quiet"]
-    assert main([*common, "--methods", "allreduce,fixed_rank_merge", "--merge-step", "1",
-                 "--out", str(tmp_path / "m1.json")]) == 0  # fmt: skip
-    assert main([*common, "--methods", "allreduce,dilocox", "--out", str(tmp_path / "d.json")]) == 0
-    m1, d = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("m1", "d"))
-    assert m1["config"]["merge_step"] == 1 and "merge_step" not in d["config"]
-    assert "fixed_rank_merge" in m1["paired_gap_vs_allreduce"]
+    a, b, x = (str(tmp_path / f"{n}.json") for n in ("a", "b", "x"))
+    assert main([*common, "--methods", "allreduce,diloco,dilocox", "--out", a]) == 0
+    assert main([*common, "--methods", "allreduce,fixed_rank_merge", "--merge-step", "1", "--out", b]) == 0
+    ra, rb = (json.loads(Path(p).read_text()) for p in (a, b))
+    assert rb["config"]["merge_step"] == 1 and "merge_step" not in ra["config"]  # recorded where it was read
+    assert main(["--merge", a, b, "--out", x]) == 0
+    j = json.loads(Path(x).read_text())
+    assert list(j["per_seed"][0]["methods"]) == ["allreduce", "diloco", "dilocox", "fixed_rank_merge"]
+    assert j["config"]["merge_step"] == 1 and j["merged_from"] == [a, b] and len(j["command"]) == 2
+    assert set(j["paired_gap_vs_diloco"]) == {"dilocox", "fixed_rank_merge"}
+    loss = rb["per_seed"][0]["methods"]["fixed_rank_merge"]["final_eval_loss"]
+    assert j["methods"]["fixed_rank_merge"]["final_eval_loss_per_seed"] == [loss]
+    assert set(j["equal_simulated_time"]["eval_loss_mean"]) == set(j["methods"])
+    assert main(["--merge", a, b, "--keep", "diloco,fixed_rank_merge", "--out", x]) == 0
+    assert list(json.loads(Path(x).read_text())["methods"]) == ["allreduce", "diloco", "fixed_rank_merge"]
+    with pytest.raises(SystemExit, match="no dilocox_eager"):
+        main(["--merge", a, b, "--keep", "dilocox_eager", "--out", x])
+    rb["per_seed"][0]["methods"]["allreduce"]["eval_curve"][-1][1] += 1e-6  # not the same baseline run
+    Path(b).write_text(json.dumps(rb))
+    with pytest.raises(SystemExit, match="repeat exactly"):
+        main(["--merge", a, b, "--out", x])
     with pytest.raises(SystemExit):
-        main([*common, "--methods", "allreduce,fixed_rank_merge", "--merge-step", "-1", "--out", str(tmp_path / "x.json")])
-    assert not (tmp_path / "x.json").exists()
+        main([*common, "--methods", "allreduce,fixed_rank_merge", "--merge-step", "-1", "--out", str(tmp_path / "n.json")])
+    assert not (tmp_path / "n.json").exists()

@@ -19,7 +19,7 @@ from coordinator.outer import OuterConfig
 from protocol.data import default_corpus
 from protocol.model import preset
 from trainer.inner import InnerConfig, configure_determinism
-from veriloco.argtypes import positive
+from veriloco.argtypes import non_negative, positive
 from veriloco.simulate import (
     SimConfig,
     SimulationError,
@@ -48,6 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--methods", default=DEFAULT_METHODS, help=f"comma-separated, from {','.join(methods())}"
     )
+    p.add_argument("--merge-step", type=non_negative, default=1,
+                   help="the *_merge methods: steps into a round before the previous round's global model is folded in "
+                        "(default 1; 0 is blocking, H the one-step delay)")
     p.add_argument("--outer-lr", type=float, default=1.0, help="outer lr (default 1.0)")
     p.add_argument(
         "--outer-momentum",
@@ -78,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         steps=steps,
         batch_size=args.batch_size,
         h=args.h,
+        merge_step=args.merge_step,
         inner=InnerConfig(lr=3e-3, warmup_steps=max(1, steps // 16), total_steps=steps),
         outer=OuterConfig(lr=args.outer_lr, momentum=args.outer_momentum),
     )

@@ -86,6 +86,7 @@ OFFLINE = [
     (["demo", "--timeout", "-1"], "positive number of seconds"),
     (["simulate", "--epochs", "0"], "at least 1"),
     (["simulate", "--methods", "nope"], "unknown methods"),
+    (["simulate", "--merge-step", "-1"], "must not be negative"),
     (["devnet", "--port", "70000"], "not a TCP port"),
     (["devnet", "--accounts", "0"], "at least 1"),
     (["store", "get", "bafy", "--digest", "0x12"], "32 bytes of hex"),

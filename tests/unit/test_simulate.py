@@ -1,5 +1,6 @@
 """The local simulation: every method runs on a toy model, traffic follows the stated formulas, runs repeat."""
 
+import json
 import math
 from dataclasses import replace
 
@@ -220,9 +221,12 @@ def test_demo_command_prints_the_table_and_writes_a_report(tmp_path, capsys) -> 
     from veriloco.cli import main
 
     argv = ["simulate", "--epochs", "1", "--h", "2", "--trainers", "2", "--batch-size", "2"]
-    assert main([*argv, "--methods", "allreduce,diloco", "--report", str(tmp_path)]) == 0
+    assert main([*argv, "--methods", "allreduce,diloco,fixed_rank_merge", "--merge-step", "1", "--report", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "| allreduce |" in out and "| diloco |" in out
+    assert "| allreduce |" in out and "| diloco |" in out and "| fixed_rank_merge |" in out
+    report = json.loads((tmp_path / "demo.json").read_text())
+    assert "merged after step 1" in report["fixed_rank_merge"]["description"]
+    assert report["fixed_rank_merge"]["rounds_detail"][0]["hide_steps"] == 1
     assert (tmp_path / "demo.md").read_text().startswith("| method |")
     assert main([*argv, "--methods", "gossip"]) == 2
     assert "unknown methods" in capsys.readouterr().err

@@ -58,6 +58,7 @@ from veriloco.simulate import (
     curve_times,
     ddp_step_seconds,
     human_bytes,
+    last_by,
     loss_at_time,
     methods,
     normalise_times,
@@ -686,11 +687,8 @@ def equal_time_of(methods: dict[str, dict[str, Any]]) -> dict[str, Any]:
     budget = min(r["simulated_seconds_1gbps"] for r in methods.values())
     out = {}
     for n, r in methods.items():
-        best = r["eval_curve"][0]
-        for point, t in zip(r["eval_curve"], r["eval_curve_simulated_seconds"]):
-            if t <= budget * (1 + 1e-12):
-                best = point
-        out[n] = {"steps_per_worker": best[0], "eval_loss": best[1]}
+        steps, loss = last_by(r["eval_curve"], r["eval_curve_simulated_seconds"], budget)
+        out[n] = {"steps_per_worker": steps, "eval_loss": loss}
     return {"budget_s": budget, "methods": out}
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
@@ -442,11 +442,16 @@ def loss_at_time(
     result: MethodResult, budget_s: float, step_seconds: float | None = None
 ) -> tuple[int, float]:
     """(inner steps done, eval loss) of the last evaluated global model available by ``budget_s``."""
-    best = result.curve[0]
-    for point, t in zip(result.curve, curve_times(result, step_seconds)):
+    return last_by(result.curve, curve_times(result, step_seconds), budget_s)
+
+
+def last_by(curve: Sequence[Sequence[float]], times: Sequence[float], budget_s: float) -> tuple[int, float]:
+    """The last (steps, loss) point of ``curve`` whose time in ``times`` is within ``budget_s``."""
+    best = curve[0]
+    for point, t in zip(curve, times):
         if t <= budget_s * (1 + 1e-12):
             best = point
-    return best
+    return int(best[0]), float(best[1])
 
 
 def normalise_times(results: dict[str, MethodResult]) -> float:

@@ -50,6 +50,7 @@ from protocol.model import PRECISIONS, PRESETS, n_params
 from trainer.compress import CompressionConfig
 from trainer.device import device_class, resolve_device
 from trainer.inner import InnerConfig, configure_determinism, init_state, train_step
+from veriloco.argtypes import non_negative
 from veriloco.simulate import (
     DDP_BUCKET_BYTES,
     Link,
@@ -459,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, help="override the preset's per-worker batch")
     ap.add_argument("--inner-lr", type=float, help="override the preset's inner (AdamW) lr")
     ap.add_argument("--rank", type=int, help=f"override the preset's initial compression rank (DiLoCoX; up to {RANK_LIMIT})")
-    ap.add_argument("--merge-step", type=int, default=1,
+    ap.add_argument("--merge-step", type=non_negative, default=1,
                     help="the *_merge methods: inner steps into a round at which the previous round's global model is folded in")
     ap.add_argument("--warmup", type=int, help="override the preset's inner warmup steps")
     ap.add_argument("--corpus-bytes", type=int, help="override the preset's corpus size (same size, same data)")
@@ -503,8 +504,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--seeds needs distinct integers, got {a.seeds!r}")
     if a.eval_rows < 1:
         ap.error("--eval-rows must be positive")
-    if a.merge_step < 0:
-        ap.error("--merge-step must be >= 0 (0 merges before a round's first step, i.e. blocking)")
     lo, hi = CompressionConfig.rank_min, RANK_LIMIT
     if a.rank is not None and not lo <= a.rank <= hi:
         ap.error(f"--rank {a.rank}: give a rank from the schedule's floor {lo} to {hi} (above {CompressionConfig.rank_max}, "

@@ -600,19 +600,18 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
             start = next_start(method.rule, latest, starts[k], carried[k], earlier, cfg.trainers, method.own_weight)
             s = start
             fresh = _to(globals_[epoch], cfg.device) if method.rule is StartRule.MERGE else None
+            # G_e folds in before step merge_at (at the round's end when the merge step is past it)
+            merge_at = min(method.merge_step or 0, h) if fresh is not None and epoch > 0 else None
             for i in range(h):
-                if fresh is not None and epoch > 0 and i == method.merge_step:
+                if i == merge_at and fresh is not None:
                     s = merge_global(s, fresh, start)
                 t1 = time.perf_counter()
                 xy = _batch_on(batch(corpus, cfg.run_seed, epoch, k, i, cfg.batch_size, cfg.rows), cfg.device)
                 s, _ = train_step(s, xy, m, cfg.inner)
                 step_times.append(time.perf_counter() - t1)
-            if fresh is None:
-                delta = pseudo_gradient(start, s)
-            else:
-                if epoch > 0 and (method.merge_step or 0) >= h:  # a merge step past the round: at its end
-                    s = merge_global(s, fresh, start)
-                delta = merged_pseudo_gradient(fresh, s)
+            if merge_at == h and fresh is not None:
+                s = merge_global(s, fresh, start)
+            delta = pseudo_gradient(start, s) if fresh is None else merged_pseudo_gradient(fresh, s)
             train_t.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             if ccfg is None:

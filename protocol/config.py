@@ -86,6 +86,9 @@ class ScheduleSection:
     h_min: int = 8
     h_max: int = 64
     one_step_delay: bool = True
+    # > 0: each epoch continues its own end state and folds in the new global model after this many
+    # steps instead of starting from it (docs/protocol.md §8, the merge rule); 0: the one-step delay
+    merge_step: int = field(default=0, metadata=_NEW)
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,11 @@ def _check(cfg: RunConfig) -> list[str]:
         p.append("schedule.epochs must be at least 1")
     if not 1 <= s.h_min <= s.h_initial <= s.h_max:
         p.append(f"need 1 <= schedule.h_min <= h_initial <= h_max, got {s.h_min}, {s.h_initial}, {s.h_max}")
+    if s.merge_step < 0 or (s.merge_step and not s.one_step_delay) or s.merge_step >= s.h_min:
+        p.append(f"schedule.merge_step must be 0 (off) or within 1..h_min-1 = {s.h_min - 1} with one_step_delay = true "
+                 f"(every epoch folds the global model in inside its steps), got {s.merge_step}")
+    if s.merge_step and a.unit != "state":
+        p.append("schedule.merge_step needs audit.unit = 'state': shard audits cannot replay the merge yet")
     if not 1 <= c.rank_min <= c.rank_initial <= c.rank_max:
         p.append(f"need 1 <= compression.rank_min <= rank_initial <= rank_max, got {c.rank_min}, {c.rank_initial}, {c.rank_max}")
     if c.bits not in (4, 8):

@@ -16,6 +16,12 @@ them: they measure what the final check is worth.
   planted direction on top of its update. Only the start-state check sees it (docs/protocol.md §8).
   No Behaviour hook reaches the start state, so this one is a node subclass (`NODE_ADVERSARIES`).
 
+- `skip-merge` (`SkipMerge`): under the merge rule (``schedule.merge_step``), never folds the new
+  global model in: it trains on from its own stale state at step m instead of waiting for G_e (the
+  wait is the rule's whole cost, so skipping it is the tempting cheat). Its steps are honest
+  otherwise and its payload is G_e − E_e as the rule says; only a replay of the segment covering
+  step m catches it. In epoch 0 the merge adds G_0 − S_0 = 0, so skipping it there changes nothing.
+
 The pure parts (`boost_publication`, `rebind_publication`, `plant_error_buffer`) are what the unit
 tests call.
 """
@@ -29,9 +35,9 @@ from typing import Any
 from protocol.payload import decode, encode, encode_raw, unwrap, wrap
 from trainer.checkpoints import EpochDir
 from trainer.engine import Engine, LocalEngine
-from trainer.inner import EF, PARAM, Params, State, section, with_section
+from trainer.inner import EF, PARAM, Params, State, section, train_step, with_section
 from trainer.node import Behaviour, TrainerNode
-from trainer.round import Final
+from trainer.round import Final, epoch_batch
 
 MAX_COPY_BYTES = 256 << 20
 PLANT_SCALE = 0.01  # the planted buffer: this times the start parameters (a pull of the model towards zero)
@@ -127,6 +133,16 @@ class PlantedStartNode(TrainerNode):
         return Planted(self.spec, self.shard_checkpoint_every)
 
 
-ADVERSARIES: dict[str, type[Behaviour]] = {"forge-final": ForgeFinal, "stale-copy": StaleCopy}
+class SkipMerge(Behaviour):
+    """Every step a plain step: the merge rule's step m does not fold G_e in (and does not wait for it)."""
+
+    name = "skip-merge"
+
+    def step(self, node: TrainerNode, state: State, epoch: int, k: int) -> tuple[State, float]:
+        return train_step(state, epoch_batch(node.spec, node.ctx.corpus, epoch, node.slot, k), node.spec.model,
+                          node.spec.inner)
+
+
+ADVERSARIES: dict[str, type[Behaviour]] = {"forge-final": ForgeFinal, "stale-copy": StaleCopy, "skip-merge": SkipMerge}
 # adversaries that need more than a Behaviour: the node program to run instead of TrainerNode
 NODE_ADVERSARIES: dict[str, type[TrainerNode]] = {"planted-start": PlantedStartNode}

@@ -27,6 +27,7 @@ buffer is the one the compressor left when encoding epoch e-1.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import Enum
 
 from torch import Tensor
@@ -81,6 +82,14 @@ def merge_global(
     if g_e.keys() != s.keys() or r.keys() != s.keys():
         raise TrainerError("global model and trainer state have different parameters")
     return with_section(running, PARAM, {n: r[n] + (g_e[n] - s[n]) for n in s})
+
+
+@dataclass(frozen=True)
+class MergeBase:
+    """What the ``MERGE`` rule folds in at its merge step: G_e, and the epoch's start state S_e."""
+
+    global_params: Mapping[str, Tensor]
+    start: Mapping[str, Tensor]
 
 
 def merged_pseudo_gradient(g_e: Mapping[str, Tensor], end: Mapping[str, Tensor]) -> Params:

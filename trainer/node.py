@@ -37,7 +37,7 @@ from protocol.types import Cid
 from trainer.answering import AnswerWorker, Built, FileSink, build
 from trainer.boundaries import quarter_of_memory
 from trainer.checkpoints import EpochDir
-from trainer.delay import StartRule, public_history_end
+from trainer.delay import MergeBase, StartRule, public_history_end
 from trainer.device import check_device, resolve_device
 from trainer.engine import Engine, LocalEngine
 from trainer.inner import Params, State, TrainerError, configure_determinism
@@ -47,6 +47,7 @@ from trainer.round import (
     compress_seed,
     epoch_batch,
     final_transition,
+    merged_if_due,
     replay_step,
     start_state,
 )
@@ -116,6 +117,7 @@ class TrainerNode:
         self.engine: Engine | None = None  # sharded runs: where the training state lives
         self.answers = AnswerWorker(threads)  # shard answers built while the next epoch trains
         self.device = resolve_device(device)  # sharded runs only (make_engine); checked against the run in run()
+        self._merge_bases: dict[int, MergeBase] = {}  # the merge rule's G_e and S_e of the last two epochs
 
     # ------------------------------------------------------------------ main loop
 
@@ -159,10 +161,29 @@ class TrainerNode:
         return StagedEngine(self.spec, self.shard_checkpoint_every, self.stages, self.threads, self.device.type)
 
     def inner_step(self, state: State, epoch: int, k: int) -> tuple[State, float]:
-        """Inner step k of `epoch` on this trainer's batch: in this process, or across its pipeline stages."""
+        """Inner step k of `epoch` on this trainer's batch: in this process, or across its pipeline stages.
+
+        Under the merge rule, step ``merge_step`` first folds in G_e (``merge_base``)."""
+        merge = self.merge_base(epoch) if self.spec.merges_at(k) else None
         if self.pipeline is None:
-            return replay_step(state, self.spec, self.ctx.corpus, epoch, self.slot, k)
+            return replay_step(state, self.spec, self.ctx.corpus, epoch, self.slot, k, merge=merge)
+        state = dict(merged_if_due(state, self.spec, k, merge))
         return self.pipeline.step(state, epoch_batch(self.spec, self.ctx.corpus, epoch, self.slot, k))
+
+    def merge_base(self, e: int) -> MergeBase:
+        """G_e and S_e for epoch e's merge step (docs/protocol.md §8).
+
+        G_e needs epoch e-1 finalized: the node waits for it, answering e-1's audit meanwhile, then
+        recomputes G_e itself (coordinator/build.py), as it does every model it trains on.
+        """
+        if e not in self._merge_bases:
+            if e >= 1:
+                self._wait(lambda: self._phase(e - 1) in TERMINAL, f"epoch {e - 1} to finalize (epoch {e} merges its model)")
+            g = self.globals.base(e)
+            kept = {i: b for i, b in self._merge_bases.items() if i == e - 1}  # e-1's answer may still replay its merge
+            self._merge_bases = {**kept, e: MergeBase(params_of(g), self._dir(e).load("state-000000"))}
+            self.log("merged", epoch=e, step=self.spec.merge_step, base_epoch=e, base_digest=state_digest(g).hex())
+        return self._merge_bases[e]
 
     def _run(self) -> None:
         self.schedule = Schedule(self.chain, self.store, self.ctx, self.spec)
@@ -340,7 +361,8 @@ class TrainerNode:
             self.log("step", epoch=e, step=k + 1, of=steps, loss=round(loss, 4))
             self.service()
         start = d.load("state-000000")
-        final = final_transition(start, state, self.spec, self.run_id, e, self.slot, self.me, rank)
+        merged = self.merge_base(e).global_params if self.spec.rule is StartRule.MERGE else None
+        final = final_transition(start, state, self.spec, self.run_id, e, self.slot, self.me, rank, merged)
         d.save("carried", final.carried)
         d.write_bytes("payload.bin", self.behaviour.publication(self, final, e))
         d.update(status=TRAINED, digests=[x.hex() for x in digests], losses=losses)

@@ -27,7 +27,15 @@ from trainer.compress import (
     compress,
     compression_seed,
 )
-from trainer.delay import StartRule, carry, next_start, pseudo_gradient
+from trainer.delay import (
+    MergeBase,
+    StartRule,
+    carry,
+    merge_global,
+    merged_pseudo_gradient,
+    next_start,
+    pseudo_gradient,
+)
 from trainer.inner import EF, InnerConfig, State, TrainerError, section, train_step
 
 Batch = tuple[Tensor, Tensor]
@@ -48,6 +56,7 @@ class RoundSpec:
     microbatches: int = 1
     shard: bool = False  # audit.unit = "shard": block-wise steps and step leaves (protocol.leaf)
     segment: int = 1
+    merge_step: int = 0  # the MERGE rule's step m (schedule.merge_step): step m opens by folding in G_e
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> RoundSpec:
@@ -68,14 +77,19 @@ class RoundSpec:
                 rank_min=c.rank_min, rank_max=c.rank_max,
                 h_initial=s.h_initial, h_min=s.h_min, h_max=s.h_max,
             ),
-            rule=StartRule.DELAYED if s.one_step_delay else StartRule.BLOCKING,
+            rule=StartRule.MERGE if s.merge_step else StartRule.DELAYED if s.one_step_delay else StartRule.BLOCKING,
             run_seed=cfg.data.run_seed,
             batch_size=cfg.data.batch_size,
             seq_len=cfg.data.seq_len,
             microbatches=i.microbatches,
             shard=cfg.audit.unit == "shard",
             segment=cfg.audit.segment,
+            merge_step=s.merge_step,
         )
+
+    def merges_at(self, k: int) -> bool:
+        """Whether transition k → k+1 opens with the merge (docs/protocol.md §8)."""
+        return self.rule is StartRule.MERGE and k == self.merge_step
 
 
 def epoch_batch(spec: RoundSpec, corpus: Corpus, epoch: int, slot: int, step: int) -> Batch:
@@ -105,12 +119,23 @@ class Trace:
         return len(self.digests)
 
 
+def merged_if_due(state: Mapping[str, Tensor], spec: RoundSpec, k: int, merge: MergeBase | None) -> Mapping[str, Tensor]:
+    """The state step k trains from: under the merge rule, step ``merge_step`` first folds in G_e."""
+    if not spec.merges_at(k):
+        return state
+    if merge is None:
+        raise TrainerError(f"step {k} folds in the global model G_e (schedule.merge_step): it needs G_e and the start state")
+    return merge_global(state, merge.global_params, merge.start)
+
+
 def replay_step(
     state: Mapping[str, Tensor], spec: RoundSpec, corpus: Corpus, epoch: int, slot: int, k: int,
-    on_grads: Callable[[Mapping[str, Tensor]], None] | None = None,
+    on_grads: Callable[[Mapping[str, Tensor]], None] | None = None, merge: MergeBase | None = None,
 ) -> tuple[State, float]:
     """Transition k → k+1 of an epoch: exactly what the trainer ran and what a verifier re-runs
-    (``on_grads`` lets the verifier digest the unpublished gradients into its witness)."""
+    (``on_grads`` lets the verifier digest the unpublished gradients into its witness; ``merge`` is
+    what the merge rule's step folds in, needed only by that step)."""
+    state = merged_if_due(state, spec, k, merge)
     return train_step(state, epoch_batch(spec, corpus, epoch, slot, k), spec.model, spec.inner, on_grads)
 
 
@@ -124,6 +149,7 @@ def train_epoch(
     on_step: StepHook | None = None,
     first_step: int = 0,
     digests: Sequence[Digest] | None = None,
+    merge: MergeBase | None = None,
 ) -> Trace:
     """Run inner steps first_step..steps-1 from `start` (the state after `first_step` steps).
 
@@ -134,7 +160,7 @@ def train_epoch(
         raise TrainerError(f"resuming at step {first_step} needs {first_step + 1} digests, got {len(trace.digests)}")
     state = start
     for k in range(first_step, steps):
-        state, loss = replay_step(state, spec, corpus, epoch, slot, k)
+        state, loss = replay_step(state, spec, corpus, epoch, slot, k, merge=merge)
         trace.digests.append(state_digest(state))
         trace.losses.append(loss)
         if on_step is not None:
@@ -157,12 +183,17 @@ class Final:
 
 def final_transition(
     start: Mapping[str, Tensor], end: Mapping[str, Tensor], spec: RoundSpec,
-    run_id: int, epoch: int, slot: int, trainer: str, rank: int,
+    run_id: int, epoch: int, slot: int, trainer: str, rank: int, merged: Mapping[str, Tensor] | None = None,
 ) -> Final:
-    """Δ = start − end, compressed with the end state's error buffer, wrapped for (run, epoch, trainer)."""
-    c = compress(
-        pseudo_gradient(start, end), section(end, EF), rank, compress_seed(spec.run_seed, epoch, slot), spec.compression
-    )
+    """Δ = start − end (under the merge rule G_e − end, ``merged`` = G_e), compressed with the end
+    state's error buffer, wrapped for (run, epoch, trainer)."""
+    if spec.rule is StartRule.MERGE:
+        if merged is None:
+            raise TrainerError("the merge rule's pseudo-gradient is G_e − E_e: it needs the global model it merged")
+        delta = merged_pseudo_gradient(merged, end)
+    else:
+        delta = pseudo_gradient(start, end)
+    c = compress(delta, section(end, EF), rank, compress_seed(spec.run_seed, epoch, slot), spec.compression)
     return Final(wrap(run_id, epoch, trainer, c.payload), carry(end, c.new_ef), c.stats)
 
 

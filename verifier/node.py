@@ -52,7 +52,7 @@ from protocol.run import (
 from protocol.statedir import run_dir
 from protocol.store import IntegrityError, NotFound, Store, StoreError, StoreTimeout
 from protocol.types import Cid, Digest
-from trainer.delay import StartRule
+from trainer.delay import MergeBase, StartRule
 from trainer.device import check_device, resolve_device
 from trainer.inner import State, TrainerError, configure_determinism
 from trainer.round import RoundSpec, start_state
@@ -64,7 +64,7 @@ from verifier.replay import (
     check_final,
     check_leaf_count,
     check_payload,
-    check_start,
+    check_start_state,
     check_step,
     replay_witness,
 )
@@ -366,7 +366,12 @@ class VerifierNode:
         if m.segment != audit.segment:
             findings.append(Finding("manifest", False, f"segment {m.segment}, the run audits {audit.segment} steps"))
             return
-        findings.append(self._check_start(e, t, slot, m))
+        start_finding, start = self._check_start(e, t, slot, m)
+        findings.append(start_finding)
+        # the merge rule folds G_e − S_e in at its step: G_e is final (epoch e's commits close only after
+        # epoch e-1 is done, docs/contract.md), S_e is the start just recomputed
+        g_e = self._model(e) if spec.rule is StartRule.MERGE else None
+        merge = MergeBase(g_e, start) if g_e is not None and start is not None else None
         states = {s.leaf_index: self._state(s.cid, s.digest) for s in m.states}
         for k in m.transitions:
             end = m.end(k)
@@ -374,11 +379,12 @@ class VerifierNode:
                 states[k], k, end.digest, spec, self.ctx.corpus, e, slot, steps=end.leaf_index - k,
                 mode=audit.mode, tolerance=audit.tolerance,
                 next_state=self._state(end.cid, end.digest) if audit.mode == "tolerant" else None,
-                grad_digests=grads if audit.mode == "exact" else None,
+                grad_digests=grads if audit.mode == "exact" else None, merge=merge,
             ))
         if m.final:
             last = states[m.leaf_count - 1]
-            findings.append(check_final(states[0], last, Digest(bytes(reveal["payloadDigest"])), spec, run, e, slot, t, rank))
+            findings.append(check_final(states[0], last, Digest(bytes(reveal["payloadDigest"])), spec, run, e, slot, t,
+                                        rank, g_e))
 
     def _verify_shards(
         self, e: int, t: str, slot: int, rank: int, sub: Any, manifest_cid: Cid, publication: bytes,
@@ -403,8 +409,9 @@ class VerifierNode:
             trainer=t, rank=rank, prev_rank=prev_rank, grad_digests=grads, device=self.device,
         )
 
-    def _check_start(self, e: int, t: str, slot: int, m: AuditManifest) -> Finding:
-        """Every audit, every epoch: leaf 0 follows the public start rule (docs/protocol.md §8).
+    def _check_start(self, e: int, t: str, slot: int, m: AuditManifest) -> tuple[Finding, State | None]:
+        """Every audit, every epoch: leaf 0 follows the public start rule (docs/protocol.md §8); also
+        the recomputed start (``check_start_state``).
 
         With `previous` the trainer claims to continue its revealed epoch e-1, whose first and last
         states must come from the trace it revealed; without, it claims a fresh start (epoch 0, e-1
@@ -412,19 +419,22 @@ class VerifierNode:
         """
         g = self._start_model(e)
         if not m.previous:
-            return check_start(m.start.digest, self.spec, g, None, None, self.run_id, e, slot, t, 0)
+            return check_start_state(m.start.digest, self.spec, g, None, None, self.run_id, e, slot, t, 0)
         prev = self.chain.submission(self.run_id, e - 1, t)
         if prev.state < 2 or m.previous_root != prev.trace_root or m.previous_leaf_count != prev.leaf_count:
-            return Finding("start", False, "previous-epoch states are not from the trace the trainer revealed for e-1")
+            return Finding("start", False, "previous-epoch states are not from the trace the trainer revealed for e-1"), None
         p0, p_end = (self._state(s.cid, s.digest) for s in m.previous)
         prev_rank, _ = self.schedule.for_epoch(e - 1)
-        return check_start(m.start.digest, self.spec, g, p0, p_end, self.run_id, e, slot, t, prev_rank)
+        return check_start_state(m.start.digest, self.spec, g, p0, p_end, self.run_id, e, slot, t, prev_rank)
 
     def _start_model(self, e: int) -> dict[str, Tensor]:
-        """The global model epoch e starts from (G_0 for epoch 0), recomputed from G_0 and the passing
-        payloads (coordinator/build.py `VerifiedGlobals`), never a model someone else posted."""
-        before = e if self.spec.rule is StartRule.BLOCKING else e - 1
-        g = self._globals().base(max(before, 0))
+        """The global model epoch e starts from (G_0 for epoch 0)."""
+        return self._model(e if self.spec.rule is StartRule.BLOCKING else e - 1)
+
+    def _model(self, i: int) -> dict[str, Tensor]:
+        """G_i (G_0 for i <= 0), recomputed from G_0 and the passing payloads (coordinator/build.py
+        `VerifiedGlobals`), never a model someone else posted."""
+        g = self._globals().base(max(i, 0))
         key = state_digest(g)
         if key not in self._models:  # keep this one and the one before (audits of two epochs overlap)
             self._models = {**dict(list(self._models.items())[-1:]), key: global_params(g)}

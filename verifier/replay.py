@@ -20,7 +20,8 @@ from protocol.data import Corpus
 from protocol.digest import keccak, state_digest
 from protocol.payload import decode, unwrap
 from protocol.types import Digest
-from trainer.inner import STEP
+from trainer.delay import MergeBase, StartRule
+from trainer.inner import STEP, State
 from trainer.round import RoundSpec, final_transition, replay_step, start_state
 
 
@@ -91,20 +92,22 @@ def check_step(
     state_k: Mapping[str, Tensor], k: int, end_digest: Digest, spec: RoundSpec, corpus: Corpus,
     epoch: int, slot: int, *, steps: int = 1, mode: str = "exact", tolerance: float = 0.0,
     next_state: Mapping[str, Tensor] | None = None, grad_digests: list[bytes] | None = None,
+    merge: MergeBase | None = None,
 ) -> Finding:
     """Replay inner steps k → k+steps on the trainer's own batches; compare with its committed leaf.
 
     exact: the replayed digest must equal the leaf. tolerant: the published end state `next_state` (whose digest
     is the leaf) must lie within `tolerance` of the replay, which absorbs float differences between
     machines while a forged state still fails. `grad_digests`, when given, receives the
-    gradient_digest of every replayed step (the witness's input; exact mode only).
+    gradient_digest of every replayed step (the witness's input; exact mode only). `merge` (G_e and
+    the recomputed start) is what the merge rule's step folds in, when the segment covers it.
     """
     name = f"step {k}->{k + steps}"
     on_grads = None if grad_digests is None else (lambda g: grad_digests.append(gradient_digest(g)))
     try:
         replayed = dict(state_k)
         for j in range(k, k + steps):
-            replayed, _ = replay_step(replayed, spec, corpus, epoch, slot, j, on_grads)
+            replayed, _ = replay_step(replayed, spec, corpus, epoch, slot, j, on_grads, merge)
     except Exception as exc:  # noqa: BLE001 - any failure on a trainer's data is a failed check
         return _fail(name, exc)
     if state_digest(replayed) == end_digest:
@@ -120,11 +123,12 @@ def check_step(
 
 def check_final(
     start: Mapping[str, Tensor], end: Mapping[str, Tensor], revealed_digest: Digest, spec: RoundSpec,
-    run_id: int, epoch: int, slot: int, trainer: str, rank: int,
+    run_id: int, epoch: int, slot: int, trainer: str, rank: int, merged: Mapping[str, Tensor] | None = None,
 ) -> Finding:
-    """Replay end state → payload: the re-encoded publication must hash to the revealed payload digest."""
+    """Replay end state → payload: the re-encoded publication must hash to the revealed payload digest
+    (under the merge rule Δ = G_e − end, ``merged`` = G_e)."""
     try:
-        pub = final_transition(start, end, spec, run_id, epoch, slot, trainer, rank).publication
+        pub = final_transition(start, end, spec, run_id, epoch, slot, trainer, rank, merged).publication
     except Exception as exc:  # noqa: BLE001 - any failure on a trainer's data is a failed check
         return _fail("final", exc)
     if keccak(pub) == revealed_digest:
@@ -137,24 +141,39 @@ def check_start(
     prev_start: Mapping[str, Tensor] | None, prev_end: Mapping[str, Tensor] | None,
     run_id: int, epoch: int, slot: int, trainer: str, prev_rank: int,
 ) -> Finding:
+    """Leaf 0 must be the start rule's state (docs/protocol.md §8): ``check_start_state`` without the state."""
+    return check_start_state(start_digest, spec, latest_global, prev_start, prev_end, run_id, epoch, slot, trainer,
+                             prev_rank)[0]
+
+
+def check_start_state(
+    start_digest: Digest, spec: RoundSpec, latest_global: Mapping[str, Tensor],
+    prev_start: Mapping[str, Tensor] | None, prev_end: Mapping[str, Tensor] | None,
+    run_id: int, epoch: int, slot: int, trainer: str, prev_rank: int,
+) -> tuple[Finding, State | None]:
     """Leaf 0 must be the start rule's state (docs/protocol.md §8), recomputed from public G and the
     trainer's proven previous-epoch states, or the fresh start from G when those are None.
 
     Compared by state digest, so every component counts (parameters, both moments, error buffer,
     step, rng word), and a fresh start needs no state file at all: it is a function of G alone.
+    Also returns the recomputed start (None when the trainer's states break it): the merge rule's
+    step folds in G_e − S_e, so a replay of that step needs it.
     """
     fresh = prev_start is None or prev_end is None
     try:
         carried = None
         if prev_start is not None and prev_end is not None:
-            carried = final_transition(prev_start, prev_end, spec, run_id, epoch - 1, slot, trainer, prev_rank).carried
+            # under the merge rule epoch e-1 merged G_{e-1}, the model epoch e starts from
+            merged = latest_global if spec.rule is StartRule.MERGE else None
+            carried = final_transition(prev_start, prev_end, spec, run_id, epoch - 1, slot, trainer, prev_rank,
+                                       merged).carried
         expected = start_state(spec, latest_global, prev_start, carried)
     except Exception as exc:  # noqa: BLE001 - any failure on a trainer's data is a failed check
-        return _fail("start", exc)
+        return _fail("start", exc), None
     rule = "the fresh start from the global model" if fresh else "the start rule from the global model and epoch e-1"
     if state_digest(expected) == start_digest:
-        return Finding("start", True, f"leaf 0 is {rule}")
-    return Finding("start", False, f"leaf 0 is not {rule} (parameters, moments, error buffer, step or rng differ)")
+        return Finding("start", True, f"leaf 0 is {rule}"), expected
+    return Finding("start", False, f"leaf 0 is not {rule} (parameters, moments, error buffer, step or rng differ)"), expected
 
 
 def check_payload(

@@ -43,7 +43,7 @@ from protocol.run import (
 )
 from protocol.store import LocalStore
 from protocol.tokens import load_corpus_dir
-from veriloco.argtypes import positive, seconds, tcp_port
+from veriloco.argtypes import non_negative, positive, seconds, tcp_port
 from veriloco.logs import fields_text
 from veriloco.nodes import CHEAT_KINDS
 from veriloco.traffic import compare, headline, trainer_traffic
@@ -77,6 +77,7 @@ class DemoOptions:
     metrics_port: int = 0  # > 0: the nodes serve Prometheus metrics on it and the ports after (verifiers, trainers, coordinator)
     audit: str = "shard"  # "shard": one block of a segment per challenge; "state": whole states (docs/protocol.md §5)
     checkpoint_every: int = 4  # trainers keep every N-th state (disk: a `small` state is 174 MB)
+    merge_step: int = 0  # > 0: the merge rule (docs/protocol.md §8): fold each new global model in after this many steps
 
     def config(self) -> RunConfig:
         w = self.windows_s
@@ -87,7 +88,7 @@ class DemoOptions:
             # plain averaging: in a run of a few rounds momentum overshoots; see docs/results-engine.md
             outer={"lr": 1.0, "momentum": 0.0},
             schedule={"epochs": self.epochs, "h_initial": self.steps, "h_min": max(1, self.steps // 2),
-                      "h_max": self.steps * 2},
+                      "h_max": self.steps * 2, "merge_step": self.merge_step},
             # shard audits: 4 segments of 8 steps, one block each (docs/protocol.md §5.3; the policy of
             # docs/results-protocol.md); whole states: 3 steps. Pipelined whole-state audits are
             # tolerant; shard audits are exact at any number of stages.
@@ -270,6 +271,11 @@ def check_options(opts: DemoOptions) -> None:
         raise DemoError("--cheat KIND:COUNT needs a COUNT of at least 1")
     if n_cheat >= opts.trainers:
         raise DemoError(f"{n_cheat} cheaters need at least {n_cheat + 1} trainers so someone is honest")
+    if opts.merge_step and opts.audit != "state":
+        raise DemoError("--merge-step needs --audit state: shard audits cannot replay the merge yet")
+    if not 0 <= opts.merge_step < max(1, opts.steps // 2):
+        raise DemoError(f"--merge-step must be below the shortest epoch, --steps / 2 = {max(1, opts.steps // 2)}, "
+                        f"got {opts.merge_step}")
 
 
 def run_demo(opts: DemoOptions, out: TextIO = sys.stdout,
@@ -554,6 +560,7 @@ def _cmd(args: argparse.Namespace) -> int:
         chain=args.chain, store=args.store, cheats=_parse_cheats(args.cheat), workdir=args.workdir,
         report=args.report, timeout_s=args.timeout, stages=args.stages, audit=args.audit, quorum=args.quorum, corpus=args.corpus,
         metrics_port=args.metrics_port, dashboard_port=args.dashboard, windows_s=args.windows,
+        merge_step=args.merge_step,
     )
     check_options(opts)
     summary = run_demo(opts)
@@ -575,13 +582,16 @@ def register(sub: Any) -> None:
     p.add_argument("--chain", choices=["py-evm", "anvil"], default=d.chain)
     p.add_argument("--store", choices=["local", "ipfs"], default=d.store)
     p.add_argument("--cheat", action="append", default=[], metavar="KIND:COUNT",
-                   help="make COUNT trainers cheat: lazy, noise, copy, forge-final or stale-copy (repeatable)")
+                   help="make COUNT trainers cheat: lazy, noise, copy, forge-final, stale-copy or skip-merge (repeatable)")
     p.add_argument("--workdir", type=Path, default=d.workdir, help="devnet, store, node state and logs")
     p.add_argument("--report", type=Path, help="write DIR/summary.json and DIR/loss.png")
     p.add_argument("--stages", type=positive, default=d.stages,
                    help="run each trainer as S pipeline stages, each owning its blocks' state (tolerant with --audit state)")
     p.add_argument("--audit", choices=["shard", "state"], default=d.audit,
                    help="what a challenge reveals: one block of a segment (shard) or whole states (state)")
+    p.add_argument("--merge-step", type=non_negative, default=d.merge_step, metavar="M",
+                   help="fold each new global model in after M local steps instead of starting from it "
+                        "(the merge rule; needs --audit state; 0: the one-step delay)")
     p.add_argument("--timeout", type=seconds, default=d.timeout_s, help="give up after this many seconds")
     p.add_argument("--windows", type=positive, default=d.windows_s, metavar="S",
                    help="every chain window in seconds (a node that stays silent is waited for this long)")

@@ -20,7 +20,7 @@ from veriloco.logs import add_log_args, logger_from_args, node_logger, with_uplo
 from veriloco.settings import Settings, add_connection_args, open_store, resolve
 
 # adversarial behaviours for demos and security tests (trainer/cheats.py, trainer/adversaries.py)
-CHEAT_KINDS = ["lazy", "noise", "copy", "forge-final", "stale-copy"]
+CHEAT_KINDS = ["lazy", "noise", "copy", "forge-final", "stale-copy", "skip-merge"]
 
 
 def json_logger(node: str, stream: Any = None) -> Callable[..., None]:

@@ -24,7 +24,8 @@ from veriloco.netdemo import DemoOptions
 pytestmark = pytest.mark.e2e
 
 
-def _run(tmp_path: Path, on_tick: Any = None, **kw: Any) -> tuple[dict[str, Any], dict[int, list[str]]]:
+def _run(tmp_path: Path, on_tick: Any = None, config_changes: dict[str, Any] | None = None,
+         **kw: Any) -> tuple[dict[str, Any], dict[int, list[str]]]:
     included: dict[int, list[str]] = {}
 
     def inspect(chain: Chain, store: Any, run_id: int) -> None:
@@ -42,8 +43,14 @@ def _run(tmp_path: Path, on_tick: Any = None, **kw: Any) -> tuple[dict[str, Any]
     for key, value in (("trainers", 3), ("epochs", 2), ("steps", 8)):
         kw.setdefault(key, value)
     opts = DemoOptions(verifiers=2, quorum=1, workdir=tmp_path / "demo", report=tmp_path / "report", timeout_s=600, **kw)
-    summary, _ = run_network(opts, inspect=inspect, on_tick=on_tick)
+    config = opts.config().replace(**config_changes) if config_changes else None
+    summary, _ = run_network(opts, inspect=inspect, on_tick=on_tick, config=config)
     return summary, included
+
+
+def _events(tmp_path: Path, event: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for log in (tmp_path / "demo" / "logs").glob("trainer*.jsonl")
+            for line in log.read_text().splitlines() if f'"{event}"' in line]
 
 
 def test_honest_network_learns_and_nobody_is_slashed(tmp_path: Path) -> None:
@@ -66,6 +73,23 @@ def test_honest_network_learns_and_nobody_is_slashed(tmp_path: Path) -> None:
     # every step's boundaries kept, in memory (a tiny model's log fits the default budget: no copy, ~0 CPU)
     assert trained and all(t["boundary_log_bytes"] == t["boundary_log_ram_bytes"] > 0 for t in trained)
     assert not list((tmp_path / "demo").rglob("bounds/step-*"))  # nothing spilled to disk
+
+
+def test_merging_trainers_fold_each_global_model_in_and_pass_whole_state_audits(tmp_path: Path) -> None:
+    """schedule.merge_step = 1 (docs/protocol.md §8): each epoch continues the trainer's own end state
+    and folds in the new global model after one step. Every challenge replays the whole epoch (a
+    segment longer than H), so every audit replays a merge; the final check measures Δ from G_e.
+    One trainer skips the merge (and the wait for G_1 with it): harmless in epoch 0, where G_0 − S_0
+    = 0, slashed in epoch 1."""
+    s, included = _run(tmp_path, steps=4, audit="state", merge_step=1, trainers=4, cheats=(("skip-merge", 1),),
+                       config_changes={"audit": {"segment": 8, "steps": 1}})
+    cheater = set(s["cheaters"])
+    assert s["epochs_finalized"] == 2 and set(s["slashed"]) == cheater
+    assert len(included[0]) == 4 and len(included[1]) == 3 and not cheater & set(included[1])
+    merged = _events(tmp_path, "merged")
+    assert {(m["epoch"], m["step"]) for m in merged} == {(0, 1), (1, 1)}
+    # epoch 1 held its honest trainers at step 1 until epoch 0 was final, its model recomputed
+    assert sum("epoch 0 to finalize (epoch 1 merges" in w["what"] for w in _events(tmp_path, "waited")) >= 3
 
 
 def test_every_cheater_is_slashed_and_never_aggregated(tmp_path: Path) -> None:

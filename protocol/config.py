@@ -213,8 +213,6 @@ def _check(cfg: RunConfig) -> list[str]:
     if s.merge_step < 0 or (s.merge_step and not s.one_step_delay) or s.merge_step >= s.h_min:
         p.append(f"schedule.merge_step must be 0 (off) or within 1..h_min-1 = {s.h_min - 1} with one_step_delay = true "
                  f"(every epoch folds the global model in inside its steps), got {s.merge_step}")
-    if s.merge_step and a.unit != "state":
-        p.append("schedule.merge_step needs audit.unit = 'state': shard audits cannot replay the merge yet")
     if not 1 <= c.rank_min <= c.rank_initial <= c.rank_max:
         p.append(f"need 1 <= compression.rank_min <= rank_initial <= rank_max, got {c.rank_min}, {c.rank_initial}, {c.rank_max}")
     if c.bits not in (4, 8):

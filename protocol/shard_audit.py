@@ -253,12 +253,20 @@ def boundary_names(b: int, n_blocks: int, start: int, end: int) -> list[str]:
     return out
 
 
+def covers_merge(start: int, end: int, merge_step: int) -> bool:
+    """Whether segment start..end replays the merge rule's step (``merge_step`` 0: no merge rule)."""
+    return merge_step > 0 and start <= merge_step < end
+
+
 def challenge_spec(
     shapes: Mapping[str, tuple[int, ...]], names: Sequence[str], b: int, n_blocks: int,
-    start: int, end: int, act_shape: tuple[int, ...],
+    start: int, end: int, act_shape: tuple[int, ...], merge: bool = False,
 ) -> dict[str, TensorSpec]:
-    """Exactly the entries of a challenge's shard file (param/adam at ``start``, meta, boundaries)."""
-    spec = {f"{p}{n}": TensorSpec(torch.float32, shapes[n]) for p in ("param/", "adam.m/", "adam.v/") for n in names}
+    """Exactly the entries of a challenge's shard file (param/adam at ``start``, meta, boundaries) and,
+    when the segment covers the merge rule's step (``merge``), the block's parameters at leaf 0
+    (``start.param/<p>``): the merge adds G_e − S_e.param."""
+    prefixes = ("param/", "adam.m/", "adam.v/", f"{START_PREFIX}param/") if merge else ("param/", "adam.m/", "adam.v/")
+    spec = {f"{p}{n}": TensorSpec(torch.float32, shapes[n]) for p in prefixes for n in names}
     spec["meta/step"] = spec["meta/rng"] = TensorSpec(torch.int64, (1,))
     for name in boundary_names(b, n_blocks, start, end):
         spec[name] = TensorSpec(torch.float32, act_shape)
@@ -272,13 +280,17 @@ def unbound_input(
     """Why a challenge file's inputs are not what leaves ``start..end`` commit; None when all are bound.
 
     The shard must be block b of state leaf ``start`` (parameters, moments, step counter, rng word),
-    and each boundary tensor the one its neighbour committed at that step. The verifier asks this
-    before it replays; the trainer asks it of an answer built from its boundary log before publishing.
+    and each boundary tensor the one its neighbour committed at that step; start parameters, where the
+    file has them, block b's of leaf 0. The verifier asks this before it replays; the trainer asks it
+    of an answer built from its boundary log before publishing.
     """
     first = leaves[start]
     if (part_digest(file, names, ("param/",)) != first.blocks[b].params
             or part_digest(file, names, ("adam.m/", "adam.v/")) != first.blocks[b].opt):
         return f"the revealed shard is not block {b} of state leaf {start}"
+    if f"{START_PREFIX}param/{names[0]}" in file and part_digest(
+            {f"param/{n}": file[f"{START_PREFIX}param/{n}"] for n in names}, names, ("param/",)) != leaves[0].blocks[b].params:
+        return f"the revealed start parameters are not block {b} of leaf 0"
     if (int(file["meta/step"].item()), int(file["meta/rng"].item())) != (first.step, first.rng):
         return f"the revealed step counter or rng word is not leaf {start}'s"
     bnames = iter(boundary_names(b, n_blocks, start, end))
@@ -310,6 +322,7 @@ __all__ = [
     "boundary_names",
     "build_manifest",
     "challenge_spec",
+    "covers_merge",
     "decode_manifest",
     "drawn_block",
     "encode_manifest",

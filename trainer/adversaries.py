@@ -34,7 +34,7 @@ from typing import Any
 
 from protocol.payload import decode, encode, encode_raw, unwrap, wrap
 from trainer.checkpoints import EpochDir
-from trainer.engine import Engine, LocalEngine
+from trainer.engine import Engine, LocalEngine, save_merged
 from trainer.inner import EF, PARAM, Params, State, section, train_step, with_section
 from trainer.node import Behaviour, TrainerNode
 from trainer.round import Final, epoch_batch
@@ -134,13 +134,22 @@ class PlantedStartNode(TrainerNode):
 
 
 class SkipMerge(Behaviour):
-    """Every step a plain step: the merge rule's step m does not fold G_e in (and does not wait for it)."""
+    """Every step a plain step: the merge rule's step m does not fold G_e in (whole-state runs: nor wait for it)."""
 
     name = "skip-merge"
 
     def step(self, node: TrainerNode, state: State, epoch: int, k: int) -> tuple[State, float]:
         return train_step(state, epoch_batch(node.spec, node.ctx.corpus, epoch, node.slot, k), node.spec.model,
                           node.spec.inner)
+
+    def engine(self, node: TrainerNode) -> Engine:
+        """A sharded run: keep G_e for the honest-looking Δ = G_e − E_e, fold nothing in."""
+
+        class Unmerged(LocalEngine):
+            def merge(self, d: EpochDir, g: Params) -> None:
+                save_merged(d, g)
+
+        return Unmerged(node.spec, node.shard_checkpoint_every)
 
 
 ADVERSARIES: dict[str, type[Behaviour]] = {"forge-final": ForgeFinal, "stale-copy": StaleCopy, "skip-merge": SkipMerge}

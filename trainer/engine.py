@@ -7,8 +7,9 @@ block tensors an audit reveals. ``LocalEngine`` keeps the whole state in this pr
 block-wise step (trainer/blockstep.py), so their leaves and payloads are bitwise equal.
 
 Files (in the epoch's ``EpochDir``): ``state-<k>`` checkpoints every ``every`` steps and at both
-ends, ``carried`` (the state the next epoch continues from). A checkpoint is enough to reproduce any
-later state and boundary tensor of the epoch: steps are bitwise reproducible.
+ends, ``carried`` (the state the next epoch continues from) and, under the merge rule, ``merged``
+(the G_e folded in at step m). A checkpoint is enough to reproduce any later state and boundary
+tensor of the epoch: steps are bitwise reproducible, and a replay crossing step m repeats the merge.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from trainer.blockstep import Batch, BlockIO, blockwise_step, replay_block
 from trainer.boundaries import BoundaryLog, RamBudget
 from trainer.checkpoints import EpochDir
 from trainer.compress import CompressionStats, compress
-from trainer.delay import carry, pseudo_gradient
+from trainer.delay import StartRule, carry, merge_global, merged_pseudo_gradient, pseudo_gradient
 from trainer.inner import EF, MOM1, MOM2, PARAM, RNG, STEP, Params, State, TrainerError, section
 from trainer.round import RoundSpec, start_state
+
+MERGED = "merged"  # the file of G_e an epoch folded in at its merge step (schedule.merge_step)
 
 BatchOf = Callable[[int], Batch]  # inner step k of this epoch -> its batch
 
@@ -50,6 +53,10 @@ class Engine(Protocol):
 
     def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, StepLeaf]:
         """Train step k (checkpointing when due); (its loss, leaf k+1)."""
+
+    def merge(self, d: EpochDir, g: Params) -> None:
+        """Fold G_e into the live state before the merge rule's step (docs/protocol.md §8); keep G_e in
+        ``d`` so that replays crossing that step, and the final Δ = G_e − E_e, repeat it."""
 
     def finish(self, d: EpochDir, rank: int, seed: int) -> tuple[bytes, CompressionStats]:
         """Compress Δ of the epoch with the error buffer; save the carried state; the raw payload."""
@@ -97,6 +104,29 @@ def restrict(state: Mapping[str, Tensor], names: list[str], prefixes: tuple[str,
     out: State = {p + n: state[p + n] for p in prefixes for n in names}
     out[STEP], out[RNG] = state[STEP], state[RNG]
     return out
+
+
+def save_merged(d: EpochDir, g: Mapping[str, Tensor], name: str = MERGED) -> None:
+    d.save(name, {PARAM + n: t.detach().cpu() for n, t in g.items()})
+
+
+def merged_before(spec: RoundSpec, state: State, k: int, load: Callable[[str, list[str]], State]) -> State:
+    """``state`` as step k trains from it: at the merge rule's step, params + (G_e − S_e.param) for
+    the parameters ``state`` holds (a whole state, a stage's blocks or one audit block).
+
+    ``load(name, keys)`` reads entries of an epoch file (``MERGED``, ``state-000000``) on the state's device."""
+    if not spec.merges_at(k):
+        return state
+    keys = [PARAM + n for n in section(state, PARAM)]
+    g = load(MERGED, keys)
+    return merge_global(state, {key[len(PARAM):]: t for key, t in g.items()}, load("state-000000", keys))
+
+
+def epoch_delta(spec: RoundSpec, start: State, end: State, merged: Callable[[], State]) -> Params:
+    """The epoch's pseudo-gradient: S_e − E_e, or G_e − E_e under the merge rule (``merged()`` reads G_e's file)."""
+    if spec.rule is not StartRule.MERGE:
+        return pseudo_gradient(start, end)
+    return merged_pseudo_gradient({key[len(PARAM):]: t for key, t in merged().items()}, end)
 
 
 def boundary_of(ios: list[BlockIO], b: int) -> tuple[Tensor | None, Tensor | None]:
@@ -194,11 +224,21 @@ class LocalEngine:
             d.save_step(k + 1, self.state)
         return loss, leaf
 
+    def _merged(self, d: EpochDir, state: State, k: int) -> State:
+        return merged_before(self.spec, state, k, lambda name, keys: self._on(d.load_part(name, keys)))
+
+    def merge(self, d: EpochDir, g: Params) -> None:
+        if self.state is None:
+            raise TrainerError("the engine has no epoch begun or resumed")
+        save_merged(d, g)
+        self.state = self._merged(d, self.state, self.spec.merge_step)
+
     def finish(self, d: EpochDir, rank: int, seed: int) -> tuple[bytes, CompressionStats]:
         if self.state is None:
             raise TrainerError("the engine has no epoch to finish")
         start, end = d.load("state-000000"), {k: v.cpu() for k, v in self.state.items()}
-        c = compress(pseudo_gradient(start, end), section(end, EF), rank, seed, self.spec.compression)
+        c = compress(epoch_delta(self.spec, start, end, lambda: d.load(MERGED)), section(end, EF), rank, seed,
+                     self.spec.compression)
         d.save("carried", carry(end, c.new_ef))
         return c.payload, c.stats
 
@@ -216,11 +256,11 @@ class LocalEngine:
                 return self._logged_block(d, log, base, start, end, b, batch_of)
             except Exception as exc:  # noqa: BLE001 - the log is a cache: a file it cannot read means whole steps
                 self.log_error = f"epoch {d.epoch} boundary log unreadable ({type(exc).__name__}: {exc}); replaying whole steps"
-        state = d.state_at(start, lambda st, j: self._step(st, batch_of(j))[:2])
+        state = d.state_at(start, lambda st, j: self._step(self._merged(d, st, j), batch_of(j))[:2])
         shard = restrict(state, self.groups[b], (PARAM, MOM1, MOM2))
         bounds = []
         for j in range(start, end):
-            state, _, ios = self._step(state, batch_of(j))
+            state, _, ios = self._step(self._merged(d, state, j), batch_of(j))
             bounds.append(boundary_of(ios, b))
         return shard, bounds
 
@@ -233,6 +273,7 @@ class LocalEngine:
         for j in range(base, start):
             inp, g_out, sqs = log.block_inputs(j, b, n)
             x, y = batch_of(j)
+            state = self._merged(d, state, j)
             state, _ = replay_block(state, b, (x.to(dev), y.to(dev)), cfg.model, cfg.inner, cfg.microbatches,
                                     None if inp is None else inp.to(dev), None if g_out is None else g_out.to(dev),
                                     [q.to(dev) for q in sqs])
@@ -257,4 +298,5 @@ class LocalEngine:
         self.state = None
 
 
-__all__ = ["BatchOf", "Engine", "LocalEngine", "boundary_of", "own_cpu", "restrict", "tensor_bytes"]
+__all__ = ["MERGED", "BatchOf", "Engine", "LocalEngine", "boundary_of", "epoch_delta", "merged_before", "own_cpu",
+           "restrict", "save_merged", "tensor_bytes"]

@@ -171,19 +171,23 @@ class TrainerNode:
         return self.pipeline.step(state, epoch_batch(self.spec, self.ctx.corpus, epoch, self.slot, k))
 
     def merge_base(self, e: int) -> MergeBase:
-        """G_e and S_e for epoch e's merge step (docs/protocol.md §8).
+        """G_e and S_e for epoch e's merge step in a whole-state run (docs/protocol.md §8)."""
+        if e not in self._merge_bases:
+            kept = {i: b for i, b in self._merge_bases.items() if i == e - 1}  # e-1's answer may still replay its merge
+            self._merge_bases = {**kept, e: MergeBase(self.merge_model(e), self._dir(e).load("state-000000"))}
+        return self._merge_bases[e]
 
-        G_e needs epoch e-1 finalized: the node waits for it, answering e-1's audit meanwhile, then
+    def merge_model(self, e: int) -> Params:
+        """G_e, which epoch e folds in at its merge step.
+
+        It needs epoch e-1 finalized: the node waits for it, answering e-1's audit meanwhile, then
         recomputes G_e itself (coordinator/build.py), as it does every model it trains on.
         """
-        if e not in self._merge_bases:
-            if e >= 1:
-                self._wait(lambda: self._phase(e - 1) in TERMINAL, f"epoch {e - 1} to finalize (epoch {e} merges its model)")
-            g = self.globals.base(e)
-            kept = {i: b for i, b in self._merge_bases.items() if i == e - 1}  # e-1's answer may still replay its merge
-            self._merge_bases = {**kept, e: MergeBase(params_of(g), self._dir(e).load("state-000000"))}
-            self.log("merged", epoch=e, step=self.spec.merge_step, base_epoch=e, base_digest=state_digest(g).hex())
-        return self._merge_bases[e]
+        if e >= 1:
+            self._wait(lambda: self._phase(e - 1) in TERMINAL, f"epoch {e - 1} to finalize (epoch {e} merges its model)")
+        g = self.globals.base(e)
+        self.log("merged", epoch=e, step=self.spec.merge_step, base_epoch=e, base_digest=state_digest(g).hex())
+        return params_of(g)
 
     def _run(self) -> None:
         self.schedule = Schedule(self.chain, self.store, self.ctx, self.spec)
@@ -390,6 +394,8 @@ class TrainerNode:
                             digests=[keccak(x).hex() for x in preimages], losses=[])
         t0, before, step_wall_s = time.monotonic(), dict(eng.timings), 0.0
         for k in range(k0, steps):
+            if self.spec.merges_at(k):
+                eng.merge(d, self.merge_model(e))
             w = time.monotonic()  # wall seconds inside steps; the rest of a trainer's time is the protocol's
             loss, leaf = eng.step(d, k, epoch_batch(self.spec, self.ctx.corpus, e, self.slot, k))
             step_wall_s += time.monotonic() - w

@@ -21,6 +21,7 @@ from protocol.shard_audit import (
     ShardManifest,
     boundary_names,
     build_manifest,
+    covers_merge,
     drawn_block,
     required_leaves,
     shard_challenges,
@@ -36,18 +37,25 @@ Publish = Callable[[bytes], Cid]
 
 
 def challenge_file(engine: Engine, d: EpochDir, start: int, end: int, b: int, batch_of: BatchOf,
-                   leaves: Mapping[int, StepLeaf], model: GPTConfig) -> State:
-    """Block b's shard at ``start`` and its boundaries, checked against this trainer's own leaves.
+                   leaves: Mapping[int, StepLeaf], model: GPTConfig, merge: bool = False) -> State:
+    """Block b's shard at ``start`` and its boundaries (and its parameters at leaf 0 when the segment
+    covers the merge rule's step, ``merge``), checked against this trainer's own leaves.
 
     An engine may build it from its boundary log (trainer/boundaries.py), a cache on disk: if that
     answer is not bound to the committed leaves (a torn or altered file), whole steps are replayed
     instead, so an honest trainer never publishes an answer its own commitments refute.
     """
     n_blocks = block_count(model)
-    out = _challenge(engine.audit_block(d, start, end, b, batch_of), b, n_blocks, start, end)
+    first = _start_params(engine, d, b) if merge else {}
+    out = {**_challenge(engine.audit_block(d, start, end, b, batch_of), b, n_blocks, start, end), **first}
     if unbound_input(out, leaves, start, end, b, block_names(model)[b], n_blocks) is not None:
-        out = _challenge(engine.audit_block(d, start, end, b, batch_of, logged=False), b, n_blocks, start, end)
+        out = {**_challenge(engine.audit_block(d, start, end, b, batch_of, logged=False), b, n_blocks, start, end), **first}
     return out
+
+
+def _start_params(engine: Engine, d: EpochDir, b: int) -> State:
+    """Block b's parameters at leaf 0, as ``start.param/<p>``."""
+    return {START_PREFIX + k: v for k, v in engine.block_state(d, 0, b, (PARAM,)).items() if k.startswith(PARAM)}
 
 
 def _challenge(built: tuple[State, list[tuple[Tensor | None, Tensor | None]]], b: int, n_blocks: int,
@@ -65,9 +73,8 @@ def _challenge(built: tuple[State, list[tuple[Tensor | None, Tensor | None]]], b
 
 def transition_file(engine: Engine, d: EpochDir, last: int, b: int) -> State:
     """Block b's params at leaf 0, and its params and error buffer at leaf ``last``."""
-    first = engine.block_state(d, 0, b, (PARAM,))
     end = engine.block_state(d, last, b, (PARAM, EF))
-    out: State = {START_PREFIX + k: v for k, v in first.items() if k.startswith(PARAM)}
+    out = _start_params(engine, d, b)
     out.update({k: v for k, v in end.items() if k.startswith((PARAM, EF))})
     return out
 
@@ -91,7 +98,8 @@ def shard_response(
     return build_manifest(
         run_id=run_id, epoch=epoch, trainer=trainer, preimages=preimages, segment=spec.segment,
         challenges=challenges,
-        cid_of_challenge=lambda s, e, b: publish(save_state(challenge_file(engine, d, s, e, b, batch_of, leaves, spec.model))),
+        cid_of_challenge=lambda s, e, b: publish(save_state(challenge_file(
+            engine, d, s, e, b, batch_of, leaves, spec.model, covers_merge(s, e, spec.merge_step)))),
         final_block=drawn_block(seed, trainer, "final-shard", 0, n) if fin else -1,
         cid_of_final=lambda b: publish(save_state(transition_file(engine, d, L - 1, b))),
         previous=prev_preimages if cont else (),

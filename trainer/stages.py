@@ -67,8 +67,16 @@ from trainer.blockstep import (
 )
 from trainer.checkpoints import EpochDir
 from trainer.compress import CompressionStats, compress, merge_compressed
-from trainer.delay import carry, pseudo_gradient
-from trainer.engine import BatchOf, restrict, tensor_bytes
+from trainer.delay import carry
+from trainer.engine import (
+    MERGED,
+    BatchOf,
+    epoch_delta,
+    merged_before,
+    restrict,
+    save_merged,
+    tensor_bytes,
+)
 from trainer.inner import (
     EF,
     MOM1,
@@ -173,11 +181,23 @@ class _Stage:
             self._save(d, f"state-{k + 1:06d}", self.state)
         return loss, spent, entries, _meta(self.state)
 
+    def _merged(self, d: EpochDir, state: State, k: int) -> State:
+        """Under the merge rule, ``state`` with this stage's share of G_e folded in before step k."""
+        return merged_before(self.spec, state, k, lambda name, keys: {
+            key: t.to(self.device) for key, t in d.load_part(part(name, self.s), keys).items()})
+
+    def merge(self, d: EpochDir, g: Params) -> None:
+        if self.state is None:
+            raise TrainerError("the engine has no epoch begun or resumed")
+        save_merged(d, g, part(MERGED, self.s))
+        self.state = self._merged(d, self.state, self.spec.merge_step)
+
     def finish(self, d: EpochDir, rank: int, seed: int) -> tuple[bytes, CompressionStats]:
         if self.state is None:
             raise TrainerError("the engine has no epoch to finish")
         start, end = self._load(d, "state-000000"), self.state
-        c = compress(pseudo_gradient(start, end), section(end, EF), rank, seed, self.spec.compression)
+        c = compress(epoch_delta(self.spec, start, end, lambda: self._load(d, MERGED)), section(end, EF), rank, seed,
+                     self.spec.compression)
         self._save(d, "carried", carry(end, c.new_ef))
         return c.payload, c.stats
 
@@ -193,12 +213,12 @@ class _Stage:
     def audit(self, d: EpochDir, base: int, start: int, end: int, b: int, batches: Sequence[Batch]) -> tuple[State, list[Bound]] | None:
         state = self._load(d, f"state-{base:06d}")
         for j in range(base, start):
-            state = self._pipe(state, batches[j - base], None)[0]
+            state = self._pipe(self._merged(d, state, j), batches[j - base], None)[0]
         mine = b in self.blocks
         shard = restrict(state, self.groups[b], (PARAM, MOM1, MOM2)) if mine else {}
         bounds: list[Bound] = []
         for j in range(start, end):
-            state, _, _, bound = self._pipe(state, batches[j - base], b if mine else None)
+            state, _, _, bound = self._pipe(self._merged(d, state, j), batches[j - base], b if mine else None)
             bounds.append(bound)
         if not mine:
             return None
@@ -424,6 +444,11 @@ class StagedEngine:
     def resume(self, d: EpochDir, steps: int, k: int) -> None:
         self.steps = steps
         self._all("resume", d, steps, k)
+
+    def merge(self, d: EpochDir, g: Params) -> None:
+        """Each stage folds in its blocks' share of G_e (the merge is elementwise)."""
+        self._ask({s: ("merge", (d, {n: g[n].detach().cpu() for b in self.ranges[s] for n in self.groups[b]}))
+                   for s in range(self.S)})
 
     def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, StepLeaf]:
         got = self._all("step", d, k, batch)

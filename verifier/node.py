@@ -407,6 +407,7 @@ class VerifierNode:
             m, chained, lambda cid, spec: load_state(self.store.get(cid, max_size=MAX_STATE_BYTES), expect=spec),
             self.spec, self.ctx.corpus, self._start_model(e), publication, run_id=self.run_id, epoch=e, slot=slot,
             trainer=t, rank=rank, prev_rank=prev_rank, grad_digests=grads, device=self.device,
+            merged=self._model(e) if self.spec.rule is StartRule.MERGE else None,
         )
 
     def _check_start(self, e: int, t: str, slot: int, m: AuditManifest) -> tuple[Finding, State | None]:

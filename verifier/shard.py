@@ -36,6 +36,7 @@ from protocol.shard_audit import (
     ShardManifest,
     boundary_names,
     challenge_spec,
+    covers_merge,
     drawn_block,
     shard_challenges,
     transition_spec,
@@ -43,6 +44,7 @@ from protocol.shard_audit import (
 )
 from trainer.blockstep import replay_block
 from trainer.compress import compress
+from trainer.delay import StartRule, merge_global
 from trainer.inner import EF, MOM1, MOM2, PARAM, RNG, STEP
 from trainer.round import RoundSpec, compress_seed, epoch_batch, start_state
 from verifier.replay import Finding, _fail, gradient_digest
@@ -53,10 +55,11 @@ _P, _O, _E = (PARAM,), (MOM1, MOM2), (EF,)
 def check_segment(
     leaves: Mapping[int, StepLeaf], start: int, end: int, b: int, file: Mapping[str, Tensor],
     spec: RoundSpec, corpus: Corpus, epoch: int, slot: int, grad_digests: list[bytes] | None = None,
-    device: torch.device | None = None,
+    device: torch.device | None = None, merged: Mapping[str, Tensor] | None = None,
 ) -> Finding:
     """Replay block b over steps start..end-1 from the revealed shard (on ``device``, default the CPU);
-    compare with every committed leaf."""
+    compare with every committed leaf. At the merge rule's step the block first adds G_e − S_e.param
+    (``merged`` = G_e; S_e.param is the file's ``start.param/``, bound to leaf 0)."""
     name = f"block {b} steps {start}->{end}"
     names = block_names(spec.model)[b]
     n_blocks = len(block_names(spec.model))
@@ -74,6 +77,11 @@ def check_segment(
             inp = file[next(bnames)].to(dev) if b > 0 else None
             g_out = file[next(bnames)].to(dev) if b < n_blocks - 1 else None
             on_grads = None if grad_digests is None else (lambda g: grad_digests.append(gradient_digest(g)))
+            if spec.merges_at(k):
+                if merged is None:
+                    raise ValueError(f"step {k} merges G_e, and the verifier was given none")
+                first = {PARAM + n: file[f"{START_PREFIX}{PARAM}{n}"].to(dev) for n in names}
+                state = merge_global(state, {n: merged[n].to(dev) for n in names}, first)
             x, y = epoch_batch(spec, corpus, epoch, slot, k)
             state, io = replay_block(state, b, (x.to(dev), y.to(dev)), spec.model, spec.inner, spec.microbatches,
                                      inp, g_out, [q.to(dev) for q in nxt.sqs], on_grads)
@@ -115,16 +123,18 @@ def payload_sections(payload: bytes) -> dict[str, tuple[tuple[object, ...], byte
 
 def check_final_block(
     first: StepLeaf, last: StepLeaf, b: int, file: Mapping[str, Tensor], publication: bytes, spec: RoundSpec,
-    run_id: int, epoch: int, slot: int, trainer: str, rank: int,
+    run_id: int, epoch: int, slot: int, trainer: str, rank: int, merged: Mapping[str, Tensor] | None = None,
 ) -> Finding:
-    """Block b of end state -> payload: re-encoding its Δ with its error buffer gives the payload's records."""
+    """Block b of end state -> payload: re-encoding its Δ with its error buffer gives the payload's records
+    (Δ = G_e − E_e under the merge rule, ``merged`` = G_e)."""
     name = f"final block {b}"
     names = block_names(spec.model)[b]
     try:
         if not _bound(first, last, b, file, names):
             return Finding(name, False, f"the revealed tensors are not block {b} of leaves 0 and L-1")
         p0, p1, ef = _transition(file, names)
-        mine = compress({n: p0[n] - p1[n] for n in names}, ef, rank, compress_seed(spec.run_seed, epoch, slot), spec.compression)
+        mine = compress(_delta(spec, p0, p1, merged, names), ef, rank, compress_seed(spec.run_seed, epoch, slot),
+                        spec.compression)
         body = unwrap(publication, run_id=run_id, epoch=epoch, trainer=trainer).body
         theirs, ours = payload_sections(bytes(body)), payload_sections(mine.payload)
         if any(theirs.get(n) != ours[n] for n in names):
@@ -132,6 +142,16 @@ def check_final_block(
     except Exception as exc:  # noqa: BLE001 - any failure on a trainer's data is a failed check
         return _fail(name, exc)
     return Finding(name, True, f"block {b}'s records re-encoded bit for bit")
+
+
+def _delta(spec: RoundSpec, p0: Mapping[str, Tensor], p1: Mapping[str, Tensor], merged: Mapping[str, Tensor] | None,
+           names: Sequence[str]) -> dict[str, Tensor]:
+    """A block's pseudo-gradient: first − last params, or G − last under the merge rule (``merged`` = G)."""
+    if spec.rule is not StartRule.MERGE:
+        return {n: p0[n] - p1[n] for n in names}
+    if merged is None:
+        raise ValueError("the merge rule's Δ is G_e − E_e, and the verifier was given no G_e")
+    return {n: merged[n] - p1[n] for n in names}
 
 
 def check_start_fresh(leaf0: StepLeaf, spec: RoundSpec, g: Mapping[str, Tensor]) -> Finding:
@@ -150,19 +170,25 @@ def check_start_continued(
     g: Mapping[str, Tensor], epoch: int, slot: int, prev_rank: int,
 ) -> Finding:
     """A continued start: moments, step and rng carried for every block (by digest), and block b's
-    parameters and error buffer recomputed by the start rule from epoch e-1's revealed tensors."""
+    parameters and error buffer recomputed by the start rule from epoch e-1's revealed tensors.
+
+    Under the merge rule the parameters carry over too (S_e = E_{e-1}), so they are checked for every
+    block, and e-1's Δ that made the error buffer is G_{e-1} − E_{e-1} (``g`` is G_{e-1})."""
     names = block_names(spec.model)[b]
     try:
         if (leaf0.step, leaf0.rng) != (prev_last.step, prev_last.rng):
             return Finding("start", False, "leaf 0's step counter or rng word is not e-1's last")
         if [e.opt for e in leaf0.blocks] != [e.opt for e in prev_last.blocks]:
             return Finding("start", False, "leaf 0's optimizer moments are not the ones e-1 ended with")
+        if spec.rule is StartRule.MERGE and [e.params for e in leaf0.blocks] != [e.params for e in prev_last.blocks]:
+            return Finding("start", False, "leaf 0's parameters are not the ones e-1 ended with (the merge rule continues them)")
         if any((e.act, e.grad, e.sq) != (ZERO, ZERO, bytes(4)) for e in leaf0.blocks):
             return Finding("start", False, "leaf 0 commits boundary tensors of a step that never ran")
         if not _bound(prev0, prev_last, b, file, names):
             return Finding("start", False, f"the revealed tensors are not block {b} of e-1's leaves 0 and L-1")
         p0, p1, ef = _transition(file, names)
-        c = compress({n: p0[n] - p1[n] for n in names}, ef, prev_rank, compress_seed(spec.run_seed, epoch - 1, slot), spec.compression)
+        c = compress(_delta(spec, p0, p1, g, names), ef, prev_rank, compress_seed(spec.run_seed, epoch - 1, slot),
+                     spec.compression)
         prev_start = {PARAM + n: p0[n] for n in names}
         carried = {**{PARAM + n: p1[n] for n in names}, **{EF + n: c.new_ef[n] for n in names}}
         s = start_state(spec, {n: g[n] for n in names}, prev_start, carried)
@@ -196,9 +222,11 @@ def audit_findings(
     m: ShardManifest, chained: Chained, fetch: Fetch, spec: RoundSpec, corpus: Corpus, g: Mapping[str, Tensor],
     publication: bytes, *, run_id: int, epoch: int, slot: int, trainer: str, rank: int, prev_rank: int,
     grad_digests: list[bytes] | None = None, device: torch.device | None = None,
+    merged: Mapping[str, Tensor] | None = None,
 ) -> list[Finding]:
     """Every check of a shard audit, given a decoded (validated) manifest: bound to the chain and to the
-    drawn challenges first, then each segment, the final check and the start check."""
+    drawn challenges first, then each segment, the final check and the start check. ``g`` is the
+    model epoch e starts from; ``merged`` is G_e under the merge rule."""
     n = len(block_names(spec.model))
     shapes = param_shapes(spec.model)
     groups = block_names(spec.model)
@@ -218,19 +246,20 @@ def audit_findings(
     out.append(_start(m, chained, fetch, spec, g, n, shapes, groups, leaves[0], epoch, slot, trainer, prev_rank))
     for c in m.challenges:
         try:
-            file = fetch(c.cid, challenge_spec(shapes, groups[c.block], c.block, n, c.start, c.end, act_shape))
+            file = fetch(c.cid, challenge_spec(shapes, groups[c.block], c.block, n, c.start, c.end, act_shape,
+                                               covers_merge(c.start, c.end, spec.merge_step)))
         except TRANSIENT:
             raise
         except Exception as exc:  # noqa: BLE001 - a file that cannot be read or has the wrong layout fails
             out.append(_fail(f"block {c.block} steps {c.start}->{c.end}", exc))
             continue
         out.append(check_segment(leaves, c.start, c.end, c.block, file, spec, corpus, epoch, slot, grad_digests,
-                                 device))
+                                 device, merged))
     if fin:
         try:
             file = fetch(m.final.cid, transition_spec(shapes, groups[m.final.block]))
             out.append(check_final_block(leaves[0], leaves[m.leaf_count - 1], m.final.block, file, publication, spec,
-                                         run_id, epoch, slot, trainer, rank))
+                                         run_id, epoch, slot, trainer, rank, merged))
         except TRANSIENT:
             raise
         except Exception as exc:  # noqa: BLE001

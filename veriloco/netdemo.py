@@ -271,8 +271,6 @@ def check_options(opts: DemoOptions) -> None:
         raise DemoError("--cheat KIND:COUNT needs a COUNT of at least 1")
     if n_cheat >= opts.trainers:
         raise DemoError(f"{n_cheat} cheaters need at least {n_cheat + 1} trainers so someone is honest")
-    if opts.merge_step and opts.audit != "state":
-        raise DemoError("--merge-step needs --audit state: shard audits cannot replay the merge yet")
     if not 0 <= opts.merge_step < max(1, opts.steps // 2):
         raise DemoError(f"--merge-step must be below the shortest epoch, --steps / 2 = {max(1, opts.steps // 2)}, "
                         f"got {opts.merge_step}")
@@ -591,7 +589,7 @@ def register(sub: Any) -> None:
                    help="what a challenge reveals: one block of a segment (shard) or whole states (state)")
     p.add_argument("--merge-step", type=non_negative, default=d.merge_step, metavar="M",
                    help="fold each new global model in after M local steps instead of starting from it "
-                        "(the merge rule; needs --audit state; 0: the one-step delay)")
+                        "(the merge rule; 0: the one-step delay)")
     p.add_argument("--timeout", type=seconds, default=d.timeout_s, help="give up after this many seconds")
     p.add_argument("--windows", type=positive, default=d.windows_s, metavar="S",
                    help="every chain window in seconds (a node that stays silent is waited for this long)")

@@ -75,13 +75,14 @@ def test_honest_network_learns_and_nobody_is_slashed(tmp_path: Path) -> None:
     assert not list((tmp_path / "demo").rglob("bounds/step-*"))  # nothing spilled to disk
 
 
-def test_merging_trainers_fold_each_global_model_in_and_pass_whole_state_audits(tmp_path: Path) -> None:
+@pytest.mark.parametrize("audit", ["shard", "state"])
+def test_merging_trainers_fold_each_global_model_in_and_a_skipped_merge_is_slashed(tmp_path: Path, audit: str) -> None:
     """schedule.merge_step = 1 (docs/protocol.md §8): each epoch continues the trainer's own end state
-    and folds in the new global model after one step. Every challenge replays the whole epoch (a
-    segment longer than H), so every audit replays a merge; the final check measures Δ from G_e.
-    One trainer skips the merge (and the wait for G_1 with it): harmless in epoch 0, where G_0 − S_0
-    = 0, slashed in epoch 1."""
-    s, included = _run(tmp_path, steps=4, audit="state", merge_step=1, trainers=4, cheats=(("skip-merge", 1),),
+    and folds in the new global model after one step. Every challenge replays a segment of 8 steps
+    from leaf 0, longer than H, so every audit replays a merge (of one block, or of whole states);
+    the final check measures Δ from G_e. One trainer skips the merge: harmless in epoch 0, where
+    G_0 − S_0 = 0, slashed in epoch 1."""
+    s, included = _run(tmp_path, steps=4, audit=audit, merge_step=1, trainers=4, cheats=(("skip-merge", 1),),
                        config_changes={"audit": {"segment": 8, "steps": 1}})
     cheater = set(s["cheaters"])
     assert s["epochs_finalized"] == 2 and set(s["slashed"]) == cheater

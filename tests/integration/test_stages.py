@@ -167,3 +167,35 @@ def test_four_uneven_stages_of_a_llama_give_the_local_leaves(tmp_path: Path) -> 
     finally:
         eng.close()
     assert got == want
+
+
+def test_two_stages_merge_like_the_local_engine(tmp_path: Path) -> None:
+    """The merge rule (docs/protocol.md §8): each stage folds in its blocks' share of G_e at step m, and
+    an audit replaying across that step repeats it; leaves, payloads and the audit match one process."""
+    configure_determinism(1)
+    spec = replace(SPEC, rule=StartRule.MERGE, merge_step=1)
+    g0 = init_params(CFG, 0)
+    g1 = {n: t + 1e-3 for n, t in g0.items()}
+
+    def run(eng) -> list:
+        root, out, prev = tmp_path / type(eng).__name__, [], None
+        for e, g_e in enumerate((g0, g1)):
+            d = EpochDir(root, e)
+            out.append(eng.begin(d, STEPS, g0, prev).digest)
+            for k in range(STEPS):
+                if spec.merges_at(k):
+                    eng.merge(d, g_e)
+                out.append(eng.step(d, k, _batch(10 * e + k))[1].digest)
+            out.append(eng.finish(d, 4, 7 + e)[0])
+            prev = d
+        shard, bounds = eng.audit_block(EpochDir(root, 1), 1, 3, B, lambda j: _batch(10 + j), logged=False)
+        return [*out, sorted((k, v.tolist()) for k, v in shard.items()), [[t.tolist() for t in io] for io in bounds]]
+
+    want = run(LocalEngine(spec, every=2))
+    eng = StagedEngine(spec, every=2, stages=2)
+    try:
+        got = run(eng)
+    finally:
+        eng.close()
+    assert got == want
+    assert want != run(LocalEngine(replace(spec, merge_step=2), every=2))  # the merge step is in what they computed

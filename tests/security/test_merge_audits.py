@@ -1,0 +1,159 @@
+"""Shard audits of the merge rule (schedule.merge_step, docs/protocol.md §8) on real epochs: an
+honest trainer passes every check, its answers built from the boundary log replay the merge like a
+verifier does, and a trainer that skips the merge, merges another model or starts from other
+parameters fails the check that reads it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from protocol import merkle
+from protocol.chain_audit import challenged_steps
+from protocol.digest import keccak
+from protocol.formats import load_state
+from protocol.leaf import block_count
+from protocol.payload import wrap
+from protocol.shard_audit import covers_merge, decode_manifest, encode_manifest
+from protocol.store import LocalStore
+from tests.security.test_shard_audits import CFG, CORPUS, G0, ME, RANK, SLOT, H
+from tests.security.test_shard_audits import SPEC as DELAYED
+from trainer.checkpoints import EpochDir
+from trainer.delay import StartRule
+from trainer.engine import LocalEngine, save_merged
+from trainer.inner import PARAM, Params, configure_determinism
+from trainer.round import compress_seed, epoch_batch
+from trainer.shard_response import shard_response
+from verifier.shard import Chained, audit_findings
+
+M = 1  # the merge step: segment 0..2 covers it
+SPEC = replace(DELAYED, rule=StartRule.MERGE, merge_step=M)
+N = block_count(CFG)
+# G_1, the model epoch 1 folds in: any public model will do
+G1 = {n: t + 1e-3 * torch.randn(t.shape, generator=torch.Generator().manual_seed(7)) for n, t in G0.items()}
+GLOBALS = [G0, G1]  # G_e, folded in by epoch e (G_0 − S_0 = 0 in epoch 0)
+
+
+class Run:
+    """Two epochs of one trainer under the merge rule, with the local engine, and its answers' store."""
+
+    def __init__(self, root: Path, engine: LocalEngine) -> None:
+        configure_determinism(1)
+        self.store, self.engine = LocalStore(root / "store"), engine
+        self.dirs: list[EpochDir] = []
+        self.preimages: list[list[bytes]] = []
+        self.pubs: list[bytes] = []
+        for e in range(2):
+            d = EpochDir(root / "node", e)
+            leaves = [engine.begin(d, H, G0, self.dirs[-1] if e else None)]  # both epochs start from G_0's line
+            for k in range(H):
+                if SPEC.merges_at(k):
+                    engine.merge(d, GLOBALS[e])
+                leaves.append(engine.step(d, k, epoch_batch(SPEC, CORPUS, e, SLOT, k))[1])
+            payload, _ = engine.finish(d, RANK, compress_seed(SPEC.run_seed, e, SLOT))
+            self.dirs.append(d)
+            self.preimages.append([lf.encode() for lf in leaves])
+            self.pubs.append(wrap(1, e, ME, payload))
+
+    def judge(self, e: int, seed: bytes, merged: Params | None = None) -> list[str]:
+        """The failed findings of a verifier given G_e = ``merged`` (default: the true one)."""
+        steps = challenged_steps(seed, ME, 3, H + 1)
+        m = shard_response(
+            engine=self.engine, spec=SPEC, run_id=1, epoch=e, trainer=ME, d=self.dirs[e], preimages=self.preimages[e],
+            seed=seed, steps=steps, final_bps=10_000, batch_of=lambda k: epoch_batch(SPEC, CORPUS, e, SLOT, k),
+            publish=self.store.put, prev=self.dirs[e - 1] if e else None, prev_preimages=self.preimages[e - 1] if e else (),
+        )
+        root = merkle.root([keccak(p) for p in self.preimages[e]])
+        prev_root = merkle.root([keccak(p) for p in self.preimages[e - 1]]) if e else bytes(32)
+        chained = Chained(root, H + 1, seed, tuple(steps), 10_000, prev_revealed=e > 0, prev_root=prev_root,
+                          prev_leaf_count=H + 1 if e else 0)
+        m = decode_manifest(encode_manifest(m, N), N, max_bytes=1 << 24)
+        self.covered = any(covers_merge(c.start, c.end, M) for c in m.challenges)
+        findings = audit_findings(
+            m, chained, lambda cid, spec: load_state(self.store.get(cid), expect=spec), SPEC, CORPUS, G0,
+            self.pubs[e], run_id=1, epoch=e, slot=SLOT, trainer=ME, rank=RANK, prev_rank=RANK,
+            merged=GLOBALS[e] if merged is None else merged)
+        return [f"{f.check}: {f.detail}" for f in findings if not f.passed]
+
+
+SEEDS = [bytes([i]) * 32 for i in range(1, 9)]
+
+
+@pytest.fixture(scope="module")
+def honest(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    # checkpoints every 4 steps, segments of 2: the answer for segment 2..4 advances from leaf 0 across
+    # the merge on the boundary log alone (LocalEngine._logged_block)
+    return Run(tmp_path_factory.mktemp("merge-honest"), LocalEngine(SPEC, every=4))
+
+
+def test_an_honest_merging_trainer_passes_every_shard_check(honest: Run) -> None:
+    covered = 0
+    for seed in SEEDS:
+        for e in (0, 1):
+            assert honest.judge(e, seed) == []
+            covered += honest.covered
+    assert covered  # some drawn segment replayed the merge
+
+
+def test_answers_from_the_log_and_from_whole_steps_agree_across_the_merge(honest: Run) -> None:
+    d, batch_of = honest.dirs[1], (lambda k: epoch_batch(SPEC, CORPUS, 1, SLOT, k))
+    for b in (0, 1, N - 1):
+        logged = honest.engine.audit_block(d, 2, 4, b, batch_of)
+        whole = honest.engine.audit_block(d, 2, 4, b, batch_of, logged=False)
+        assert logged[0].keys() == whole[0].keys() and all(torch.equal(logged[0][k], whole[0][k]) for k in whole[0])
+
+
+def _covering_seed(run: Run, e: int) -> bytes:
+    for seed in (bytes([i]) * 32 for i in range(1, 120)):
+        run.judge(e, seed)
+        if run.covered:
+            return seed
+    raise AssertionError("no seed draws the segment with the merge")
+
+
+def test_the_merged_model_matters(honest: Run) -> None:
+    seed = _covering_seed(honest, 1)
+    other = {n: t - 1e-3 for n, t in G1.items()}
+    bad = honest.judge(1, seed, merged=other)
+    assert any(b.startswith("block ") and "steps 0->2" in b for b in bad), bad  # the segment with the merge
+    assert any(b.startswith("final block") for b in bad), bad  # Δ = G_1 − E_1
+
+
+class SkipMerge(LocalEngine):
+    """Keeps G_e for its Δ but never folds it in (trainer.adversaries.SkipMerge in a shard run)."""
+
+    def merge(self, d, g) -> None:
+        save_merged(d, g)
+
+
+class OtherStart(LocalEngine):
+    """Continues epoch 0 with one block's parameters nudged (under the merge rule they must carry over)."""
+
+    def begin(self, d, steps, g, prev):
+        leaf = super().begin(d, steps, g, prev)
+        if prev is None:
+            return leaf
+        assert self.state is not None
+        name = PARAM + "blocks.0.attn_qkv.weight" if PARAM + "blocks.0.attn_qkv.weight" in self.state else next(
+            k for k in self.state if k.startswith(PARAM + "blocks.0."))
+        self.state[name] = self.state[name] * (1 + 1e-4)
+        d.save_step(0, self.state)
+        assert self.committer is not None
+        return self.committer.leaf(0, self.state, None)
+
+
+def test_skipping_the_merge_fails_the_segment_that_covers_it(tmp_path: Path) -> None:
+    run = Run(tmp_path, SkipMerge(SPEC, every=2))
+    assert all(run.judge(0, s) == [] for s in SEEDS[:3])  # epoch 0: the merge adds G_0 − S_0 = 0
+    bad = run.judge(1, _covering_seed(run, 1))
+    assert any("steps 0->2" in b for b in bad) and not any(b.startswith("start") for b in bad), bad
+
+
+def test_other_start_parameters_fail_the_start_check_whichever_block_is_drawn(tmp_path: Path) -> None:
+    run = Run(tmp_path, OtherStart(SPEC, every=2))
+    for seed in SEEDS[:3]:
+        bad = run.judge(1, seed)
+        assert any("parameters are not the ones e-1 ended with" in b for b in bad), bad

@@ -39,6 +39,10 @@ r = 8 steps: 32 replayed steps per challenge set). Per scenario, from the nodes'
 - `state_bytes_largest_process_fraction`: the training state (parameters, moments, error buffer)
   held by the trainer's largest process over the whole state; see `state_fraction`.
 
+`--merge-steps 0 1` runs each scenario under the one-step delay and under the merge rule at step 1
+(docs/protocol.md §8) side by side; `merge_wait_seconds_per_trainer_per_epoch` is how long a trainer
+waited at its merge step for the previous epoch's model, which the stall fraction includes.
+
 Which blocks the audits draw follows the run's seeds, and a large block costs more bytes and
 replay than a small one, so one run is one sample. `--merge` of several runs of one scenario reports
 the mean of each figure, with every run's value under `runs`.
@@ -64,6 +68,7 @@ import torch
 
 from protocol.config import RunConfig
 from protocol.model import n_params, preset
+from veriloco.argtypes import non_negative
 from veriloco.netdemo import DemoOptions, run_demo
 from veriloco.traffic import allreduce_bytes, compare, trainer_traffic
 
@@ -173,6 +178,11 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
         "audit_bytes_per_payload_byte": round(audit / payload, 3),
         "state_bytes_largest_process_fraction": state_fraction(trainer_logs, opts.stages),
         "stages": opts.stages,
+        "merge_step": opts.merge_step,
+        # under the merge rule: wall seconds a trainer waits at its merge step for the previous epoch's model
+        "merge_wait_seconds_per_trainer_per_epoch": round(sum(
+            ev["seconds"] for evs in trainer_logs for ev in evs
+            if ev["event"] == "waited" and "merges its model" in ev.get("what", "")) / n / epochs, 2),
         "trainers": k,
         "verifiers": opts.verifiers,
         "epochs": opts.epochs,
@@ -221,15 +231,15 @@ def combine(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Runs of the same scenario as one: what fixes the scenario, the mean of each figure in
     ``SAMPLED``, and every run whole under ``runs`` (its bytes, seconds, draws)."""
     fixed = ("preset", "H", "audit_mode", "audit_steps", "audit_segment", "stages", "quorum", "trainers",
-             "verifiers", "epochs", "state_bytes_largest_process_fraction")
+             "verifiers", "epochs", "state_bytes_largest_process_fraction", "merge_step")
     out = []
-    for _, group in itertools.groupby(scenarios, lambda sc: tuple(sc[k] for k in fixed)):
+    for _, group in itertools.groupby(scenarios, lambda sc: tuple(sc.get(k, 0) for k in fixed)):
         runs = list(group)
         if len(runs) == 1:
             out.append(runs[0])
             continue
         mean = {k: round(statistics.fmean(r[k] for r in runs), 4) for k in SAMPLED if all(k in r for r in runs)}
-        out.append({**{k: runs[0][k] for k in fixed}, **mean, "runs": runs})
+        out.append({**{k: runs[0].get(k, 0) for k in fixed}, **mean, "runs": runs})
     return out
 
 
@@ -237,16 +247,20 @@ def _opt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
+def _rule(merge_step: int) -> str:
+    return f"merge at step {merge_step}" if merge_step else "one-step delay"
+
+
 def markdown(runs: list[dict[str, Any]]) -> str:
     rows = [
-        "| preset | H | audits (s x r) | quorum | AllReduce bytes / trainer bytes: each byte once (per verifier fetch) | verifier / trainer compute | answer / trainer compute | trainer stall | commitments / training | audit bytes / payload byte | largest process's state | compute / trainer / epoch |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| preset | H | start rule | audits (s x r) | quorum | AllReduce bytes / trainer bytes: each byte once (per verifier fetch) | verifier / trainer compute | answer / trainer compute | trainer stall | commitments / training | audit bytes / payload byte | largest process's state | compute / trainer / epoch |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
         frac = r["state_bytes_largest_process_fraction"]
         runs_note = f" (mean of {len(r['runs'])} runs)" if "runs" in r else ""
         rows.append(
-            f"| {r['preset']}{runs_note} | {r['H']} | {r['audit_mode'].replace('_', '-')} ({r['audit_steps']} x {r['audit_segment']}) | "
+            f"| {r['preset']}{runs_note} | {r['H']} | {_rule(r.get('merge_step', 0))} | {r['audit_mode'].replace('_', '-')} ({r['audit_steps']} x {r['audit_segment']}) | "
             f"{r['quorum']} | "
             f"{r['traffic_reduction_vs_allreduce']:.2f} ({r['traffic_reduction_vs_allreduce_per_fetch']:.2f}) | "
             f"{r['verifier_compute_fraction']:.3f} | {_opt(r.get('audit_answer_compute_fraction'))} | {r['trainer_stall_fraction']:.3f} | "
@@ -267,6 +281,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, nargs="+", default=None, help="the H values; default 64 256 (8 16 with --quick)")
     ap.add_argument("--modes", nargs="+", choices=sorted(MODES), default=["shard", "full_state"])
     ap.add_argument("--stages", type=int, default=1)
+    ap.add_argument("--merge-steps", type=non_negative, nargs="+", default=[0], metavar="M",
+                    help="start rules to run side by side: 0 is the one-step delay, M > 0 the merge rule at step M")
     ap.add_argument("--keep", type=Path, default=None, help="keep each scenario's demo directory (logs) under this folder")
     ap.add_argument("--analyze", type=Path, default=None,
                     help="analyze a kept scenario directory (--keep) again, one --steps and --modes; without its "
@@ -288,7 +304,8 @@ def main() -> int:
     hs = args.steps or ([8, 16] if args.quick else [64, 256])
     if args.analyze:
         opts = DemoOptions(trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=name,
-                           steps=hs[0], workdir=args.analyze, stages=args.stages, audit=MODES[args.modes[0]])
+                           steps=hs[0], workdir=args.analyze, stages=args.stages, audit=MODES[args.modes[0]],
+                           merge_step=args.merge_steps[0])
         saved = args.analyze / "bench-summary.json"
         if saved.exists():
             summary = json.loads(saved.read_text())
@@ -303,16 +320,17 @@ def main() -> int:
         print(markdown([r]))
         return 0
     runs: list[dict[str, Any]] = []
-    for h, mode in itertools.product(hs, args.modes):
+    for h, mode, m in itertools.product(hs, args.modes, args.merge_steps):
         with tempfile.TemporaryDirectory(prefix="veriloco-bench-") as tmp:
             # windows long enough for an epoch of steps; the contract advances as soon as everyone has acted
+            tag = f"{name}-h{h}-{mode}" + (f"-merge{m}" if m else "")
             opts = DemoOptions(trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=name,
-                               steps=h, workdir=(args.keep / f"{name}-h{h}-{mode}") if args.keep else Path(tmp),
+                               steps=h, workdir=(args.keep / tag) if args.keep else Path(tmp),
                                stages=args.stages, audit=MODES[mode], windows_s=3600, timeout_s=6 * 3600,
-                               checkpoint_every=CHECKPOINT_EVERY)
+                               checkpoint_every=CHECKPOINT_EVERY, merge_step=m)
             r = measure(opts, mode)
         runs.append(r)
-        print(f"{name} H={h} {mode}: done in {r['wall_seconds']} s", file=sys.stderr, flush=True)
+        print(f"{tag}: done in {r['wall_seconds']} s", file=sys.stderr, flush=True)
         out = {"scenarios": runs, "command": " ".join(["benchmarks/protocol.py", *sys.argv[1:]]),
                "machine": {"platform": platform.platform(), "python": platform.python_version(),
                            "torch": torch.__version__, "cpus": os.cpu_count(), "load_average": os.getloadavg()}}

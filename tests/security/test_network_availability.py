@@ -149,7 +149,10 @@ def test_a_payload_nobody_can_produce_is_judged_unavailable_and_left_out(
             seen.setdefault("phases", []).append(chain.epoch_status(run_id, e).phase)
             seen.setdefault("passing", []).append({t.lower() for t in passing_trainers(chain, run_id, e)})
 
-    opts = DemoOptions(trainers=3, verifiers=2, quorum=1, epochs=EPOCHS, steps=4, workdir=tmp_path / "demo", timeout_s=480)
+    # the coordinator's grace is a quarter of the ~3 windows left before the finalize deadline: 30 s
+    # windows (of the demo's 60, as tests/e2e/test_demo.py runs) halve that wait, ~45 s to ~21 s
+    opts = DemoOptions(trainers=3, verifiers=2, quorum=1, epochs=EPOCHS, steps=4, windows_s=30,
+                       workdir=tmp_path / "demo", timeout_s=480)
     s, log = run_network(opts, inspect=inspect, on_tick=tick)
     logs = opts.workdir / "logs"
     adversary = next(a for a, kind in s["cheaters"].items() if kind == "withhold")

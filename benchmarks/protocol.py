@@ -294,7 +294,7 @@ def main() -> int:
         parts = [json.loads(p.read_text()) for p in args.merge]
         order = {"shard": 0, "full_state": 1}
         merged = combine(sorted((sc for part in parts for sc in part["scenarios"]),
-                                key=lambda sc: (sc["H"], order[sc["audit_mode"]])))
+                                key=lambda sc: (sc["H"], order[sc["audit_mode"]], sc.get("merge_step", 0))))
         out: dict[str, Any] = {"scenarios": merged, "commands": [part["command"] for part in parts],
                                "machines": [part["machine"] for part in parts]}  # one per command
         args.out.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")

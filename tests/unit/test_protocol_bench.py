@@ -25,6 +25,23 @@ def test_repeats_average_and_distinct_scenarios_stay_apart() -> None:
     assert "(mean of 2 runs)" in markdown(merged)
 
 
+def test_start_rules_stay_apart_whatever_order_the_runs_came_in(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """--merge-steps 0 1 in one run and 1 0 in another: two scenarios, each the mean of its two runs."""
+    parts = []
+    for n, order in enumerate(((0, 1), (1, 0))):
+        part = tmp_path / f"run{n}.json"
+        part.write_text(json.dumps({"scenarios": [{**_run(64, float(m + n)), "merge_step": m} for m in order],
+                                    "command": f"run {n}", "machine": {}}))
+        parts.append(str(part))
+    monkeypatch.setattr(sys, "argv", ["protocol.py", "--merge", *parts, "--out", str(tmp_path / "out.json")])
+    assert main() == 0
+    delay, merged = json.loads((tmp_path / "out.json").read_text())["scenarios"]
+    assert (delay["merge_step"], merged["merge_step"]) == (0, 1)
+    assert delay["trainer_stall_fraction"] == 0.5 and merged["trainer_stall_fraction"] == 1.5
+    out = capsys.readouterr().out
+    assert "| one-step delay |" in out and "| merge at step 1 |" in out
+
+
 def test_merge_writes_the_means_and_every_run(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     parts = []
     for n, x in enumerate((1.0, 3.0)):

@@ -119,14 +119,14 @@ def merged_before(spec: RoundSpec, state: State, k: int, load: Callable[[str, li
         return state
     keys = [PARAM + n for n in section(state, PARAM)]
     g = load(MERGED, keys)
-    return merge_global(state, {key[len(PARAM):]: t for key, t in g.items()}, load("state-000000", keys))
+    return merge_global(state, section(g, PARAM), load("state-000000", keys))
 
 
 def epoch_delta(spec: RoundSpec, start: State, end: State, merged: Callable[[], State]) -> Params:
     """The epoch's pseudo-gradient: S_e − E_e, or G_e − E_e under the merge rule (``merged()`` reads G_e's file)."""
     if spec.rule is not StartRule.MERGE:
         return pseudo_gradient(start, end)
-    return merged_pseudo_gradient({key[len(PARAM):]: t for key, t in merged().items()}, end)
+    return merged_pseudo_gradient(section(merged(), PARAM), end)
 
 
 def boundary_of(ios: list[BlockIO], b: int) -> tuple[Tensor | None, Tensor | None]:

@@ -128,10 +128,13 @@ def test_a_coordinator_finalizing_an_unusable_model_changes_no_honest_model(
 ) -> None:
     """Three epochs, so that epoch 2 starts from the model epoch 0 finalized (one-step delay), with
     every audit's final and start checks on. The committee corrects epoch 0's model on-chain and the
-    coordinator, slashed and removed, finalizes nothing more: a verifier finalizes epochs 1 and 2."""
+    coordinator, slashed and removed, finalizes nothing more: a verifier finalizes epochs 1 and 2.
+    The one-step delay, so trainers keep training while the takeover waits out its half window (under
+    the merge rule they would wait at step 1: docs/security.md §13, 7)."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     epochs = 3
-    opts = DemoOptions(trainers=2, verifiers=1, quorum=1, epochs=epochs, steps=4, workdir=tmp_path / "demo", timeout_s=480)
+    opts = DemoOptions(trainers=2, verifiers=1, quorum=1, epochs=epochs, steps=4, workdir=tmp_path / "demo", timeout_s=480,
+                       merge_step=0)
     seen: dict[str, list[bytes]] = {}
 
     def inspect(chain: Chain, store: Any, run_id: int) -> None:

@@ -27,9 +27,9 @@ from trainer.blockstep import Batch, BlockIO, blockwise_step, replay_block
 from trainer.boundaries import BoundaryLog, RamBudget
 from trainer.checkpoints import EpochDir
 from trainer.compress import CompressionStats, compress
-from trainer.delay import StartRule, carry, merge_global, merged_pseudo_gradient, pseudo_gradient
+from trainer.delay import MergeBase, StartRule, carry, merged_pseudo_gradient, pseudo_gradient
 from trainer.inner import EF, MOM1, MOM2, PARAM, RNG, STEP, Params, State, TrainerError, section
-from trainer.round import RoundSpec, start_state
+from trainer.round import RoundSpec, merged_if_due, start_state
 
 MERGED = "merged"  # the file of G_e an epoch folded in at its merge step (schedule.merge_step)
 
@@ -118,8 +118,7 @@ def merged_before(spec: RoundSpec, state: State, k: int, load: Callable[[str, li
     if not spec.merges_at(k):
         return state
     keys = [PARAM + n for n in section(state, PARAM)]
-    g = load(MERGED, keys)
-    return merge_global(state, section(g, PARAM), load("state-000000", keys))
+    return dict(merged_if_due(state, spec, k, MergeBase(section(load(MERGED, keys), PARAM), load("state-000000", keys))))
 
 
 def epoch_delta(spec: RoundSpec, start: State, end: State, merged: Callable[[], State]) -> Params:

@@ -75,14 +75,13 @@ def test_honest_network_learns_and_nobody_is_slashed(tmp_path: Path) -> None:
     assert not list((tmp_path / "demo").rglob("bounds/step-*"))  # nothing spilled to disk
 
 
-@pytest.mark.parametrize("audit", ["shard", "state"])
-def test_merging_trainers_fold_each_global_model_in_and_a_skipped_merge_is_slashed(tmp_path: Path, audit: str) -> None:
-    """schedule.merge_step = 1 (docs/protocol.md §8): each epoch continues the trainer's own end state
-    and folds in the new global model after one step. Every challenge replays a segment of 8 steps
-    from leaf 0, longer than H, so every audit replays a merge (of one block, or of whole states);
-    the final check measures Δ from G_e. One trainer skips the merge: harmless in epoch 0, where
+def test_merging_trainers_fold_each_global_model_in_and_a_skipped_merge_is_slashed(tmp_path: Path) -> None:
+    """schedule.merge_step = 1 (docs/protocol.md §8), shard audits: each epoch continues the trainer's
+    own end state and folds in the new global model after one step. Segments are aligned to state
+    leaves and 8 steps long, longer than H, so every challenge replays step 1, merge included; the
+    final check measures Δ from G_e. One trainer skips the merge: harmless in epoch 0, where
     G_0 − S_0 = 0, slashed in epoch 1."""
-    s, included = _run(tmp_path, steps=4, audit=audit, merge_step=1, trainers=4, cheats=(("skip-merge", 1),),
+    s, included = _run(tmp_path, steps=4, merge_step=1, trainers=4, cheats=(("skip-merge", 1),),
                        config_changes={"audit": {"segment": 8, "steps": 1}})
     cheater = set(s["cheaters"])
     assert s["epochs_finalized"] == 2 and set(s["slashed"]) == cheater
@@ -91,6 +90,17 @@ def test_merging_trainers_fold_each_global_model_in_and_a_skipped_merge_is_slash
     assert {(m["epoch"], m["step"]) for m in merged} == {(0, 1), (1, 1)}
     # epoch 1 held its honest trainers at step 1 until epoch 0 was final, its model recomputed
     assert sum("epoch 0 to finalize (epoch 1 merges" in w["what"] for w in _events(tmp_path, "waited")) >= 3
+
+
+def test_merging_trainers_pass_whole_state_audits(tmp_path: Path) -> None:
+    """The merge rule with whole-state audits: a challenge at k replays k..k+8 (not aligned), so which
+    challenges cover the merge follows the seed; honest trainers pass either way, and the final check
+    measures Δ from G_e in every audit. (A skipped merge in this mode: tests/unit/test_merge_replay.py.)"""
+    s, included = _run(tmp_path, steps=4, audit="state", merge_step=1,
+                       config_changes={"audit": {"segment": 8, "steps": 2}})
+    assert s["epochs_finalized"] == 2 and s["slashed"] == [] and s["verdicts"]["fail"] == 0
+    assert all(len(inc) == 3 for inc in included.values())
+    assert {(m["epoch"], m["step"]) for m in _events(tmp_path, "merged")} == {(0, 1), (1, 1)}
 
 
 def test_every_cheater_is_slashed_and_never_aggregated(tmp_path: Path) -> None:

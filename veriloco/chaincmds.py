@@ -21,6 +21,7 @@ from typing import Any
 from eth_account import Account
 
 from protocol.chain import Chain, ChainEvent, Phase, RunInfo, connect, deploy
+from protocol.config import ScheduleSection
 from protocol.errors import VerilocoError
 from protocol.statedir import check_run
 from veriloco.argtypes import address
@@ -115,8 +116,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
     rows = []
     for rid in range(1, chain.run_count() + 1):
         info = chain.run_info(rid)
-        epochs = run_epochs(info, store)
-        state = run_state(chain, info, epochs)
+        schedule = run_schedule(info, store)
+        epochs = schedule.epochs if schedule is not None else None
+        state = run_state(chain, info, schedule)
         rows.append({"run_id": rid, "state": state["state"], "summary": state["text"], "epochs": epochs,
                      "next_epoch": info.next_epoch, "trainers": info.active_trainers,
                      "max_trainers": info.params.max_trainers, "verifiers": info.verifier_count,
@@ -149,10 +151,11 @@ def _config_store(s: Settings) -> Any:
     return open_store(s)
 
 
-def run_epochs(info: RunInfo, store: Any) -> int | None:
-    """The run's number of epochs, from its config (None when the store cannot serve it).
+def run_schedule(info: RunInfo, store: Any) -> ScheduleSection | None:
+    """The run's schedule, from its config (None when the store cannot serve it).
 
-    The contract does not know how many epochs a run has; its config, digest-checked, does.
+    The contract knows neither how many epochs a run has nor its start rule; its config,
+    digest-checked, does.
     """
     from protocol.config import from_json
     from protocol.digest import keccak
@@ -163,14 +166,19 @@ def run_epochs(info: RunInfo, store: Any) -> int | None:
         raw = store.get(info.params.config_cid, max_size=1 << 20)
         if keccak(raw) != info.params.config_digest:
             return None
-        return int(from_json(raw).schedule.epochs)
+        return from_json(raw).schedule
     except (VerilocoError, OSError):
         return None
 
 
-def run_state(chain: Chain, info: RunInfo, epochs: int | None) -> dict[str, Any]:
-    """Where the run stands as a whole: not started, running, waiting for an epoch, or finished."""
+def run_state(chain: Chain, info: RunInfo, schedule: ScheduleSection | None) -> dict[str, Any]:
+    """Where the run stands as a whole: not started, running, waiting for an epoch, or finished.
+
+    Under the merge rule the trainers are inside epoch e from epoch e-1's commit on: once e-1 has
+    closed they train past the merge towards e's commitment, so that run is "running", not waiting.
+    """
     nxt, rid = info.next_epoch, info.run_id
+    epochs = schedule.epochs if schedule is not None else None
     of = f" of {epochs}" if epochs is not None else ""
     if epochs is not None and nxt >= epochs:
         phases = [chain.epoch_status(rid, e).phase for e in range(epochs)]
@@ -183,6 +191,10 @@ def run_state(chain: Chain, info: RunInfo, epochs: int | None) -> dict[str, Any]
                 "text": f"waiting for epoch 0{of} (the first trainer's commitment opens it)"}
     last = nxt - 1
     ph = chain.epoch_status(rid, last).phase
+    if ph in TERMINAL and schedule is not None and schedule.merge_step:
+        return {"state": "running", "epoch": nxt,
+                "text": f"epoch {nxt}{of} training (epoch {last} {ph.name.lower()}; trainers merged its model at "
+                        f"step {schedule.merge_step} and open epoch {nxt} when they commit)"}
     if ph in TERMINAL:
         return {"state": "waiting", "epoch": nxt,
                 "text": f"waiting for epoch {nxt}{of} (epoch {last} {ph.name.lower()}; the next commitment opens it)"}
@@ -199,11 +211,12 @@ def status_report(chain: Chain, run_id: int, epoch: int | None = None, store: An
     can say that it has finished.
     """
     info = chain.run_info(run_id)
-    epochs = run_epochs(info, store) if store is not None else None
+    schedule = run_schedule(info, store) if store is not None else None
+    epochs = schedule.epochs if schedule is not None else None
     if epoch is not None and epochs is not None and epoch >= epochs:
         raise StatusError(f"run {run_id} has {epochs} epochs (0..{epochs - 1}); there is no epoch {epoch}")
     current = chain.current_epoch(run_id)
-    overall = run_state(chain, info, epochs)
+    overall = run_state(chain, info, schedule)
     # default: the newest epoch that has opened (the current one may not have opened yet)
     e = max(0, min(current, info.next_epoch - 1)) if epoch is None else epoch
     st = chain.epoch_status(run_id, e)

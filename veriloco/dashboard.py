@@ -25,7 +25,7 @@ from typing import Any
 from protocol.chain import Chain, ChainEvent, Phase
 from protocol.errors import VerilocoError
 from protocol.store import LocalStore, Store
-from veriloco.chaincmds import TERMINAL, run_epochs, run_state, status_report
+from veriloco.chaincmds import TERMINAL, run_schedule, run_state, status_report
 from veriloco.traffic import allreduce_bytes
 
 # events shown in the run's event list (commitments, reveals and verdicts are in the trainer rows)
@@ -184,8 +184,8 @@ def gather(chain: Chain, store: Store, run_id: int, cache: Cache | None = None, 
     """The dashboard's whole view of a run, as JSON-able data (`/api/run.json`)."""
     cache = cache if cache is not None else Cache()
     info = chain.run_info(run_id)
-    n_epochs = run_epochs(info, store)
-    overall = run_state(chain, info, n_epochs)
+    schedule = run_schedule(info, store)
+    overall = run_state(chain, info, schedule)
     events = run_events(chain, run_id, cache)
     params = _n_params(chain, store, run_id, cache)
     epochs = [epoch_facts(chain, store, run_id, e, events, cache, params, eval_rows) for e in range(info.next_epoch)]
@@ -210,7 +210,7 @@ def gather(chain: Chain, store: Store, run_id: int, cache: Cache | None = None, 
         "chain_time": chain.now(),
         "state": overall["state"],
         "summary": overall["text"],
-        "epochs_total": n_epochs,
+        "epochs_total": schedule.epochs if schedule is not None else None,
         "epochs_opened": info.next_epoch,
         "epochs_finalized": sum(r["phase"] == "finalized" for r in epochs),
         "params": params,

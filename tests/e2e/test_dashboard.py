@@ -79,8 +79,8 @@ def screenshot(url: str, out: Path) -> None:
 
 
 def test_dashboard_and_metrics_of_a_live_run(tmp_path: Path) -> None:
-    # the one-step delay: epoch 1 is open (committing) while epoch 0 is final, so the mid-run page
-    # shows a running run (under the merge rule it would be waiting for epoch 1's first commitment)
+    # the one-step delay: epoch 1 is open (committing) while epoch 0 is final, which is the state the
+    # mid-run assertions read (under the merge rule epoch 1 opens only when its trainers commit)
     opts = DemoOptions(trainers=2, verifiers=1, quorum=1, epochs=2, steps=8, workdir=tmp_path / "demo",
                        timeout_s=300, metrics_port=free_ports(4), dashboard_port=free_ports(1), merge_step=0)
     scrapes: dict[str, dict[str, float]] = {}

@@ -145,6 +145,32 @@ def test_a_runs_life_through_the_cli(devnet: Any, tmp_path: Path, monkeypatch: p
     assert "no stake" in refused(capsys, "withdraw", "--run", r, "--account", "1")
 
 
+def test_a_merge_rule_run_between_epochs_is_training_not_waiting(devnet: Any, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Under the merge rule trainers are past epoch 1's merge once epoch 0 closes: status says so."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VERILOCO_DEVNET", str(devnet.config.devnet_file))
+    (tmp_path / "run.toml").write_text(RUN_TOML.replace("epochs = 1", "epochs = 2\nmerge_step = 1"))
+    net = DevnetNet(devnet)
+    rid = json.loads(ok(capsys, "run", "create", "--config", "run.toml", "--account", "0", "--json"))["run_id"]
+    coord, trainer, verifier = net.chain(0), Trainer(net.chain(3), rid), net.chain(4)
+    trainer.chain.join_trainer(rid)
+    verifier.join_verifier(rid)
+    coord.stake_coordinator(rid)
+    run = Run(net, rid, coord, [trainer], [verifier])
+    trainer.commit(0)
+    trainer.reveal(0)
+    net.advance(1)
+    trainer.respond(0)
+    run.judge_all(0)
+    run.finalize(0, [trainer])
+    out = ok(capsys, "status", "--run", str(rid))
+    assert "epoch 1 of 2 training (epoch 0 finalized; trainers merged its model at step 1" in out, out
+    row = next(x for x in json.loads(ok(capsys, "runs", "--json"))["runs"] if x["run_id"] == rid)
+    assert row["state"] == "running" and row["epochs"] == 2
+
+
 def test_a_keystore_signs_for_its_account(devnet: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)

@@ -24,6 +24,14 @@ def test_gap_summary_pairs_by_seed() -> None:
     assert lo < d["mean"] < hi
 
 
+def test_the_shipped_merge_rule_is_the_dilocox_the_targets_read() -> None:
+    losses = {"allreduce": [2.0, 4.0], "diloco": [2.02, 4.08], "dilocox": [2.1, 4.2], "dilocox_merge": [2.04, 4.08]}
+    s = gap_summary(losses)
+    assert s["paired_gap_dilocox_vs_diloco"]["per_seed"] == pytest.approx([0.01, 0.0])  # merge minus diloco
+    del losses["dilocox_merge"]
+    assert gap_summary(losses)["paired_gap_dilocox_vs_diloco"]["per_seed"] == pytest.approx([0.04, 0.03])
+
+
 def test_projection_labels_every_input() -> None:
     p = projection(4, traffic_reduction=900.0, compression_ratio=280.0, mean_h=8.0)
     assert all(

@@ -29,7 +29,9 @@ from veriloco.simulate import (
     run_method,
 )
 
-DEFAULT_METHODS = "allreduce,diloco,dilocox,dilocox_blocking"
+# dilocox_merge is the start rule the protocol's shipped configs run (merge_step = 1); dilocox is
+# the paper's one-step delay and dilocox_blocking what both overlap against
+DEFAULT_METHODS = "allreduce,diloco,dilocox_merge,dilocox,dilocox_blocking"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -33,7 +33,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -211,7 +211,7 @@ def method_record(r: MethodResult, step_s: float) -> dict[str, Any]:
 HEADLINE = ("dilocox_merge", "dilocox")
 
 
-def headline(names: Any) -> str | None:
+def headline(names: Container[str]) -> str | None:
     """The run's DiLoCoX method, by ``HEADLINE``'s preference; None when it has neither."""
     return next((n for n in HEADLINE if n in names), None)
 
@@ -223,14 +223,14 @@ def gap_summary(losses: dict[str, list[float]]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "paired_gap_vs_allreduce": {n: paired(g).to_json() for n, g in gaps.items()}
     }
-    x = headline(gaps)
-    if x is not None and "diloco" in gaps:
-        out["paired_gap_dilocox_vs_diloco"] = paired([a - b for a, b in zip(gaps[x], gaps["diloco"])]).to_json()
     if "diloco" in gaps:  # what compression and the start rule cost, for every local method
         out["paired_gap_vs_diloco"] = {
             n: paired([x - y for x, y in zip(g, gaps["diloco"])]).to_json()
             for n, g in gaps.items() if n not in ("allreduce", "diloco")
         }
+        x = headline(gaps)
+        if x is not None:
+            out["paired_gap_dilocox_vs_diloco"] = out["paired_gap_vs_diloco"][x]
     return out
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from eth_account import Account
 
 from protocol.chain import Chain, ChainEvent, Phase, RunInfo, connect, deploy
-from protocol.config import ScheduleSection
+from protocol.config import ScheduleSection, from_json
 from protocol.errors import VerilocoError
 from protocol.statedir import check_run
 from veriloco.argtypes import address
@@ -157,7 +157,6 @@ def run_schedule(info: RunInfo, store: Any) -> ScheduleSection | None:
     The contract knows neither how many epochs a run has nor its start rule; its config,
     digest-checked, does.
     """
-    from protocol.config import from_json
     from protocol.digest import keccak
 
     if store is None:

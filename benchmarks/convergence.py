@@ -7,9 +7,9 @@ interval over the seeds (veriloco/stats.py), at equal tokens; a separate table c
 at equal simulated time (the fastest method's simulated time at 1 Gbps). ``--sweep-outer`` reruns
 the DiLoCo-family methods at other outer lr / momentum settings against the same AllReduce runs;
 ``--sweep-inner-lr`` reruns every method, AllReduce included, at other inner lrs and reports each
-at its own best. ``--merge`` joins runs of one configuration on disjoint seeds (one process per
-seed uses every core: each run is single-threaded for bitwise-stable losses) and folds runs that
-differ only in the inner lr into the inner lr sweep.
+at its own best. ``--jobs N`` trains N runs (a method at a seed and setting) at once, each in its
+own process of ``--threads`` threads, with the same results as one process. ``--merge`` joins runs of one configuration on disjoint seeds (or on the same seeds with
+other methods) and folds runs that differ only in the inner lr into the inner lr sweep.
 Prints Markdown (``--render JSON`` prints it again from a results file) and a projection of the
 traffic formulas to the DiLoCoX paper's setting with every input labelled measured or assumed.
 
@@ -28,12 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import os
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Container
+from collections.abc import Container
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -297,25 +299,71 @@ def projection(
     }
 
 
-def run_seed(
-    seed: int,
-    cfg: SimConfig,
-    names: list[str],
-    sweep: list[tuple[float, float]],
-    corpus: Corpus,
-    say: Callable[[str], None],
-    lr_sweep: tuple[float, ...] = (),
-) -> dict[str, Any]:
-    """All methods (and the outer sweep's local methods, and every method at the swept inner lrs)
-    for one seed, paired by init and data."""
-    c = replace(cfg, init_seed=seed, run_seed=seed)
-    results: dict[str, MethodResult] = {}
-    for n in names:
-        t0 = time.perf_counter()
-        results[n] = run_method(n, c, corpus, say)
-        say(
-            f"== seed {seed} {n}: final eval {results[n].final_eval_loss:.4f} in {time.perf_counter() - t0:.0f} s"
-        )
+@dataclass(frozen=True)
+class Unit:
+    """One training run of a benchmark: a method at one seed, at the main setting or a swept one
+    (``part`` "main", "outer" with ``key`` "LR:MOMENTUM", or "inner" with ``key`` the inner lr)."""
+
+    seed: int
+    part: str
+    key: str
+    name: str
+    cfg: SimConfig
+
+    def label(self) -> str:
+        where = {"main": "", "outer": f" outer {self.key}", "inner": f" inner lr {self.key}"}[self.part]
+        return f"seed {self.seed}{where} {self.name}"
+
+
+def plan(
+    seeds: list[int], cfg: SimConfig, names: list[str], sweep: list[tuple[float, float]], lr_sweep: tuple[float, ...] = ()
+) -> list[Unit]:
+    """Every run the benchmark needs, in the order one process runs them: per seed (which sets the
+    init and the data order of every method, so methods pair by seed) all methods, then the outer
+    sweep's local methods, then every method at each swept inner lr."""
+    units: list[Unit] = []
+    for seed in seeds:
+        c = replace(cfg, init_seed=seed, run_seed=seed)
+        units += [Unit(seed, "main", "", n, c) for n in names]
+        for lr, mom in sweep:
+            oc = replace(c, outer=replace(c.outer, lr=lr, momentum=mom))
+            units += [Unit(seed, "outer", f"{lr}:{mom}", n, oc) for n in names if n != "allreduce"]
+        for ilr in lr_sweep:
+            ic = replace(c, inner=replace(c.inner, lr=ilr))
+            units += [Unit(seed, "inner", f"{ilr:g}", n, ic) for n in names]
+    return units
+
+
+def run_unit(unit: Unit, corpus_bytes: int, verbose: bool) -> MethodResult:
+    """One unit, in this process (the corpus is built once per process and size)."""
+    say = (lambda s: print(s, flush=True)) if verbose else (lambda _: None)
+    t0 = time.perf_counter()
+    r = run_method(unit.name, unit.cfg, default_corpus(corpus_bytes), say)
+    say(f"== {unit.label()}: final eval {r.final_eval_loss:.4f} in {time.perf_counter() - t0:.0f} s")
+    return r
+
+
+def execute(units: list[Unit], corpus_bytes: int, jobs: int, threads: int, device: str, verbose: bool) -> list[MethodResult]:
+    """Run the units, ``jobs`` at a time in fresh processes of ``threads`` threads each (jobs = 1: here,
+    in order). Each unit is deterministic on its own, so the results do not depend on ``jobs``."""
+    if jobs == 1:
+        return [run_unit(u, corpus_bytes, verbose) for u in units]
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=configure_determinism, initargs=(threads, device))
+    try:
+        futures = [pool.submit(run_unit, u, corpus_bytes, verbose) for u in units]
+        results = [f.result() for f in futures]
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return results
+
+
+def seed_record(seed: int, runs: list[tuple[Unit, MethodResult]]) -> dict[str, Any]:
+    """One seed's record from its units' results. Simulated times use one step time for every run of
+    the seed: the median step of its main runs."""
+    results = {u.name: r for u, r in runs if u.part == "main"}
     step_s = normalise_times(results)
     budget = min(r.simulated_seconds_1gbps for r in results.values())
     equal_time = {}
@@ -323,27 +371,16 @@ def run_seed(
         steps, loss = loss_at_time(r, budget, step_s)
         equal_time[n] = {"steps_per_worker": steps, "eval_loss": loss}
     swept: dict[str, dict[str, Any]] = {}
-    local = [n for n in names if n != "allreduce"]
-    for lr, mom in sweep:
-        key = f"{lr}:{mom}"
-        oc = replace(c, outer=replace(c.outer, lr=lr, momentum=mom))
-        swept[key] = {}
-        for n in local:
-            r = run_method(n, oc, corpus, say)
-            swept[key][n] = {
+    swept_lr: dict[str, dict[str, Any]] = {}
+    for u, r in runs:
+        if u.part == "outer":
+            swept.setdefault(u.key, {})[u.name] = {
                 "final_eval_loss": r.final_eval_loss,
                 "simulated_seconds_1gbps": simulated_seconds(r.rounds_detail, r.overlaps, step_s),
                 "eval_curve": r.curve,
             }
-            say(f"== seed {seed} outer {key} {n}: final eval {r.final_eval_loss:.4f}")
-    swept_lr: dict[str, dict[str, Any]] = {}
-    for lr in lr_sweep:
-        ic = replace(c, inner=replace(c.inner, lr=lr))
-        swept_lr[f"{lr:g}"] = {}
-        for n in names:
-            r = run_method(n, ic, corpus, say)
-            swept_lr[f"{lr:g}"][n] = {"final_eval_loss": r.final_eval_loss, "eval_curve": r.curve}
-            say(f"== seed {seed} inner lr {lr:g} {n}: final eval {r.final_eval_loss:.4f}")
+        elif u.part == "inner":
+            swept_lr.setdefault(u.key, {})[u.name] = {"final_eval_loss": r.final_eval_loss, "eval_curve": r.curve}
     return {
         "seed": seed,
         "step_seconds_for_simulation": step_s,
@@ -471,7 +508,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the *_merge methods: inner steps into a round at which the previous round's global model is folded in")
     ap.add_argument("--warmup", type=int, help="override the preset's inner warmup steps")
     ap.add_argument("--corpus-bytes", type=int, help="override the preset's corpus size (same size, same data)")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="threads per run (default 1: bitwise-stable losses)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="runs (a method at a seed and lr) trained at once, each in its own process (default 1); "
+                         "results do not depend on it")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where the workers' steps and the eval run")
     ap.add_argument("--precision", choices=PRECISIONS, default="fp32", help="the model's compute precision (bf16: autocast)")
     ap.add_argument("--outer-lr", type=float, default=1.0, help="outer lr (default 1.0, as examples/run.toml)")
@@ -511,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--seeds needs distinct integers, got {a.seeds!r}")
     if a.eval_rows < 1:
         ap.error("--eval-rows must be positive")
+    if a.jobs < 1 or a.threads < 1:
+        ap.error(f"--jobs and --threads must be positive, got {a.jobs} and {a.threads}")
     lo, hi = CompressionConfig.rank_min, RANK_LIMIT
     if a.rank is not None and not lo <= a.rank <= hi:
         ap.error(f"--rank {a.rank}: give a rank from the schedule's floor {lo} to {hi} (above {CompressionConfig.rank_max}, "
@@ -549,10 +591,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     sweep = [s for s in parse_outer(a.sweep_outer) if s != (a.outer_lr, a.outer_momentum)]
     lr_sweep = tuple(x for x in parse_lrs(a.sweep_inner_lr) if x != p.lr)
-    info = {**machine(), "device": device_class(resolve_device(a.device))}
+    info = {**machine(), "device": device_class(resolve_device(a.device)), "jobs": a.jobs}
     t_start = time.perf_counter()
-    say = (lambda _: None) if a.quiet else (lambda s: print(s, flush=True))
-    per_seed = [run_seed(seed, cfg, names, sweep, corpus, say, lr_sweep) for seed in seeds]
+    units = plan(seeds, cfg, names, sweep, lr_sweep)
+    results = execute(units, p.corpus_bytes, a.jobs, a.threads, a.device, not a.quiet)
+    per_seed = [seed_record(seed, [(u, r) for u, r in zip(units, results) if u.seed == seed]) for seed in seeds]
     out: dict[str, Any] = {
         "benchmark": "convergence",
         "preset": a.preset,
@@ -690,7 +733,7 @@ def join_methods(paths: list[Path], parts: list[dict[str, Any]]) -> tuple[list[P
 
 
 def equal_time_of(methods: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """``run_seed``'s equal-time record from the methods' stored curves: the fastest method's simulated
+    """``seed_record``'s equal-time record from the methods' stored curves: the fastest method's simulated
     time is the budget; each method is scored by its last evaluated global model by then."""
     budget = min(r["simulated_seconds_1gbps"] for r in methods.values())
     out = {}

@@ -179,3 +179,23 @@ def test_runs_of_other_methods_on_the_same_seeds_join_against_one_baseline(tmp_p
     with pytest.raises(SystemExit):
         main([*common, "--methods", "allreduce,fixed_rank_merge", "--merge-step", "-1", "--out", str(tmp_path / "n.json")])
     assert not (tmp_path / "n.json").exists()
+
+
+def test_runs_in_parallel_processes_give_the_sequential_results(tmp_path: Path) -> None:
+    """--jobs trains each (seed, method, setting) in its own process; single-threaded runs are
+    deterministic, so every loss and curve matches the one-process run to the last digit."""
+    common = ["--preset", "ci", "--eval-rows", "8", "--steps", "4", "--h", "2", "--seeds", "3,4", "--quiet",
+              "--methods", "allreduce,diloco", "--sweep-outer", "0.7:0.5", "--sweep-inner-lr", "1e-2"]  # fmt: skip
+    assert main([*common, "--out", str(tmp_path / "one.json")]) == 0
+    assert main([*common, "--jobs", "2", "--out", str(tmp_path / "two.json")]) == 0
+    one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    for a, b in zip(one["per_seed"], two["per_seed"], strict=True):
+        assert {n: r["eval_curve"] for n, r in a["methods"].items()} == {n: r["eval_curve"] for n, r in b["methods"].items()}
+        assert a["sweep"].keys() == b["sweep"].keys() == {"0.7:0.5"}
+        assert {k: {n: r["eval_curve"] for n, r in v.items()} for k, v in a["sweep"].items()} == \
+            {k: {n: r["eval_curve"] for n, r in v.items()} for k, v in b["sweep"].items()}
+        assert a["sweep_inner_lr"] == b["sweep_inner_lr"] and list(a["sweep_inner_lr"]) == ["0.01"]
+    assert one["paired_gap_vs_allreduce"] == two["paired_gap_vs_allreduce"]
+    assert one["sweep_inner_lr"] == two["sweep_inner_lr"]
+    with pytest.raises(SystemExit):
+        main([*common, "--jobs", "0", "--out", str(tmp_path / "x.json")])

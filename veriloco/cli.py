@@ -21,7 +21,7 @@ COMMANDS: list[str] = [
     "veriloco.chaincmds",
     "veriloco.lifecycle",
     "veriloco.keys",
-    "veriloco.demo",
+    "veriloco.simcmd",
     "veriloco.datacmd",
     "veriloco.dashweb",
 ]
@@ -31,7 +31,7 @@ COMMANDS: list[str] = [
 # (the node processes of a demo start several seconds sooner); `veriloco --help` imports all.
 OWNER: dict[str, str] = {
     "demo": "veriloco.netdemo",
-    "simulate": "veriloco.demo",
+    "simulate": "veriloco.simcmd",
     "devnet": "veriloco.devnet",
     "store": "veriloco.storecmd",
     "trainer": "veriloco.nodes",

@@ -1,8 +1,9 @@
 """`veriloco simulate`: K simulated trainers in one process, no chain, and the comparison table.
 
-Until the network demo lands this runs the engine's local simulation (veriloco/simulate.py) on the
-built-in corpus (Python standard-library sources) and prints AllReduce vs DiLoCo vs DiLoCoX: final
-eval loss, bytes sent per worker and simulated time over a 1 Gbps link. ``--report DIR`` also
+The engine's local simulation (veriloco/simulate.py) without the protocol around it (`veriloco
+demo` runs the whole network): on the built-in corpus (Python standard-library sources) it prints
+AllReduce vs DiLoCo vs DiLoCoX: final eval loss, bytes sent per worker and simulated time over a
+1 Gbps link. ``--report DIR`` also
 writes ``demo.json`` and ``demo.md`` there.
 
     veriloco simulate --trainers 4 --epochs 8 --preset tiny

@@ -8,8 +8,9 @@ at equal simulated time (the fastest method's simulated time at 1 Gbps). ``--swe
 the DiLoCo-family methods at other outer lr / momentum settings against the same AllReduce runs;
 ``--sweep-inner-lr`` reruns every method, AllReduce included, at other inner lrs and reports each
 at its own best. ``--jobs N`` trains N runs (a method at a seed and setting) at once, each in its
-own process of ``--threads`` threads, with the same results as one process. ``--merge`` joins runs of one configuration on disjoint seeds (or on the same seeds with
-other methods) and folds runs that differ only in the inner lr into the inner lr sweep.
+own process of ``--threads`` threads, with the same results as one process. ``--merge`` joins runs
+of one configuration on disjoint seeds (or on the same seeds with other methods) and folds runs
+that differ only in the inner lr into the inner lr sweep.
 Prints Markdown (``--render JSON`` prints it again from a results file) and a projection of the
 traffic formulas to the DiLoCoX paper's setting with every input labelled measured or assumed.
 
@@ -510,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus-bytes", type=int, help="override the preset's corpus size (same size, same data)")
     ap.add_argument("--threads", type=int, default=1, help="threads per run (default 1: bitwise-stable losses)")
     ap.add_argument("--jobs", type=int, default=1,
-                    help="runs (a method at a seed and lr) trained at once, each in its own process (default 1); "
+                    help="runs (a method at a seed and setting) trained at once, each in its own process (default 1); "
                          "results do not depend on it")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where the workers' steps and the eval run")
     ap.add_argument("--precision", choices=PRECISIONS, default="fp32", help="the model's compute precision (bf16: autocast)")

@@ -352,13 +352,9 @@ def execute(units: list[Unit], corpus_bytes: int, jobs: int, threads: int, devic
     pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                                initializer=configure_determinism, initargs=(threads, device))
     try:
-        futures = [pool.submit(run_unit, u, corpus_bytes, verbose) for u in units]
-        results = [f.result() for f in futures]
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
-    return results
+        return [f.result() for f in [pool.submit(run_unit, u, corpus_bytes, verbose) for u in units]]
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # after a failure, runs not yet started are dropped
 
 
 def seed_record(seed: int, runs: list[tuple[Unit, MethodResult]]) -> dict[str, Any]:

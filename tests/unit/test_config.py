@@ -46,11 +46,12 @@ def test_non_canonical_json_rejected() -> None:
         from_json(raw)
 
 
-def test_example_run_config_loads() -> None:
+@pytest.mark.parametrize("name, preset", [("run", "tiny"), ("small", "small")])
+def test_example_run_configs_load(name: str, preset: str) -> None:
     from pathlib import Path
 
-    cfg = load_toml(Path(__file__).resolve().parents[2] / "examples" / "run.toml")
-    assert cfg.model.preset == "tiny" and (cfg.audit.unit, cfg.audit.steps, cfg.audit.segment) == ("shard", 4, 8)
+    cfg = load_toml(Path(__file__).resolve().parents[2] / "examples" / f"{name}.toml")
+    assert cfg.model.preset == preset and (cfg.audit.unit, cfg.audit.steps, cfg.audit.segment) == ("shard", 4, 8)
 
 
 def test_tolerant_mode_stays_in_the_calibrated_range() -> None:

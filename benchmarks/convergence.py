@@ -531,7 +531,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
     if a.render:
-        print(render(json.loads(a.render.read_text())))
+        data = json.loads(a.render.read_text())
+        if "paired_gap_vs_allreduce" not in data:
+            ap.error(f"{a.render}: written by the benchmark before results were paired over seeds; "
+                     "rerun its command (the file's 'command') to render it")
+        print(render(data))
         return 0
     if a.out is None:
         ap.error("--out is required (or --render)")
@@ -856,6 +860,17 @@ def sweep_vs_main(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return res
 
 
+def gap_over_run(out: dict[str, Any]) -> dict[int, dict[str, float]]:
+    """Each local method's gap to AllReduce, mean over the seeds (paired), at every eval step all the
+    main runs share: where in the run the final gap forms (the final step's entry is the headline's mean)."""
+    names = [n for n in out["methods"] if n != "allreduce"]
+    curves = [{n: {int(t): loss for t, loss in s["methods"][n]["eval_curve"]} for n in ["allreduce", *names]}
+              for s in out["per_seed"]]
+    shared = set.intersection(*(set(c[n]) for c in curves for n in c))
+    return {t: {n: statistics.mean(c[n][t] / c["allreduce"][t] - 1 for c in curves) for n in names}
+            for t in sorted(shared)}
+
+
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:+.2f}%"
 
@@ -954,9 +969,19 @@ def render(out: dict[str, Any]) -> str:
             f"| {n} | {sum(steps) / len(steps):.0f} | {et['eval_loss_mean'][n]:.4f} "
             f"| {_gap_cell(et['paired_gap_vs_allreduce'][n])} |"
         )
+    over = gap_over_run(out)
+    local = [n for n in ms if n != "allreduce"]
+    if local and len(over) > 2:
+        lines += [
+            "",
+            "Where the gap forms: the gap to AllReduce at each eval step the runs share (mean over the seeds, paired).",
+            "",
+            "| step | " + " | ".join(local) + " |",
+            "|---:|" + "---:|" * len(local),
+        ]
+        lines += [f"| {t} | " + " | ".join(_pct(g[n]) for n in local) + " |" for t, g in over.items()]
     sw = out.get("sweep_outer") or []
     if len(sw) > 1:
-        local = [n for n in ms if n != "allreduce"]
         vs_main = sweep_vs_main(out)
         lines += [
             "",

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.convergence import gap_summary, main, parse_outer, projection, render
+from benchmarks.convergence import gap_over_run, gap_summary, main, parse_outer, projection, render
 
 pytestmark = pytest.mark.unit
 
@@ -74,6 +74,10 @@ def test_two_seed_run_writes_the_agreed_keys(
     text = capsys.readouterr().out
     assert text.strip() == render(r).strip()
     assert "Equal simulated time" in text and "| assumed (the paper's model) |" in text
+    over = gap_over_run(r)  # from the start (one model for all) to the final gap, at every shared eval step
+    assert list(over)[::len(over) - 1] == [0, 4] and over[0] == {"diloco": 0.0, "dilocox": 0.0}
+    assert over[4] == pytest.approx({m: r["paired_gap_vs_allreduce"][m]["mean"] for m in ("diloco", "dilocox")})
+    assert "Where the gap forms" in text
 
 
 def test_seed_runs_merge_into_the_joint_run_and_inner_lr_is_tuned_per_method(tmp_path: Path) -> None:
@@ -199,3 +203,13 @@ def test_runs_in_parallel_processes_give_the_sequential_results(tmp_path: Path) 
     assert one["sweep_inner_lr"] == two["sweep_inner_lr"]
     with pytest.raises(SystemExit):
         main([*common, "--jobs", "0", "--out", str(tmp_path / "x.json")])
+
+
+def test_rendering_a_file_from_before_the_paired_format_names_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"benchmark": "convergence", "command": "benchmarks/convergence.py --preset ci"}))
+    with pytest.raises(SystemExit) as e:
+        main(["--render", str(old)])
+    assert e.value.code == 2 and "rerun its command" in capsys.readouterr().err

@@ -875,6 +875,11 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:+.2f}%"
 
 
+def _table_head(caption: str, columns: list[str]) -> list[str]:
+    """A captioned Markdown table's first lines, every column right-aligned (they hold numbers)."""
+    return ["", caption, "", "| " + " | ".join(columns) + " |", "|" + "---:|" * len(columns)]
+
+
 def _gap_cell(g: dict[str, Any]) -> str:
     """``+2.10% ± 0.80 [-0.30, +4.50]`` (points of the baseline's loss)."""
     mean = g["mean"]
@@ -972,24 +977,14 @@ def render(out: dict[str, Any]) -> str:
     over = gap_over_run(out)
     local = [n for n in ms if n != "allreduce"]
     if local and len(over) > 2:
-        lines += [
-            "",
-            "Where the gap forms: the gap to AllReduce at each eval step the runs share (mean over the seeds, paired).",
-            "",
-            "| step | " + " | ".join(local) + " |",
-            "|---:|" + "---:|" * len(local),
-        ]
+        lines += _table_head("Where the gap forms: the gap to AllReduce at each eval step the runs share "
+                             "(mean over the seeds, paired).", ["step", *local])
         lines += [f"| {t} | " + " | ".join(_pct(g[n]) for n in local) + " |" for t, g in over.items()]
     sw = out.get("sweep_outer") or []
     if len(sw) > 1:
         vs_main = sweep_vs_main(out)
-        lines += [
-            "",
-            "Outer optimizer sweep (equal tokens, same AllReduce runs; gap: paired mean ± sd [95% interval]).",
-            "",
-            "| outer lr | momentum | " + " | ".join(local) + f" | {headline(local)} - diloco |",
-            "|---:|---:|" + "---:|" * len(local) + "---:|",
-        ]
+        lines += _table_head("Outer optimizer sweep (equal tokens, same AllReduce runs; gap: paired mean ± sd [95% interval]).",
+                             ["outer lr", "momentum", *local, f"{headline(local)} - diloco"])
         for row in sw:
             g = row["paired_gap_vs_allreduce"]
             diff = row.get("paired_gap_dilocox_vs_diloco")
@@ -998,13 +993,8 @@ def render(out: dict[str, Any]) -> str:
                 + " | ".join(_gap_cell(g[n]) for n in local)
                 + f" | {_gap_cell(diff) if diff else 'n/a'} |"
             )
-        lines += [
-            "",
-            "Each setting's loss against the main setting's, same seed (relative; negative = better):",
-            "",
-            "| outer lr | momentum | " + " | ".join(local) + " |",
-            "|---:|---:|" + "---:|" * len(local),
-        ]
+        lines += _table_head("Each setting's loss against the main setting's, same seed (relative; negative = better):",
+                             ["outer lr", "momentum", *local])
         for key, per in vs_main.items():
             lr, mom = parse_outer(key)[0]
             lines.append(f"| {lr} | {mom} | " + " | ".join(_gap_cell(per[n]) for n in local) + " |")

@@ -32,6 +32,7 @@ import math
 import multiprocessing
 import os
 import platform
+import signal
 import statistics
 import sys
 import time
@@ -351,10 +352,21 @@ def execute(units: list[Unit], corpus_bytes: int, jobs: int, threads: int, devic
         return [run_unit(u, corpus_bytes, verbose) for u in units]
     pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                                initializer=configure_determinism, initargs=(threads, device))
+    # SIGTERM would end this process without its finally, leaving the workers training for hours
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         return [f.result() for f in [pool.submit(run_unit, u, corpus_bytes, verbose) for u in units]]
+    except BaseException:
+        for worker in multiprocessing.active_children():  # the pool's, still running their units
+            worker.terminate()
+        raise
     finally:
+        signal.signal(signal.SIGTERM, previous)
         pool.shutdown(wait=False, cancel_futures=True)  # after a failure, runs not yet started are dropped
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def seed_record(seed: int, runs: list[tuple[Unit, MethodResult]]) -> dict[str, Any]:

@@ -1,6 +1,12 @@
 """The convergence benchmark's report: paired per-seed gaps under the keys the issue fixes, labelled projection."""
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -213,3 +219,47 @@ def test_rendering_a_file_from_before_the_paired_format_names_the_fix(
     with pytest.raises(SystemExit) as e:
         main(["--render", str(old)])
     assert e.value.code == 2 and "rerun its command" in capsys.readouterr().err
+
+
+def test_a_terminated_parallel_run_ends_its_workers(tmp_path: Path) -> None:
+    """SIGTERM to a --jobs run ends its spawned workers too, not only the parent (they used to keep
+    training, re-parented to init, for as long as their runs took)."""
+
+    def workers(parent: int) -> set[int]:
+        found = set()
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                cmd = (stat.parent / "cmdline").read_bytes()
+            except OSError:
+                continue  # it ended while we looked
+            if int(fields[1]) == parent and b"spawn_main" in cmd:
+                found.add(int(stat.parent.name))
+        return found
+
+    root = Path(__file__).resolve().parents[2]
+    argv = [sys.executable, str(root / "benchmarks" / "convergence.py"), "--preset", "ci", "--eval-rows", "8",
+            "--steps", "100000", "--h", "2", "--seeds", "0", "--methods", "allreduce,diloco", "--jobs", "2", "--quiet", "--out", str(tmp_path / "never.json")]  # fmt: skip
+    log = tmp_path / "stderr"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL, stderr=err)
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 180
+        while len(seen) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            seen |= workers(proc.pid)
+            time.sleep(0.2)
+        assert len(seen) == 2, f"the run did not start its two workers: {log.read_text()}"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 60
+        while (alive := {p for p in seen if Path(f"/proc/{p}").exists()}) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive, f"workers {sorted(alive)} outlived their run"
+        assert not (tmp_path / "never.json").exists()
+    finally:
+        proc.kill()
+        proc.wait()
+        for p in seen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)

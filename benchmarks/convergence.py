@@ -10,7 +10,9 @@ the DiLoCo-family methods at other outer lr / momentum settings against the same
 at its own best. ``--jobs N`` trains N runs (a method at a seed and setting) at once, each in its
 own process of ``--threads`` threads, with the same results as one process. ``--merge`` joins runs
 of one configuration on disjoint seeds (or on the same seeds with other methods) and folds runs
-that differ only in the inner lr into the inner lr sweep.
+that differ only in the inner lr into the inner lr sweep. A run without ``allreduce`` in
+``--methods`` is unpaired: AllReduce is deterministic, so one run of it serves every method added
+later, and ``--merge`` pairs the new methods against it.
 Prints Markdown (``--render JSON`` prints it again from a results file) and a projection of the
 traffic formulas to the DiLoCoX paper's setting with every input labelled measured or assumed.
 
@@ -544,6 +546,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.render:
         data = json.loads(a.render.read_text())
+        if "unpaired" in data:
+            ap.error(f"{a.render}: {data['unpaired']}")
         if "paired_gap_vs_allreduce" not in data:
             ap.error(f"{a.render}: written by the benchmark before results were paired over seeds; "
                      "rerun its command (the file's 'command') to render it")
@@ -555,10 +559,10 @@ def main(argv: list[str] | None = None) -> int:
         return write(merge(a.merge, [n for n in a.keep.split(",") if n] if a.keep else None), a.out)
     names = [n for n in a.methods.split(",") if n]
     unknown = set(names) - set(ALL)
-    if unknown or "allreduce" not in names:
-        ap.error(
-            f"methods must include allreduce and come from {ALL}; got unknown {sorted(unknown)}"
-        )
+    if unknown or not names:
+        ap.error(f"methods must come from {ALL}; got unknown {sorted(unknown)}")
+    if "allreduce" not in names and (a.sweep_outer or a.sweep_inner_lr):
+        ap.error("--sweep-outer and --sweep-inner-lr need allreduce in --methods (they pair against it)")
     seeds = [int(x) for x in a.seeds.split(",") if x.strip()]
     if not seeds or len(set(seeds)) != len(seeds):
         ap.error(f"--seeds needs distinct integers, got {a.seeds!r}")
@@ -646,12 +650,22 @@ def main(argv: list[str] | None = None) -> int:
         "digest_cost": digest_cost(p.model, p.batch_size, p.seq_len, corpus),
         "wall_seconds": time.perf_counter() - t_start,
     }
+    if "allreduce" not in names:  # half a pair: AllReduce is deterministic, one run of it serves every method
+        out["unpaired"] = (f"no allreduce on seeds {seeds}: --merge this file with a run of the same configuration "
+                           "on those seeds that has allreduce, which pairs its methods against that baseline")
+        save(out, a.out)
+        print(f"wrote {a.out}: {out['unpaired']}")
+        return 0
     return write(summarize(out), a.out)
 
 
-def write(out: dict[str, Any], path: Path) -> int:
+def save(out: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
+
+
+def write(out: dict[str, Any], path: Path) -> int:
+    save(out, path)
     print(render(out))
     return 0
 
@@ -711,6 +725,7 @@ def join_methods(paths: list[Path], parts: list[dict[str, Any]]) -> tuple[list[P
         groups.setdefault(key, []).append(i)
     out_paths, out_parts = [], []
     for idx in groups.values():
+        idx.sort(key=lambda i: "unpaired" in parts[i])  # a run with the baseline is the base, first in order
         base = parts[idx[0]]
         if len(idx) == 1 or any(set(parts[i]["per_seed"][0]["methods"]) == set(base["per_seed"][0]["methods"])
                                 for i in idx[1:]):
@@ -794,6 +809,9 @@ def merge(paths: list[Path], keep: list[str] | None = None) -> dict[str, Any]:
             break  # refused below, with the reason
     else:
         paths, parts = join_methods(paths, parts)
+    for path, part in zip(paths, parts):
+        if "unpaired" in part:
+            raise SystemExit(f"cannot merge {path}: {part['unpaired']}; none of the files given is one")
     if keep is not None:
         parts = [keep_methods(part, keep, path) for path, part in zip(paths, parts)]
     first = parts[0]

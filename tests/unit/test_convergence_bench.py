@@ -163,7 +163,9 @@ def test_precision_and_device_are_recorded_and_kept_apart(tmp_path: Path) -> Non
     assert not (tmp_path / "gpu.json").exists()
 
 
-def test_runs_of_other_methods_on_the_same_seeds_join_against_one_baseline(tmp_path: Path) -> None:
+def test_runs_of_other_methods_on_the_same_seeds_join_against_one_baseline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     common = ["--preset", "ci", "--eval-rows", "8", "--steps", "4", "--h", "2", "--seeds", "3", "--quiet"]
     a, b, x = (str(tmp_path / f"{n}.json") for n in ("a", "b", "x"))
     assert main([*common, "--methods", "allreduce,diloco,dilocox", "--out", a]) == 0
@@ -182,6 +184,21 @@ def test_runs_of_other_methods_on_the_same_seeds_join_against_one_baseline(tmp_p
     assert list(json.loads(Path(x).read_text())["methods"]) == ["allreduce", "diloco", "fixed_rank_merge"]
     with pytest.raises(SystemExit, match="no dilocox_eager"):
         main(["--merge", a, b, "--keep", "dilocox_eager", "--out", x])
+    # a method run alone, without the baseline, pairs against another run's AllReduce at --merge
+    u = str(tmp_path / "u.json")
+    assert main([*common, "--methods", "fixed_rank_merge", "--merge-step", "1", "--out", u]) == 0
+    ru = json.loads(Path(u).read_text())
+    assert "no allreduce" in ru["unpaired"] and "paired_gap_vs_allreduce" not in ru
+    assert main(["--merge", u, a, "--out", x]) == 0  # given first, the baseline still comes from a
+    ju = json.loads(Path(x).read_text())
+    assert list(ju["methods"]) == list(j["methods"]) and ju["paired_gap_vs_allreduce"] == j["paired_gap_vs_allreduce"]
+    with pytest.raises(SystemExit, match="no allreduce on seeds"):
+        main(["--merge", u, "--out", x])
+    with pytest.raises(SystemExit):
+        main(["--render", u])
+    assert "no allreduce on seeds" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a sweep pairs against AllReduce runs at its own settings
+        main([*common, "--methods", "diloco", "--sweep-outer", "0.7:0.5", "--out", str(tmp_path / "n.json")])
     rb["per_seed"][0]["methods"]["allreduce"]["eval_curve"][-1][1] += 1e-6  # not the same baseline run
     Path(b).write_text(json.dumps(rb))
     with pytest.raises(SystemExit, match="repeat exactly"):

@@ -213,12 +213,13 @@ def method_record(r: MethodResult, step_s: float) -> dict[str, Any]:
 
 
 # The method the targets and the projection read as "DiLoCoX": the start rule the shipped configs run
-# (examples/run.toml, the demo: merge_step = 1) when the run has it, else the paper's one-step delay.
-HEADLINE = ("dilocox_merge", "dilocox")
+# (examples/run.toml, the demo: merge_step = 1) when the run has it, else the paper's one-step delay,
+# else the merged rule at a held rank and H (what a config with rank_min = rank_max runs).
+HEADLINE = ("dilocox_merge", "dilocox", "fixed_rank_merge")
 
 
 def headline(names: Container[str]) -> str | None:
-    """The run's DiLoCoX method, by ``HEADLINE``'s preference; None when it has neither."""
+    """The run's DiLoCoX method, by ``HEADLINE``'s preference; None when it has none of them."""
     return next((n for n in HEADLINE if n in names), None)
 
 

@@ -282,6 +282,9 @@ def test_adapt_rule() -> None:
     assert adapt([EpochRecord(12, 24, ())], cfg) == (12, 24)
     # the rule is off for fixed-rank runs
     assert adapt([_record(8, [None])], CompressionConfig(adaptive=False)) == (8, 16)
+    # a run config holds rank and H the same way with rank_min = rank_max (examples/small.toml at 128 rows)
+    held = CompressionConfig(rank_initial=64, rank_min=64, rank_max=64, h_initial=8, h_min=4, h_max=32)
+    assert {adapt([_record(64, need)], held) for need in ([None], [1, 2, 3], [64])} == {(64, 8)}
     # median is robust to a minority of outliers
     assert adapt([_record(16, [1, 1, 12, 12, 12])], cfg) == (12, 24)
 

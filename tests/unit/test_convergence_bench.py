@@ -181,7 +181,9 @@ def test_runs_of_other_methods_on_the_same_seeds_join_against_one_baseline(
     assert j["methods"]["fixed_rank_merge"]["final_eval_loss_per_seed"] == [loss]
     assert set(j["equal_simulated_time"]["eval_loss_mean"]) == set(j["methods"])
     assert main(["--merge", a, b, "--keep", "diloco,fixed_rank_merge", "--out", x]) == 0
-    assert list(json.loads(Path(x).read_text())["methods"]) == ["allreduce", "diloco", "fixed_rank_merge"]
+    kept = json.loads(Path(x).read_text())
+    assert list(kept["methods"]) == ["allreduce", "diloco", "fixed_rank_merge"]
+    assert kept["dilocox_method"] == "fixed_rank_merge" and "within_0.3_points_of_diloco" in kept["targets"]
     with pytest.raises(SystemExit, match="no dilocox_eager"):
         main(["--merge", a, b, "--keep", "dilocox_eager", "--out", x])
     # a method run alone, without the baseline, pairs against another run's AllReduce at --merge

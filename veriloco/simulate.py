@@ -160,6 +160,15 @@ class Method:
     description: str = ""
     own_weight: float = 1.0  # the delayed start's share of the trainer's own Δ (trainer.delay.delayed_start)
     merge_step: int | None = None  # StartRule.MERGE: steps into an epoch at which G_e is folded in
+    # StartRule.MERGE: the merge step of epoch 1 alone (None: merge_step); 0 waits for round 1's
+    # exchange, where the workers' first rounds, all from G_0, differ the most
+    first_merge_step: int | None = None
+
+    def merge_step_at(self, epoch: int) -> int | None:
+        """The steps into ``epoch`` at which G_e folds in (None: the rule has no merge)."""
+        if epoch == 1 and self.first_merge_step is not None:
+            return self.first_merge_step
+        return self.merge_step
 
     @property
     def overlaps(self) -> bool:
@@ -254,6 +263,15 @@ def methods(h: int = 16, rank: int = 8, merge_step: int = 1) -> dict[str, Method
             fixed,
             f"low-rank int4, rank {rank}, H={h} fixed, the previous round merged after step {merge_step}",
             merge_step=merge_step,
+        ),
+        "fixed_rank_merge_b1": Method(
+            "fixed_rank_merge_b1",
+            "local",
+            StartRule.MERGE,
+            fixed,
+            f"low-rank int4, rank {rank}, H={h} fixed, round 1's exchange awaited, later ones merged after step {merge_step}",
+            merge_step=merge_step,
+            first_merge_step=0,
         ),
         "fixed_rank_blocking": Method(
             "fixed_rank_blocking",
@@ -601,7 +619,7 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
             s = start
             fresh = _to(globals_[epoch], cfg.device) if method.rule is StartRule.MERGE else None
             # G_e folds in before step merge_at (at the round's end when the merge step is past it)
-            merge_at = min(method.merge_step or 0, h) if fresh is not None and epoch > 0 else None
+            merge_at = min(method.merge_step_at(epoch) or 0, h) if fresh is not None and epoch > 0 else None
             for i in range(h):
                 if i == merge_at and fresh is not None:
                     s = merge_global(s, fresh, start)
@@ -642,7 +660,7 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
             comm = cfg.link.allgather_seconds(max(sizes), cfg.trainers)
             history.append(EpochRecord(rank=rank, h=h, profiles=tuple(profiles)))
         sent += per_worker
-        rounds.append(RoundTiming(h, max(train_t), max(codec_t), agg, comm, hide_steps=method.merge_step))
+        rounds.append(RoundTiming(h, max(train_t), max(codec_t), agg, comm, hide_steps=method.merge_step_at(epoch)))
         schedule.append((rank, h))
         payload_sizes.append(sum(sizes) // len(sizes))
         rel_errors.append(sum(errs) / len(errs) if errs else 0.0)

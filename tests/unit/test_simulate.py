@@ -59,7 +59,8 @@ def test_all_methods_run_with_the_stated_traffic(corpus: Corpus) -> None:
         res["diloco"].bytes_per_worker == dense * 2
     )  # two rounds of H=4, one full all-reduce each
     for name in ("dilocox", "dilocox_blocking", "dilocox_eager", "dilocox_e80", "quant_only", "fixed_rank",
-                 "fixed_rank_blocking", "fixed_rank_half", "lowrank_only", "dilocox_merge", "fixed_rank_merge"):
+                 "fixed_rank_blocking", "fixed_rank_half", "lowrank_only", "dilocox_merge", "fixed_rank_merge",
+                 "fixed_rank_merge_b1"):
         r = res[name]
         assert r.steps_per_worker == 8
         assert r.unsent_eval_loss is not None and math.isfinite(r.unsent_eval_loss)
@@ -208,6 +209,18 @@ def test_merge_step_spans_blocking_to_the_one_step_delay(corpus: Corpus) -> None
         assert merged.bytes_per_worker == ref.bytes_per_worker
     with pytest.raises(SimulationError, match="merge_step"):
         replace(CFG, merge_step=-1)
+
+
+def test_first_merge_can_wait_for_round_one(corpus: Corpus) -> None:
+    """``fixed_rank_merge_b1`` trains round 2 like blocking (G_1 folded in before its first step) and
+    merges after step 1 from round 3 on; its timing exposes round 1's exchange alone."""
+    cfg = replace(CFG, steps=12, merge_step=1)  # 3 rounds of H = 4
+    b1, blocking, merged = (run_method(n, cfg, corpus) for n in ("fixed_rank_merge_b1", "fixed_rank_blocking",
+                                                                  "fixed_rank_merge"))
+    assert b1.curve[:3] == blocking.curve[:3] and b1.curve[:2] == merged.curve[:2]
+    assert b1.curve[3] not in (blocking.curve[3], merged.curve[3])  # round 3 merges after step 1
+    assert [r.hide_steps for r in b1.rounds_detail] == [1, 0, 1]
+    assert [r.hide_steps for r in merged.rounds_detail] == [1, 1, 1]
 
 
 def test_unknown_method_and_bad_config_are_errors(corpus: Corpus) -> None:

@@ -69,6 +69,8 @@ from veriloco.simulate import (
     loss_at_time,
     methods,
     normalise_times,
+    points_times,
+    round_timings,
     run_method,
     simulated_seconds,
 )
@@ -209,7 +211,20 @@ def method_record(r: MethodResult, step_s: float) -> dict[str, Any]:
         "eval_curve": r.curve,
         "eval_curve_simulated_seconds": curve_times(r, step_s),
         "description": r.description,
+        # what the simulated times are made of, so a run joined to another can be retimed at its step time
+        "timing": {"overlaps": r.overlaps, "rounds": [asdict(x) for x in r.rounds_detail]},
     }
+
+
+def retime(record: dict[str, Any], step_s: float) -> bool:
+    """``record``'s simulated times at the step time ``step_s`` (False: it stores no timing, as files
+    written before it did; its times stay those of its own run)."""
+    if "timing" not in record:
+        return False
+    rounds, overlaps = round_timings(record["timing"]["rounds"]), record["timing"]["overlaps"]
+    record["simulated_seconds_1gbps"] = simulated_seconds(rounds, overlaps, step_s)
+    record["eval_curve_simulated_seconds"] = points_times(rounds, overlaps, record["eval_curve"], step_s)
+    return True
 
 
 # The method the targets and the projection read as "DiLoCoX": the start rule the shipped configs run
@@ -745,7 +760,10 @@ def join_methods(paths: list[Path], parts: list[dict[str, Any]]) -> tuple[list[P
                     if n in s["methods"] and s["methods"][n]["eval_curve"] != r["eval_curve"]:
                         raise SystemExit(f"cannot merge {paths[i]}: its {n} on seed {s['seed']} differs from "
                                          f"{paths[idx[0]]}'s; methods shared by joined runs must repeat exactly")
-                    s["methods"].setdefault(n, r)
+                    if n not in s["methods"]:
+                        s["methods"][n] = r
+                        if retime(r, s["step_seconds_for_simulation"]):
+                            s.setdefault("retimed", []).append(n)
                 s.setdefault("step_seconds_for_simulation_joined", [s["step_seconds_for_simulation"]]).append(
                     by_seed[s["seed"]]["step_seconds_for_simulation"])
             joined["config"] = {**part["config"], **joined["config"]}
@@ -754,8 +772,9 @@ def join_methods(paths: list[Path], parts: list[dict[str, Any]]) -> tuple[list[P
             joined["wall_seconds"] += part["wall_seconds"]
         for s in joined["per_seed"]:
             s["equal_time"] = equal_time_of(s["methods"])
-        joined["joined_methods"] = ("per seed, the methods of several runs on these seeds; each keeps the simulated "
-                                    "times of its own run's common step time (step_seconds_for_simulation_joined)")
+        joined["joined_methods"] = ("per seed, the methods of several runs on these seeds; those in `retimed` are "
+                                    "simulated at the first run's step time (step_seconds_for_simulation) from their "
+                                    "stored timing, the others keep their own run's (step_seconds_for_simulation_joined)")
         out_paths.append(paths[idx[0]])
         out_parts.append(joined)
     return out_paths, out_parts

@@ -29,8 +29,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -447,13 +448,25 @@ def simulated_seconds(
 
 def curve_times(result: MethodResult, step_seconds: float | None = None) -> list[float]:
     """Simulated time of each point of ``result.curve`` (0 for the initial model)."""
-    tl = simulated_timeline(result.rounds_detail, result.overlaps, step_seconds)
+    return points_times(result.rounds_detail, result.overlaps, result.curve, step_seconds)
+
+
+def points_times(
+    rounds: list[RoundTiming], overlaps: bool, curve: Sequence[Sequence[float]], step_seconds: float | None = None
+) -> list[float]:
+    """Simulated time of each (inner steps, loss) point of ``curve`` under ``rounds``' timing."""
+    tl = simulated_timeline(rounds, overlaps, step_seconds)
     at: dict[int, float] = {0: 0.0}
     done = 0
-    for r, t in zip(result.rounds_detail, tl):
+    for r, t in zip(rounds, tl):
         done += r.steps
         at[done] = t
-    return [at[s] for s, _ in result.curve]
+    return [at[int(s)] for s, _ in curve]
+
+
+def round_timings(rows: Sequence[Mapping[str, Any]]) -> list[RoundTiming]:
+    """``RoundTiming``s back from their JSON form (``dataclasses.asdict``; buckets as lists)."""
+    return [RoundTiming(**{**r, "buckets": tuple((float(a), float(b)) for a, b in r["buckets"])}) for r in rows]
 
 
 def loss_at_time(

@@ -180,6 +180,28 @@ def test_runs_of_other_methods_on_the_same_seeds_join_against_one_baseline(
     loss = rb["per_seed"][0]["methods"]["fixed_rank_merge"]["final_eval_loss"]
     assert j["methods"]["fixed_rank_merge"]["final_eval_loss_per_seed"] == [loss]
     assert set(j["equal_simulated_time"]["eval_loss_mean"]) == set(j["methods"])
+    # a joined run made under other load (3x its step time) is simulated at the first run's step time
+    slow = json.loads(json.dumps(rb))
+    for sd in slow["per_seed"]:
+        sd["step_seconds_for_simulation"] *= 3
+        for r in sd["methods"].values():
+            r["simulated_seconds_1gbps"] *= 3
+            r["eval_curve_simulated_seconds"] = [3 * t for t in r["eval_curve_simulated_seconds"]]
+    bs = str(tmp_path / "b_slow.json")
+    Path(bs).write_text(json.dumps(slow))
+    assert main(["--merge", a, bs, "--out", x]) == 0
+    js = json.loads(Path(x).read_text())
+    assert js["per_seed"][0]["retimed"] == ["fixed_rank_merge"]
+    assert js["per_seed"][0]["methods"]["fixed_rank_merge"] == j["per_seed"][0]["methods"]["fixed_rank_merge"]
+    assert js["equal_simulated_time"] == j["equal_simulated_time"]
+    for r in slow["per_seed"][0]["methods"].values():  # a file without the stored timing keeps its own times
+        del r["timing"]
+    Path(bs).write_text(json.dumps(slow))
+    assert main(["--merge", a, bs, "--out", x]) == 0
+    js = json.loads(Path(x).read_text())
+    assert "retimed" not in js["per_seed"][0]
+    assert js["per_seed"][0]["methods"]["fixed_rank_merge"]["simulated_seconds_1gbps"] == pytest.approx(
+        3 * rb["per_seed"][0]["methods"]["fixed_rank_merge"]["simulated_seconds_1gbps"])
     assert main(["--merge", a, b, "--keep", "diloco,fixed_rank_merge", "--out", x]) == 0
     kept = json.loads(Path(x).read_text())
     assert list(kept["methods"]) == ["allreduce", "diloco", "fixed_rank_merge"]

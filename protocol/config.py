@@ -89,6 +89,9 @@ class ScheduleSection:
     # > 0: each epoch continues its own end state and folds in the new global model after this many
     # steps instead of starting from it (docs/protocol.md §8, the merge rule); 0: the one-step delay
     merge_step: int = field(default=0, metadata=_NEW)
+    # with merge_step > 0: epoch 1's merge step alone (-1: merge_step). 0 waits for G_1 before epoch 1's
+    # first step, where the workers' first rounds from G_0 differ the most (docs/protocol.md §8)
+    first_merge_step: int = field(default=-1, metadata=_NEW)
 
 
 @dataclass(frozen=True)
@@ -213,6 +216,9 @@ def _check(cfg: RunConfig) -> list[str]:
     if s.merge_step < 0 or (s.merge_step and not s.one_step_delay) or s.merge_step >= s.h_min:
         p.append(f"schedule.merge_step must be 0 (off) or within 1..h_min-1 = {s.h_min - 1} with one_step_delay = true "
                  f"(every epoch folds the global model in inside its steps), got {s.merge_step}")
+    if s.first_merge_step != -1 and not (s.merge_step > 0 and 0 <= s.first_merge_step < s.h_min):
+        p.append(f"schedule.first_merge_step must be -1 (as merge_step) or, with merge_step > 0, within "
+                 f"0..h_min-1 = {s.h_min - 1}, got {s.first_merge_step}")
     if not 1 <= c.rank_min <= c.rank_initial <= c.rank_max:
         p.append(f"need 1 <= compression.rank_min <= rank_initial <= rank_max, got {c.rank_min}, {c.rank_initial}, {c.rank_max}")
     if c.bits not in (4, 8):

@@ -253,9 +253,9 @@ def boundary_names(b: int, n_blocks: int, start: int, end: int) -> list[str]:
     return out
 
 
-def covers_merge(start: int, end: int, merge_step: int) -> bool:
-    """Whether segment start..end replays the merge rule's step (``merge_step`` 0: no merge rule)."""
-    return merge_step > 0 and start <= merge_step < end
+def covers_merge(start: int, end: int, merge_step: int | None) -> bool:
+    """Whether segment start..end replays the merge rule's step (``merge_step`` None: no merge rule)."""
+    return merge_step is not None and start <= merge_step < end
 
 
 def challenge_spec(

@@ -110,15 +110,25 @@ def save_merged(d: EpochDir, g: Mapping[str, Tensor], name: str = MERGED) -> Non
     d.save(name, {PARAM + n: t.detach().cpu() for n, t in g.items()})
 
 
-def merged_before(spec: RoundSpec, state: State, k: int, load: Callable[[str, list[str]], State]) -> State:
-    """``state`` as step k trains from it: at the merge rule's step, params + (G_e − S_e.param) for
-    the parameters ``state`` holds (a whole state, a stage's blocks or one audit block).
+def merge_step_of(spec: RoundSpec, epoch: int) -> int:
+    """The step at which ``epoch`` folds in G_e; an engine is asked to merge only under the merge rule."""
+    m = spec.merge_step_in(epoch)
+    if m is None:
+        raise TrainerError("only the merge rule (schedule.merge_step) folds a global model in mid-epoch")
+    return m
+
+
+def merged_before(
+    spec: RoundSpec, state: State, k: int, epoch: int, load: Callable[[str, list[str]], State]
+) -> State:
+    """``state`` as step k of ``epoch`` trains from it: at the merge rule's step, params + (G_e − S_e.param)
+    for the parameters ``state`` holds (a whole state, a stage's blocks or one audit block).
 
     ``load(name, keys)`` reads entries of an epoch file (``MERGED``, ``state-000000``) on the state's device."""
-    if not spec.merges_at(k):
+    if not spec.merges_at(k, epoch):
         return state
     keys = [PARAM + n for n in section(state, PARAM)]
-    return dict(merged_if_due(state, spec, k, MergeBase(section(load(MERGED, keys), PARAM), load("state-000000", keys))))
+    return dict(merged_if_due(state, spec, k, epoch, MergeBase(section(load(MERGED, keys), PARAM), load("state-000000", keys))))
 
 
 def epoch_delta(spec: RoundSpec, start: State, end: State, merged: Callable[[], State]) -> Params:
@@ -224,13 +234,13 @@ class LocalEngine:
         return loss, leaf
 
     def _merged(self, d: EpochDir, state: State, k: int) -> State:
-        return merged_before(self.spec, state, k, lambda name, keys: self._on(d.load_part(name, keys)))
+        return merged_before(self.spec, state, k, d.epoch, lambda name, keys: self._on(d.load_part(name, keys)))
 
     def merge(self, d: EpochDir, g: Params) -> None:
         if self.state is None:
             raise TrainerError("the engine has no epoch begun or resumed")
         save_merged(d, g)
-        self.state = self._merged(d, self.state, self.spec.merge_step)
+        self.state = self._merged(d, self.state, merge_step_of(self.spec, d.epoch))
 
     def finish(self, d: EpochDir, rank: int, seed: int) -> tuple[bytes, CompressionStats]:
         if self.state is None:

@@ -163,11 +163,11 @@ class TrainerNode:
     def inner_step(self, state: State, epoch: int, k: int) -> tuple[State, float]:
         """Inner step k of `epoch` on this trainer's batch: in this process, or across its pipeline stages.
 
-        Under the merge rule, step ``merge_step`` first folds in G_e (``merge_base``)."""
-        merge = self.merge_base(epoch) if self.spec.merges_at(k) else None
+        Under the merge rule, step m first folds in G_e (``merge_base``)."""
+        merge = self.merge_base(epoch) if self.spec.merges_at(k, epoch) else None
         if self.pipeline is None:
             return replay_step(state, self.spec, self.ctx.corpus, epoch, self.slot, k, merge=merge)
-        state = dict(merged_if_due(state, self.spec, k, merge))
+        state = dict(merged_if_due(state, self.spec, k, epoch, merge))
         return self.pipeline.step(state, epoch_batch(self.spec, self.ctx.corpus, epoch, self.slot, k))
 
     def merge_base(self, e: int) -> MergeBase:
@@ -186,7 +186,7 @@ class TrainerNode:
         if e >= 1:
             self._wait(lambda: self._phase(e - 1) in TERMINAL, f"epoch {e - 1} to finalize (epoch {e} merges its model)")
         g = self.globals.base(e)
-        self.log("merged", epoch=e, step=self.spec.merge_step, base_epoch=e, base_digest=state_digest(g).hex())
+        self.log("merged", epoch=e, step=self.spec.merge_step_in(e), base_epoch=e, base_digest=state_digest(g).hex())
         return params_of(g)
 
     def _run(self) -> None:
@@ -394,7 +394,7 @@ class TrainerNode:
                             digests=[keccak(x).hex() for x in preimages], losses=[])
         t0, before, step_wall_s = time.monotonic(), dict(eng.timings), 0.0
         for k in range(k0, steps):
-            if self.spec.merges_at(k):
+            if self.spec.merges_at(k, e):
                 eng.merge(d, self.merge_model(e))
             w = time.monotonic()  # wall seconds inside steps; the rest of a trainer's time is the protocol's
             loss, leaf = eng.step(d, k, epoch_batch(self.spec, self.ctx.corpus, e, self.slot, k))

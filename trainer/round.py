@@ -57,6 +57,7 @@ class RoundSpec:
     shard: bool = False  # audit.unit = "shard": block-wise steps and step leaves (protocol.leaf)
     segment: int = 1
     merge_step: int = 0  # the MERGE rule's step m (schedule.merge_step): step m opens by folding in G_e
+    first_merge_step: int | None = None  # epoch 1's m where it differs (schedule.first_merge_step)
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> RoundSpec:
@@ -85,11 +86,18 @@ class RoundSpec:
             shard=cfg.audit.unit == "shard",
             segment=cfg.audit.segment,
             merge_step=s.merge_step,
+            first_merge_step=s.first_merge_step if s.first_merge_step >= 0 else None,
         )
 
-    def merges_at(self, k: int) -> bool:
-        """Whether transition k → k+1 opens with the merge (docs/protocol.md §8)."""
-        return self.rule is StartRule.MERGE and k == self.merge_step
+    def merge_step_in(self, epoch: int) -> int | None:
+        """The step m whose transition opens with the merge in ``epoch`` (None: not the merge rule)."""
+        if self.rule is not StartRule.MERGE:
+            return None
+        return self.first_merge_step if epoch == 1 and self.first_merge_step is not None else self.merge_step
+
+    def merges_at(self, k: int, epoch: int) -> bool:
+        """Whether transition k → k+1 of ``epoch`` opens with the merge (docs/protocol.md §8)."""
+        return k == self.merge_step_in(epoch)
 
 
 def epoch_batch(spec: RoundSpec, corpus: Corpus, epoch: int, slot: int, step: int) -> Batch:
@@ -119,9 +127,11 @@ class Trace:
         return len(self.digests)
 
 
-def merged_if_due(state: Mapping[str, Tensor], spec: RoundSpec, k: int, merge: MergeBase | None) -> Mapping[str, Tensor]:
-    """The state step k trains from: under the merge rule, step ``merge_step`` first folds in G_e."""
-    if not spec.merges_at(k):
+def merged_if_due(
+    state: Mapping[str, Tensor], spec: RoundSpec, k: int, epoch: int, merge: MergeBase | None
+) -> Mapping[str, Tensor]:
+    """The state step k of ``epoch`` trains from: under the merge rule, step m first folds in G_e."""
+    if not spec.merges_at(k, epoch):
         return state
     if merge is None:
         raise TrainerError(f"step {k} folds in the global model G_e (schedule.merge_step): it needs G_e and the start state")
@@ -135,7 +145,7 @@ def replay_step(
     """Transition k → k+1 of an epoch: exactly what the trainer ran and what a verifier re-runs
     (``on_grads`` lets the verifier digest the unpublished gradients into its witness; ``merge`` is
     what the merge rule's step folds in, needed only by that step)."""
-    state = merged_if_due(state, spec, k, merge)
+    state = merged_if_due(state, spec, k, epoch, merge)
     return train_step(state, epoch_batch(spec, corpus, epoch, slot, k), spec.model, spec.inner, on_grads)
 
 

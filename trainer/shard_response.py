@@ -99,7 +99,7 @@ def shard_response(
         run_id=run_id, epoch=epoch, trainer=trainer, preimages=preimages, segment=spec.segment,
         challenges=challenges,
         cid_of_challenge=lambda s, e, b: publish(save_state(challenge_file(
-            engine, d, s, e, b, batch_of, leaves, spec.model, covers_merge(s, e, spec.merge_step)))),
+            engine, d, s, e, b, batch_of, leaves, spec.model, covers_merge(s, e, spec.merge_step_in(epoch))))),
         final_block=drawn_block(seed, trainer, "final-shard", 0, n) if fin else -1,
         cid_of_final=lambda b: publish(save_state(transition_file(engine, d, L - 1, b))),
         previous=prev_preimages if cont else (),

@@ -72,6 +72,7 @@ from trainer.engine import (
     MERGED,
     BatchOf,
     epoch_delta,
+    merge_step_of,
     merged_before,
     restrict,
     save_merged,
@@ -183,14 +184,14 @@ class _Stage:
 
     def _merged(self, d: EpochDir, state: State, k: int) -> State:
         """Under the merge rule, ``state`` with this stage's share of G_e folded in before step k."""
-        return merged_before(self.spec, state, k, lambda name, keys: {
+        return merged_before(self.spec, state, k, d.epoch, lambda name, keys: {
             key: t.to(self.device) for key, t in d.load_part(part(name, self.s), keys).items()})
 
     def merge(self, d: EpochDir, g: Params) -> None:
         if self.state is None:
             raise TrainerError("the engine has no epoch begun or resumed")
         save_merged(d, g, part(MERGED, self.s))
-        self.state = self._merged(d, self.state, self.spec.merge_step)
+        self.state = self._merged(d, self.state, merge_step_of(self.spec, d.epoch))
 
     def finish(self, d: EpochDir, rank: int, seed: int) -> tuple[bytes, CompressionStats]:
         if self.state is None:

@@ -77,7 +77,7 @@ def check_segment(
             inp = file[next(bnames)].to(dev) if b > 0 else None
             g_out = file[next(bnames)].to(dev) if b < n_blocks - 1 else None
             on_grads = None if grad_digests is None else (lambda g: grad_digests.append(gradient_digest(g)))
-            if spec.merges_at(k):
+            if spec.merges_at(k, epoch):
                 if merged is None:
                     raise ValueError(f"step {k} merges G_e, and the verifier was given none")
                 first = {PARAM + n: file[f"{START_PREFIX}{PARAM}{n}"].to(dev) for n in names}
@@ -247,7 +247,7 @@ def audit_findings(
     for c in m.challenges:
         try:
             file = fetch(c.cid, challenge_spec(shapes, groups[c.block], c.block, n, c.start, c.end, act_shape,
-                                               covers_merge(c.start, c.end, spec.merge_step)))
+                                               covers_merge(c.start, c.end, spec.merge_step_in(epoch))))
         except TRANSIENT:
             raise
         except Exception as exc:  # noqa: BLE001 - a file that cannot be read or has the wrong layout fails

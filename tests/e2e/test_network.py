@@ -95,12 +95,18 @@ def test_merging_trainers_fold_each_global_model_in_and_a_skipped_merge_is_slash
 def test_merging_trainers_pass_whole_state_audits(tmp_path: Path) -> None:
     """The merge rule with whole-state audits: a challenge at k replays k..k+8 (not aligned), so which
     challenges cover the merge follows the seed; honest trainers pass either way, and the final check
-    measures Δ from G_e in every audit. (A skipped merge in this mode: tests/unit/test_merge_replay.py.)"""
+    measures Δ from G_e in every audit. (A skipped merge in this mode: tests/unit/test_merge_replay.py.)
+    With schedule.first_merge_step = 0, epoch 1 waits for G_1 before its first step and merges there."""
     s, included = _run(tmp_path, steps=4, audit="state", merge_step=1,
-                       config_changes={"audit": {"segment": 8, "steps": 2}})
+                       config_changes={"audit": {"segment": 8, "steps": 2}, "schedule": {"first_merge_step": 0}})
     assert s["epochs_finalized"] == 2 and s["slashed"] == [] and s["verdicts"]["fail"] == 0
     assert all(len(inc) == 3 for inc in included.values())
-    assert {(m["epoch"], m["step"]) for m in _events(tmp_path, "merged")} == {(0, 1), (1, 1)}
+    assert {(m["epoch"], m["step"]) for m in _events(tmp_path, "merged")} == {(0, 1), (1, 0)}
+    steps_before = [[json.loads(line) for line in log.read_text().splitlines()] for log in
+                    (tmp_path / "demo" / "logs").glob("trainer*.jsonl")]
+    for events in steps_before:  # no step of epoch 1 ran before its trainer merged G_1
+        merged_at = next(i for i, ev in enumerate(events) if ev.get("event") == "merged" and ev["epoch"] == 1)
+        assert not any(ev.get("event") == "step" and ev["epoch"] == 1 for ev in events[:merged_at])
 
 
 def test_every_cheater_is_slashed_and_never_aggregated(tmp_path: Path) -> None:

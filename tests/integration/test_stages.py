@@ -183,7 +183,7 @@ def test_two_stages_merge_like_the_local_engine(tmp_path: Path) -> None:
             d = EpochDir(root, e)
             out.append(eng.begin(d, STEPS, g0, prev).digest)
             for k in range(STEPS):
-                if spec.merges_at(k):
+                if spec.merges_at(k, e):
                     eng.merge(d, g_e)
                 out.append(eng.step(d, k, _batch(10 * e + k))[1].digest)
             out.append(eng.finish(d, 4, 7 + e)[0])

@@ -25,7 +25,7 @@ from trainer.checkpoints import EpochDir
 from trainer.delay import StartRule
 from trainer.engine import LocalEngine, save_merged
 from trainer.inner import PARAM, Params, configure_determinism
-from trainer.round import compress_seed, epoch_batch
+from trainer.round import RoundSpec, compress_seed, epoch_batch
 from trainer.shard_response import shard_response
 from verifier.shard import Chained, audit_findings
 
@@ -40,8 +40,10 @@ GLOBALS = [G0, G1]  # G_e, folded in by epoch e (G_0 − S_0 = 0 in epoch 0)
 class Run:
     """Two epochs of one trainer under the merge rule, with the local engine, and its answers' store."""
 
-    def __init__(self, root: Path, engine: LocalEngine) -> None:
+    def __init__(self, root: Path, engine: LocalEngine, run_spec: RoundSpec | None = None) -> None:
+        """``engine.spec`` is what the trainer runs; ``run_spec`` (default the same) what the run's config says."""
         configure_determinism(1)
+        self.spec, self.run_spec = engine.spec, run_spec or engine.spec
         self.store, self.engine = LocalStore(root / "store"), engine
         self.dirs: list[EpochDir] = []
         self.preimages: list[list[bytes]] = []
@@ -50,10 +52,10 @@ class Run:
             d = EpochDir(root / "node", e)
             leaves = [engine.begin(d, H, G0, self.dirs[-1] if e else None)]  # both epochs start from G_0's line
             for k in range(H):
-                if SPEC.merges_at(k):
+                if self.spec.merges_at(k, e):
                     engine.merge(d, GLOBALS[e])
-                leaves.append(engine.step(d, k, epoch_batch(SPEC, CORPUS, e, SLOT, k))[1])
-            payload, _ = engine.finish(d, RANK, compress_seed(SPEC.run_seed, e, SLOT))
+                leaves.append(engine.step(d, k, epoch_batch(self.spec, CORPUS, e, SLOT, k))[1])
+            payload, _ = engine.finish(d, RANK, compress_seed(self.spec.run_seed, e, SLOT))
             self.dirs.append(d)
             self.preimages.append([lf.encode() for lf in leaves])
             self.pubs.append(wrap(1, e, ME, payload))
@@ -62,7 +64,7 @@ class Run:
         """The failed findings of a verifier given G_e = ``merged`` (default: the true one)."""
         steps = challenged_steps(seed, ME, 3, H + 1)
         m = shard_response(
-            engine=self.engine, spec=SPEC, run_id=1, epoch=e, trainer=ME, d=self.dirs[e], preimages=self.preimages[e],
+            engine=self.engine, spec=self.spec, run_id=1, epoch=e, trainer=ME, d=self.dirs[e], preimages=self.preimages[e],
             seed=seed, steps=steps, final_bps=10_000, batch_of=lambda k: epoch_batch(SPEC, CORPUS, e, SLOT, k),
             publish=self.store.put, prev=self.dirs[e - 1] if e else None, prev_preimages=self.preimages[e - 1] if e else (),
         )
@@ -71,9 +73,9 @@ class Run:
         chained = Chained(root, H + 1, seed, tuple(steps), 10_000, prev_revealed=e > 0, prev_root=prev_root,
                           prev_leaf_count=H + 1 if e else 0)
         m = decode_manifest(encode_manifest(m, N), N, max_bytes=1 << 24)
-        self.covered = any(covers_merge(c.start, c.end, M) for c in m.challenges)
+        self.covered = any(covers_merge(c.start, c.end, self.run_spec.merge_step_in(e)) for c in m.challenges)
         findings = audit_findings(
-            m, chained, lambda cid, spec: load_state(self.store.get(cid), expect=spec), SPEC, CORPUS, G0,
+            m, chained, lambda cid, spec: load_state(self.store.get(cid), expect=spec), self.run_spec, CORPUS, G0,
             self.pubs[e], run_id=1, epoch=e, slot=SLOT, trainer=ME, rank=RANK, prev_rank=RANK,
             merged=GLOBALS[e] if merged is None else merged)
         return [f"{f.check}: {f.detail}" for f in findings if not f.passed]
@@ -157,3 +159,16 @@ def test_other_start_parameters_fail_the_start_check_whichever_block_is_drawn(tm
     for seed in SEEDS[:3]:
         bad = run.judge(1, seed)
         assert any("parameters are not the ones e-1 ended with" in b for b in bad), bad
+
+
+def test_a_first_merge_before_step_zero_is_audited_like_any_merge(tmp_path: Path) -> None:
+    """schedule.first_merge_step = 0: epoch 1 folds G_1 in before its first step (leaf 0 stays S_1),
+    later epochs at m. An honest trainer passes; one that merges epoch 1 at m anyway fails the
+    segment with step 0, and its start check still passes."""
+    first0 = replace(SPEC, first_merge_step=0)
+    assert [first0.merge_step_in(e) for e in range(3)] == [M, 0, M]
+    honest = Run(tmp_path / "honest", LocalEngine(first0, every=2))
+    assert all(honest.judge(e, s) == [] for s in SEEDS[:3] for e in (0, 1))
+    late = Run(tmp_path / "late", LocalEngine(SPEC, every=2), run_spec=first0)
+    bad = late.judge(1, _covering_seed(late, 1))
+    assert any("steps 0->2" in b for b in bad) and not any(b.startswith("start") for b in bad), bad

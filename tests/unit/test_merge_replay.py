@@ -44,13 +44,21 @@ def run():
 
 def test_the_config_turns_the_rule_on_within_its_limits() -> None:
     spec = RoundSpec.from_config(RunConfig().replace(schedule={"merge_step": 1}))
-    assert spec.rule is StartRule.MERGE and spec.merges_at(1) and not spec.merges_at(0)
+    assert spec.rule is StartRule.MERGE and spec.merges_at(1, 1) and not spec.merges_at(0, 1)
     assert RoundSpec.from_config(RunConfig()).rule is StartRule.DELAYED
     for bad, why in (({"merge_step": 8}, "h_min-1"), ({"merge_step": -1}, "h_min-1"),
                      ({"merge_step": 1, "one_step_delay": False}, "one_step_delay")):
         with pytest.raises(ConfigError, match=why):
             RunConfig().replace(schedule=bad)
     assert RoundSpec.from_config(RunConfig().replace(schedule={"merge_step": 1}, audit={"unit": "shard"})).shard
+    first0 = RoundSpec.from_config(RunConfig().replace(schedule={"merge_step": 2, "first_merge_step": 0}))
+    assert [first0.merge_step_in(e) for e in range(3)] == [2, 0, 2] and spec.first_merge_step is None
+    assert RoundSpec.from_config(RunConfig()).merge_step_in(1) is None
+    for bad in ({"first_merge_step": 0}, {"merge_step": 1, "first_merge_step": 8},
+                {"merge_step": 1, "first_merge_step": -2}):
+        with pytest.raises(ConfigError, match="first_merge_step"):
+            RunConfig().replace(schedule=bad)
+    assert b'first_merge_step' not in RunConfig().replace(schedule={"merge_step": 1}).to_json()  # old digests hold
 
 
 def test_epoch_one_continues_and_merges_at_step_m(run) -> None:

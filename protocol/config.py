@@ -93,6 +93,15 @@ class ScheduleSection:
     # first step, where the workers' first rounds from G_0 differ the most (docs/protocol.md §8)
     first_merge_step: int = field(default=-1, metadata=_NEW)
 
+    def merge_step_in(self, epoch: int) -> int | None:
+        """The step at which ``epoch`` folds in its global model (None: the run does not merge)."""
+        return merge_step_for(epoch, self.merge_step, self.first_merge_step) if self.merge_step else None
+
+
+def merge_step_for(epoch: int, merge_step: int, first_merge_step: int) -> int:
+    """The merge rule's step in ``epoch``: ``first_merge_step`` in epoch 1 unless -1, else ``merge_step``."""
+    return first_merge_step if epoch == 1 and first_merge_step >= 0 else merge_step
+
 
 @dataclass(frozen=True)
 class CompressionSection:

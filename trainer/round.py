@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from protocol import merkle
-from protocol.config import RunConfig
+from protocol.config import RunConfig, merge_step_for
 from protocol.data import Corpus, batch
 from protocol.digest import state_digest
 from protocol.model import GPTConfig
@@ -57,7 +57,7 @@ class RoundSpec:
     shard: bool = False  # audit.unit = "shard": block-wise steps and step leaves (protocol.leaf)
     segment: int = 1
     merge_step: int = 0  # the MERGE rule's step m (schedule.merge_step): step m opens by folding in G_e
-    first_merge_step: int | None = None  # epoch 1's m where it differs (schedule.first_merge_step)
+    first_merge_step: int = -1  # epoch 1's m where it differs (schedule.first_merge_step; -1: merge_step)
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> RoundSpec:
@@ -86,14 +86,12 @@ class RoundSpec:
             shard=cfg.audit.unit == "shard",
             segment=cfg.audit.segment,
             merge_step=s.merge_step,
-            first_merge_step=s.first_merge_step if s.first_merge_step >= 0 else None,
+            first_merge_step=s.first_merge_step,
         )
 
     def merge_step_in(self, epoch: int) -> int | None:
         """The step m whose transition opens with the merge in ``epoch`` (None: not the merge rule)."""
-        if self.rule is not StartRule.MERGE:
-            return None
-        return self.first_merge_step if epoch == 1 and self.first_merge_step is not None else self.merge_step
+        return merge_step_for(epoch, self.merge_step, self.first_merge_step) if self.rule is StartRule.MERGE else None
 
     def merges_at(self, k: int, epoch: int) -> bool:
         """Whether transition k → k+1 of ``epoch`` opens with the merge (docs/protocol.md §8)."""

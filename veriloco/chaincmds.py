@@ -193,7 +193,7 @@ def run_state(chain: Chain, info: RunInfo, schedule: ScheduleSection | None) -> 
     if ph in TERMINAL and schedule is not None and schedule.merge_step:
         return {"state": "running", "epoch": nxt,
                 "text": f"epoch {nxt}{of} training (epoch {last} {ph.name.lower()}; trainers merged its model at "
-                        f"step {schedule.merge_step} and open epoch {nxt} when they commit)"}
+                        f"step {schedule.merge_step_in(nxt)} and open epoch {nxt} when they commit)"}
     if ph in TERMINAL:
         return {"state": "waiting", "epoch": nxt,
                 "text": f"waiting for epoch {nxt}{of} (epoch {last} {ph.name.lower()}; the next commitment opens it)"}

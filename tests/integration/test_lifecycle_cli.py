@@ -151,7 +151,7 @@ def test_a_merge_rule_run_between_epochs_is_training_not_waiting(devnet: Any, tm
     """Under the merge rule trainers are past epoch 1's merge once epoch 0 closes: status says so."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("VERILOCO_DEVNET", str(devnet.config.devnet_file))
-    (tmp_path / "run.toml").write_text(RUN_TOML.replace("epochs = 1", "epochs = 2\nmerge_step = 1"))
+    (tmp_path / "run.toml").write_text(RUN_TOML.replace("epochs = 1", "epochs = 2\nmerge_step = 1\nfirst_merge_step = 0"))
     net = DevnetNet(devnet)
     rid = json.loads(ok(capsys, "run", "create", "--config", "run.toml", "--account", "0", "--json"))["run_id"]
     coord, trainer, verifier = net.chain(0), Trainer(net.chain(3), rid), net.chain(4)
@@ -166,7 +166,7 @@ def test_a_merge_rule_run_between_epochs_is_training_not_waiting(devnet: Any, tm
     run.judge_all(0)
     run.finalize(0, [trainer])
     out = ok(capsys, "status", "--run", str(rid))
-    assert "epoch 1 of 2 training (epoch 0 finalized; trainers merged its model at step 1" in out, out
+    assert "epoch 1 of 2 training (epoch 0 finalized; trainers merged its model at step 0" in out, out
     row = next(x for x in json.loads(ok(capsys, "runs", "--json"))["runs"] if x["run_id"] == rid)
     assert row["state"] == "running" and row["epochs"] == 2
 

@@ -52,7 +52,7 @@ def test_the_config_turns_the_rule_on_within_its_limits() -> None:
             RunConfig().replace(schedule=bad)
     assert RoundSpec.from_config(RunConfig().replace(schedule={"merge_step": 1}, audit={"unit": "shard"})).shard
     first0 = RoundSpec.from_config(RunConfig().replace(schedule={"merge_step": 2, "first_merge_step": 0}))
-    assert [first0.merge_step_in(e) for e in range(3)] == [2, 0, 2] and spec.first_merge_step is None
+    assert [first0.merge_step_in(e) for e in range(3)] == [2, 0, 2] and spec.first_merge_step == -1
     assert RoundSpec.from_config(RunConfig()).merge_step_in(1) is None
     for bad in ({"first_merge_step": 0}, {"merge_step": 1, "first_merge_step": 8},
                 {"merge_step": 1, "first_merge_step": -2}):

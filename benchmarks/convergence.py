@@ -229,8 +229,9 @@ def retime(record: dict[str, Any], step_s: float) -> bool:
 
 # The method the targets and the projection read as "DiLoCoX": the start rule the shipped configs run
 # (examples/run.toml, the demo: merge_step = 1) when the run has it, else the paper's one-step delay,
-# else the merged rule at a held rank and H (what a config with rank_min = rank_max runs).
-HEADLINE = ("dilocox_merge", "dilocox", "fixed_rank_merge")
+# else the merged rule at a held rank and H (what a config with rank_min = rank_max runs), preferring
+# the one whose epoch 1 waits for G_1 (examples/small.toml: first_merge_step = 0).
+HEADLINE = ("dilocox_merge", "dilocox", "fixed_rank_merge_b1", "fixed_rank_merge")
 
 
 def headline(names: Container[str]) -> str | None:

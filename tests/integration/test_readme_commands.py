@@ -116,9 +116,9 @@ COVERED: dict[str, list[str]] = {
     "veriloco sample --prompt --tokens": ["tests/unit/test_export.py::test_cli_prepare_train_export_sample"],
     "make demo --corpus --preset": ["tests/e2e/test_own_data.py::test_llama_on_a_bpe_corpus_trains_verifies_exports_and_samples"],
     # Results: the benchmarks (their quick paths or drivers; every line is parsed by its own parser below)
-    "python benchmarks.convergence --eval-rows --methods --out --preset --seeds --sweep-inner-lr --sweep-outer":
-        ["tests/unit/test_convergence_bench.py::test_two_seed_run_writes_the_agreed_keys",
-         "tests/unit/test_convergence_bench.py::test_seed_runs_merge_into_the_joint_run_and_inner_lr_is_tuned_per_method"],
+    "python benchmarks.convergence --batch-size --eval-rows --inner-lr --jobs --merge-step --methods --out --preset --rank --seeds":
+        ["tests/unit/test_convergence_bench.py::test_runs_of_other_methods_on_the_same_seeds_join_against_one_baseline",
+         "tests/unit/test_convergence_bench.py::test_runs_in_parallel_processes_give_the_sequential_results"],
     "python benchmarks.convergence --merge --out":
         ["tests/unit/test_convergence_bench.py::test_seed_runs_merge_into_the_joint_run_and_inner_lr_is_tuned_per_method"],
     "python benchmarks.convergence --render": ["tests/unit/test_convergence_bench.py::test_two_seed_run_writes_the_agreed_keys"],

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.convergence import gap_over_run, gap_summary, main, parse_outer, projection, render
+from benchmarks.convergence import (
+    gap_over_run,
+    gap_summary,
+    headline,
+    main,
+    parse_outer,
+    projection,
+    render,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -206,6 +214,7 @@ def test_runs_of_other_methods_on_the_same_seeds_join_against_one_baseline(
     kept = json.loads(Path(x).read_text())
     assert list(kept["methods"]) == ["allreduce", "diloco", "fixed_rank_merge"]
     assert kept["dilocox_method"] == "fixed_rank_merge" and "within_0.3_points_of_diloco" in kept["targets"]
+    assert headline({"allreduce", "diloco", "fixed_rank_merge", "fixed_rank_merge_b1"}) == "fixed_rank_merge_b1"
     with pytest.raises(SystemExit, match="no dilocox_eager"):
         main(["--merge", a, b, "--keep", "dilocox_eager", "--out", x])
     # a method run alone, without the baseline, pairs against another run's AllReduce at --merge

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from coordinator.aggregate import aggregate, mean_delta
 from coordinator.outer import OuterConfig, global_params, init_global
+from protocol.config import merge_step_for
 from protocol.data import Corpus, batch, eval_loss, val_batches
 from protocol.errors import VerilocoError
 from protocol.model import GPTConfig, init_params, loss_fn, n_params, param_shapes
@@ -166,10 +167,12 @@ class Method:
     first_merge_step: int | None = None
 
     def merge_step_at(self, epoch: int) -> int | None:
-        """The steps into ``epoch`` at which G_e folds in (None: the rule has no merge)."""
-        if epoch == 1 and self.first_merge_step is not None:
-            return self.first_merge_step
-        return self.merge_step
+        """The steps into ``epoch`` at which G_e folds in (None: the rule has no merge), as
+        ``schedule.merge_step`` / ``first_merge_step`` say in the protocol."""
+        if self.merge_step is None:
+            return None
+        first = -1 if self.first_merge_step is None else self.first_merge_step
+        return merge_step_for(epoch, self.merge_step, first)
 
     @property
     def overlaps(self) -> bool:

@@ -12,7 +12,8 @@ own process of ``--threads`` threads, with the same results as one process. ``--
 of one configuration on disjoint seeds (or on the same seeds with other methods) and folds runs
 that differ only in the inner lr into the inner lr sweep. A run without ``allreduce`` in
 ``--methods`` is unpaired: AllReduce is deterministic, so one run of it serves every method added
-later, and ``--merge`` pairs the new methods against it.
+later, and ``--merge`` pairs the new methods against it, seed by seed (one process per seed works). A
+run at another ``--rank`` joins with its compressed methods named ``<method>_r<rank>``.
 Prints Markdown (``--render JSON`` prints it again from a results file) and a projection of the
 traffic formulas to the DiLoCoX paper's setting with every input labelled measured or assumed.
 
@@ -38,7 +39,7 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Container
+from collections.abc import Callable, Container
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -557,7 +558,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--merge", type=Path, nargs="+", metavar="JSON",
-        help="merge results of one configuration (disjoint seeds, or the same seeds at other inner lrs) into --out, and exit",
+        help="merge results of one configuration (disjoint seeds, the same seeds with other methods, ranks or inner lrs) "
+             "into --out, and exit",
     )
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
@@ -651,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
             "tokens_total": p.steps * p.batch_size * p.seq_len * a.trainers,
             "h_initial": p.h,
             "rank_initial": p.rank,
-            **({"merge_step": a.merge_step} if any(n.endswith("_merge") for n in names) else {}),
+            **({"merge_step": a.merge_step} if any("_merge" in n for n in names) else {}),
             "inner": asdict(cfg.inner),
             "outer": asdict(cfg.outer),
             "seeds_set": "init_seed = run_seed = seed for every method",
@@ -730,55 +732,94 @@ def summarize(out: dict[str, Any]) -> dict[str, Any]:
 
 
 def join_methods(paths: list[Path], parts: list[dict[str, Any]]) -> tuple[list[Path], list[dict[str, Any]]]:
-    """Runs of one configuration on the same seeds with different methods become one run per seed set.
+    """Runs of one configuration with different methods become one run per seed set.
 
-    Methods two runs share must have given the same results to the last digit on every seed (AllReduce
-    always does: it is the same deterministic run), so the joined methods are paired against one
-    baseline. Runs without a partner on the same seeds pass through unchanged.
+    Runs on the same seeds join method by method. A run without the baseline (``unpaired``) also joins,
+    seed by seed, a run that has it on a superset of its seeds, so one method run as one process per
+    seed pairs against one baseline run; every seed must end with the same methods. Methods two runs
+    share must have given the same results to the last digit on every seed (AllReduce always does: it
+    is the same deterministic run). A run at another initial rank joins with its compressed methods
+    named ``<method>_r<rank>``. Runs without a partner pass through unchanged.
     """
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, part in enumerate(parts):
         key = (tuple(sorted(s["seed"] for s in part["per_seed"])), part["config"]["inner"]["lr"])
         groups.setdefault(key, []).append(i)
-    out_paths, out_parts = [], []
+    out: list[tuple[Path, dict[str, Any]]] = []
     for idx in groups.values():
         idx.sort(key=lambda i: "unpaired" in parts[i])  # a run with the baseline is the base, first in order
         base = parts[idx[0]]
-        if len(idx) == 1 or any(set(parts[i]["per_seed"][0]["methods"]) == set(base["per_seed"][0]["methods"])
+        if len(idx) == 1 or any(_method_names(parts[i], base) == set(base["per_seed"][0]["methods"])
                                 for i in idx[1:]):
-            out_paths += [paths[i] for i in idx]  # same methods on the same seeds: merge() refuses them
-            out_parts += [parts[i] for i in idx]
+            out += [(paths[i], parts[i]) for i in idx]  # same methods on the same seeds: merge() refuses them
             continue
         joined = json.loads(json.dumps(base))
         for i in idx[1:]:
-            part = parts[i]
-            if part.get("sweep_inner_lr") or any(s.get("sweep") or s.get("sweep_inner_lr") for s in part["per_seed"]):
-                raise SystemExit(f"cannot merge {paths[i]}: a run joined by its methods must not sweep")
-            by_seed = {s["seed"]: s for s in part["per_seed"]}
-            for s in joined["per_seed"]:
-                theirs = by_seed[s["seed"]]["methods"]
-                for n, r in theirs.items():
-                    if n in s["methods"] and s["methods"][n]["eval_curve"] != r["eval_curve"]:
-                        raise SystemExit(f"cannot merge {paths[i]}: its {n} on seed {s['seed']} differs from "
-                                         f"{paths[idx[0]]}'s; methods shared by joined runs must repeat exactly")
-                    if n not in s["methods"]:
-                        s["methods"][n] = r
-                        if retime(r, s["step_seconds_for_simulation"]):
-                            s.setdefault("retimed", []).append(n)
-                s.setdefault("step_seconds_for_simulation_joined", [s["step_seconds_for_simulation"]]).append(
-                    by_seed[s["seed"]]["step_seconds_for_simulation"])
-            joined["config"] = {**part["config"], **joined["config"]}
-            joined["command"] = _as_list(joined["command"]) + _as_list(part["command"])
-            joined["machine"] = _as_list(joined["machine"]) + _as_list(part["machine"])
-            joined["wall_seconds"] += part["wall_seconds"]
-        for s in joined["per_seed"]:
+            _join_into(joined, parts[i], paths[i], paths[idx[0]])
+        out.append((paths[idx[0]], joined))
+    for path, part in [x for x in out if "unpaired" in x[1]]:
+        seeds, lr = {s["seed"] for s in part["per_seed"]}, part["config"]["inner"]["lr"]
+        into = next((x for x in out if "unpaired" not in x[1] and x[1]["config"]["inner"]["lr"] == lr
+                     and seeds <= {s["seed"] for s in x[1]["per_seed"]}), None)
+        if into is not None:
+            _join_into(into[1], part, path, into[0])
+            out = [x for x in out if x[1] is not part]
+    for path, part in out:
+        if "joined_methods" not in part:
+            continue
+        everywhere = set.intersection(*(set(s["methods"]) for s in part["per_seed"]))
+        for s in part["per_seed"]:
             s["equal_time"] = equal_time_of(s["methods"])
-        joined["joined_methods"] = ("per seed, the methods of several runs on these seeds; those in `retimed` are "
-                                    "simulated at the first run's step time (step_seconds_for_simulation) from their "
-                                    "stored timing, the others keep their own run's (step_seconds_for_simulation_joined)")
-        out_paths.append(paths[idx[0]])
-        out_parts.append(joined)
-    return out_paths, out_parts
+            for n in sorted(set(s["methods"]) - everywhere):
+                on = [t["seed"] for t in part["per_seed"] if n in t["methods"]]
+                raise SystemExit(f"cannot merge: {n} ran on seeds {on} only, the baseline in {path} on "
+                                 f"{[t['seed'] for t in part['per_seed']]}; run it on the others too")
+    return [x[0] for x in out], [x[1] for x in out]
+
+
+COMPRESSED = frozenset(n for n, m in methods().items() if m.compression is not None)
+
+
+def _method_name(part: dict[str, Any], base: dict[str, Any]) -> Callable[[str], str]:
+    """How ``part``'s methods are named once joined to ``base``: a compressed method run at another
+    initial rank carries it (``fixed_rank_merge_r128``); the others, which do not read the rank, keep theirs."""
+    rank = part["config"].get("rank_initial")
+    if rank == base["config"].get("rank_initial"):
+        return lambda n: n
+    return lambda n: f"{n}_r{rank}" if n in COMPRESSED else n
+
+
+def _method_names(part: dict[str, Any], base: dict[str, Any]) -> set[str]:
+    name = _method_name(part, base)
+    return {name(n) for n in part["per_seed"][0]["methods"]}
+
+
+def _join_into(joined: dict[str, Any], part: dict[str, Any], path: Path, base_path: Path) -> None:
+    """Add ``part``'s methods to ``joined`` seed by seed (``join_methods``), in place."""
+    if part.get("sweep_inner_lr") or any(s.get("sweep") or s.get("sweep_inner_lr") for s in part["per_seed"]):
+        raise SystemExit(f"cannot merge {path}: a run joined by its methods must not sweep")
+    name = _method_name(part, joined)
+    by_seed = {s["seed"]: s for s in part["per_seed"]}
+    for s in joined["per_seed"]:
+        if s["seed"] not in by_seed:
+            continue
+        for n, r in ((name(n), r) for n, r in by_seed[s["seed"]]["methods"].items()):
+            if n in s["methods"] and s["methods"][n]["eval_curve"] != r["eval_curve"]:
+                raise SystemExit(f"cannot merge {path}: its {n} on seed {s['seed']} differs from "
+                                 f"{base_path}'s; methods shared by joined runs must repeat exactly")
+            if n not in s["methods"]:
+                s["methods"][n] = r
+                if retime(r, s["step_seconds_for_simulation"]):
+                    s.setdefault("retimed", []).append(n)
+        s.setdefault("step_seconds_for_simulation_joined", [s["step_seconds_for_simulation"]]).append(
+            by_seed[s["seed"]]["step_seconds_for_simulation"])
+    joined["config"] = {**part["config"], **joined["config"]}
+    joined["command"] = _as_list(joined["command"]) + _as_list(part["command"])
+    joined["machine"] = _as_list(joined["machine"]) + _as_list(part["machine"])
+    joined["wall_seconds"] += part["wall_seconds"]
+    joined["joined_methods"] = ("per seed, the methods of several runs on these seeds; those in `retimed` are "
+                                "simulated at the first run's step time (step_seconds_for_simulation) from their "
+                                "stored timing, the others keep their own run's (step_seconds_for_simulation_joined)")
 
 
 def equal_time_of(methods: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -826,7 +867,7 @@ def merge(paths: list[Path], keep: list[str] | None = None) -> dict[str, Any]:
         for key in ("preset", "eval_rows"):
             if part.get(key) != parts[0].get(key):
                 raise SystemExit(f"cannot merge {path}: its {key!r} differs from {paths[0]}'s")
-        if _but_merge_step(part["config"]) != _but_merge_step(parts[0]["config"]):
+        if _joinable(part["config"]) != _joinable(parts[0]["config"]):
             break  # refused below, with the reason
     else:
         paths, parts = join_methods(paths, parts)
@@ -891,6 +932,12 @@ def merge(paths: list[Path], keep: list[str] | None = None) -> dict[str, Any]:
         "per_seed": per_seed,
         "wall_seconds": sum(part["wall_seconds"] for part in parts),
     })
+
+
+def _joinable(cfg: dict[str, Any]) -> dict[str, Any]:
+    """What runs joined by their methods share: the config but the merge step and the initial rank,
+    which name their methods apart (``join_methods``)."""
+    return {k: v for k, v in _but_merge_step(cfg).items() if k != "rank_initial"}
 
 
 def _but_merge_step(cfg: dict[str, Any]) -> dict[str, Any]:

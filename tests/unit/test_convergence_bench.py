@@ -139,8 +139,11 @@ def test_rank_override_is_recorded_and_kept_apart_from_other_ranks(tmp_path: Pat
     ar = [r["per_seed"][0]["methods"]["allreduce"]["final_eval_loss"] for r in (r8, r2)]
     dx = [r["per_seed"][0]["methods"]["dilocox"]["final_eval_loss"] for r in (r8, r2)]
     assert ar[0] == ar[1] and dx[0] != dx[1]  # the rank moves only the compressed method
-    with pytest.raises(SystemExit, match="config"):
-        main(["--merge", str(tmp_path / "r8.json"), str(tmp_path / "r2.json"), "--out", str(tmp_path / "x.json")])
+    # joined, the other rank's compressed method is kept apart by name, paired against the one AllReduce
+    assert main(["--merge", str(tmp_path / "r8.json"), str(tmp_path / "r2.json"), "--out", str(tmp_path / "x.json")]) == 0
+    x = json.loads((tmp_path / "x.json").read_text())
+    assert list(x["methods"]) == ["allreduce", "dilocox", "dilocox_r2"] and x["config"]["rank_initial"] == 8
+    assert x["methods"]["dilocox_r2"]["final_eval_loss_per_seed"] == [dx[1]]
     for bad in ("1", "257"):  # refused before anything trains: below the schedule's floor, above the limit
         with pytest.raises(SystemExit):
             main([*common, "--rank", bad, "--out", str(tmp_path / f"r{bad}.json")])
@@ -239,6 +242,32 @@ def test_runs_of_other_methods_on_the_same_seeds_join_against_one_baseline(
     with pytest.raises(SystemExit):
         main([*common, "--methods", "allreduce,fixed_rank_merge", "--merge-step", "-1", "--out", str(tmp_path / "n.json")])
     assert not (tmp_path / "n.json").exists()
+
+
+def test_a_method_run_seed_by_seed_or_at_another_rank_pairs_against_one_baseline(tmp_path: Path) -> None:
+    """One process per seed, without AllReduce, joins the baseline run seed by seed; a run at another
+    initial rank joins under a name that carries the rank, and only its compressed methods are renamed."""
+    common = ["--preset", "ci", "--eval-rows", "8", "--steps", "4", "--h", "2", "--quiet", "--merge-step", "1"]
+    base, u3, u4, r, x = (str(tmp_path / f"{n}.json") for n in ("base", "u3", "u4", "r", "x"))
+    assert main([*common, "--seeds", "3,4", "--methods", "allreduce,diloco,fixed_rank_merge_b1", "--out", base]) == 0
+    for seed, out in (("3", u3), ("4", u4)):
+        assert main([*common, "--seeds", seed, "--methods", "fixed_rank_merge", "--out", out]) == 0
+    assert json.loads(Path(u3).read_text())["config"]["merge_step"] == 1  # recorded for every *_merge* method
+    assert main(["--merge", u4, base, u3, "--out", x]) == 0
+    j = json.loads(Path(x).read_text())
+    assert list(j["methods"]) == ["allreduce", "diloco", "fixed_rank_merge_b1", "fixed_rank_merge"]
+    alone = [json.loads(Path(p).read_text())["per_seed"][0]["methods"]["fixed_rank_merge"]["final_eval_loss"]
+             for p in (u3, u4)]
+    assert j["methods"]["fixed_rank_merge"]["final_eval_loss_per_seed"] == alone
+    assert len(j["paired_gap_vs_allreduce"]["fixed_rank_merge"]["per_seed"]) == 2
+    with pytest.raises(SystemExit, match=r"fixed_rank_merge ran on seeds \[3\] only"):
+        main(["--merge", base, u3, "--out", x])
+    assert main([*common, "--seeds", "3,4", "--rank", "16", "--methods", "diloco,fixed_rank_merge_b1", "--out", r]) == 0
+    assert main(["--merge", r, base, "--out", x]) == 0
+    k = json.loads(Path(x).read_text())
+    assert list(k["methods"]) == ["allreduce", "diloco", "fixed_rank_merge_b1", "fixed_rank_merge_b1_r16"]
+    assert k["config"]["rank_initial"] == 8 and k["dilocox_method"] == "fixed_rank_merge_b1"
+    assert "rank 16" in k["per_seed"][0]["methods"]["fixed_rank_merge_b1_r16"]["description"]
 
 
 def test_runs_in_parallel_processes_give_the_sequential_results(tmp_path: Path) -> None:

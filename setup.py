@@ -9,7 +9,7 @@ from setuptools import find_packages, setup
 
 setup(
     packages=[
-        *find_packages(include=["veriloco*", "protocol*", "trainer*", "verifier*", "coordinator*"]),
+        *find_packages(include=["veriloco*", "devnet*", "protocol*", "trainer*", "verifier*", "coordinator*"]),
         "protocol.contracts",
     ],
     package_dir={"protocol.contracts": "contracts/build"},

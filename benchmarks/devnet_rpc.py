@@ -8,7 +8,7 @@ The same web3 8 client code runs the same workload on each backend, side by side
 - concurrent: 4 client threads, each with its own key, sending raw transactions (transactions/s).
 
 Backends: "eth-tester (in-process)" is web3's EthereumTesterProvider with no transport (the floor
-for py-evm); "py-evm JSON-RPC" is veriloco.evmserver over HTTP on loopback, once on a thread of the
+for py-evm); "py-evm JSON-RPC" is devnet.evmserver over HTTP on loopback, once on a thread of the
 benchmark process (sharing its GIL, as start_devnet runs it) and once in its own process (as
 `veriloco devnet` serves other nodes); "anvil JSON-RPC" is the
 npm anvil binary (skipped if absent). Ratios are against anvil.
@@ -39,10 +39,10 @@ from typing import Any
 from eth_account import Account
 from web3 import Web3
 
+from devnet.anvil import Anvil, AnvilConfig, AnvilError, anvil_binary
+from devnet.evmserver import DEV_HD_PATH, DEV_MNEMONIC, EvmConfig, EvmServer
+from devnet.launch import dev_accounts
 from tests.fixtures.devnet import load_probe
-from veriloco.anvil import Anvil, AnvilConfig, AnvilError, anvil_binary
-from veriloco.devnet import dev_accounts
-from veriloco.evmserver import DEV_HD_PATH, DEV_MNEMONIC, EvmConfig, EvmServer
 
 THREADS = 4
 
@@ -68,7 +68,7 @@ def evmserver() -> Iterator[Web3]:
 def evmserver_process() -> Iterator[Web3]:
     """The same server in its own process, as `veriloco devnet` serves other nodes (no shared GIL)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "veriloco.evmserver", "--port", "0", "--accounts", str(THREADS + 2)],
+        [sys.executable, "-m", "devnet.evmserver", "--port", "0", "--accounts", str(THREADS + 2)],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -42,11 +42,11 @@ sys.path.insert(0, str(ROOT))
 
 from web3 import Web3
 
+from devnet.anvil import Anvil, AnvilConfig, anvil_binary
 from protocol import merkle
 from protocol.chain import Chain, Phase, RunParams, artifact, build_response, deploy
 from protocol.digest import keccak
 from protocol.types import Address, Cid, Wei
-from veriloco.anvil import Anvil, AnvilConfig, anvil_binary
 
 TARGET = 300_000
 BLOCK_GAS = 30_000_000

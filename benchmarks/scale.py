@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 from web3 import Web3
 
 from benchmarks import gas
+from devnet.anvil import Anvil, AnvilConfig
 from protocol import merkle
 from protocol.chain import (
     Chain,
@@ -65,7 +66,6 @@ from protocol.chain import (
 )
 from protocol.digest import keccak
 from protocol.types import Address, Cid, Digest, Wei
-from veriloco.anvil import Anvil, AnvilConfig
 
 BLOCK_GAS = 30_000_000
 LEAVES = 33

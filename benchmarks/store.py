@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_ipfs:
         res["skipped"]["ipfs"] = "--no-ipfs"
     else:
-        from veriloco.ipfsnode import IpfsNode, IpfsNodeError
+        from devnet.ipfsnode import IpfsNode, IpfsNodeError
 
         try:
             with IpfsNode() as node:

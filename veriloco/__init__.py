@@ -1,1 +1,1 @@
-"""The veriloco shell: the command line, the demo and the devnet. The only package that imports the roles."""
+"""The veriloco shell: the command line, the demo and the simulation. The only package that imports the roles."""

@@ -14,7 +14,7 @@ from typing import NoReturn
 from protocol.errors import VerilocoError
 
 COMMANDS: list[str] = [
-    "veriloco.devnet",
+    "veriloco.devnetcmd",
     "veriloco.storecmd",
     "veriloco.nodes",
     "veriloco.netdemo",
@@ -32,7 +32,7 @@ COMMANDS: list[str] = [
 OWNER: dict[str, str] = {
     "demo": "veriloco.netdemo",
     "simulate": "veriloco.simcmd",
-    "devnet": "veriloco.devnet",
+    "devnet": "veriloco.devnetcmd",
     "store": "veriloco.storecmd",
     "trainer": "veriloco.nodes",
     "verifier": "veriloco.nodes",

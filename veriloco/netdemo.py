@@ -211,7 +211,7 @@ class Control:
 
     def restart_store(self) -> None:
         """Kill the IPFS node (SIGKILL) and start it again on its repo and API port."""
-        from veriloco.ipfsnode import IpfsNode
+        from devnet.ipfsnode import IpfsNode
 
         node = getattr(self.devnet, "_ipfs", None)
         if node is None:
@@ -288,7 +288,7 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stdout,
     it to recompute aggregates against the live chain). `on_tick(control)` runs about twice a second
     while the network runs, to kill and restart nodes. `config` replaces the run config `opts` derives.
     """
-    from veriloco.devnet import start_devnet
+    from devnet.launch import start_devnet
 
     def say(msg: str) -> None:
         out.write(msg + "\n")

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
+from devnet.launch import DevnetInfo
 from protocol.chain import Chain
 from protocol.errors import VerilocoError
 from tests.fixtures.network import skip_unrevealed
-from veriloco.devnet import DevnetInfo
 from veriloco.netdemo import Control, NodeProc
 
 pytestmark = pytest.mark.e2e

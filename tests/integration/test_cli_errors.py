@@ -150,7 +150,7 @@ def test_the_console_script_prints_no_traceback(offline: Path) -> None:
 
 @pytest.fixture(scope="module")
 def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from veriloco.devnet import start_devnet
+    from devnet.launch import start_devnet
 
     with start_devnet(state_dir=tmp_path_factory.mktemp("devnet"), accounts=5) as net:
         yield net

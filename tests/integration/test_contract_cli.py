@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def anvil() -> Iterator[object]:
-    from veriloco.anvil import Anvil, AnvilConfig
+    from devnet.anvil import Anvil, AnvilConfig
 
     node = Anvil(AnvilConfig(accounts=6)).start()
     try:
@@ -31,7 +31,7 @@ def anvil() -> Iterator[object]:
 
 
 def _key_file(tmp_path: Path, index: int = 0) -> Path:
-    from veriloco.devnet import dev_accounts
+    from devnet.launch import dev_accounts
 
     path = tmp_path / f"key{index}"
     path.write_text(dev_accounts(index + 1)[index].key)

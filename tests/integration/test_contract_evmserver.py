@@ -1,6 +1,6 @@
 """The binding over the py-evm JSON-RPC devnet server (`veriloco devnet --chain py-evm`).
 
-Nodes reach the embedded chain over HTTP through veriloco.evmserver, whose revert and log paths
+Nodes reach the embedded chain over HTTP through devnet.evmserver, whose revert and log paths
 differ from in-process eth-tester; this checks that custom errors still decode with their
 arguments, that raw-key signing works and that event queries filter by run.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 from web3 import Web3
 
+from devnet.evmserver import EvmConfig, EvmServer
+from devnet.launch import dev_accounts
 from protocol import chain_errors as ce
 from protocol.chain import Chain, Phase, deploy
 from tests.fixtures.chain import Trainer, params
-from veriloco.devnet import dev_accounts
-from veriloco.evmserver import EvmConfig, EvmServer
 
 pytestmark = pytest.mark.integration
 

@@ -13,10 +13,9 @@ import pytest
 from eth_account import Account
 from web3 import Web3
 
-from protocol.chain import Chain
-from tests.fixtures.devnet import deploy_probe
-from veriloco.anvil import Anvil, AnvilConfig, AnvilError, anvil_binary
-from veriloco.devnet import (
+from devnet.anvil import Anvil, AnvilConfig, AnvilError, anvil_binary
+from devnet.evmserver import DEFAULT_CHAIN_ID
+from devnet.launch import (
     DevnetConfig,
     DevnetError,
     DevnetInfo,
@@ -24,7 +23,8 @@ from veriloco.devnet import (
     dev_accounts,
     start_devnet,
 )
-from veriloco.evmserver import DEFAULT_CHAIN_ID
+from protocol.chain import Chain
+from tests.fixtures.devnet import deploy_probe
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -215,7 +215,7 @@ def test_anvil_refuses_a_busy_port_with_its_log(tmp_path: Path) -> None:
 
 
 def test_ipfs_store_devnet_starts_a_node(tmp_path: Path) -> None:
-    from veriloco.ipfsnode import IpfsNodeError, find_node_modules
+    from devnet.ipfsnode import IpfsNodeError, find_node_modules
 
     try:
         find_node_modules()

@@ -18,8 +18,7 @@ from hypothesis import strategies as st
 from web3 import Web3
 from web3.exceptions import ContractCustomError, ContractLogicError, Web3RPCError
 
-from tests.fixtures.devnet import deploy_probe, load_probe
-from veriloco.evmserver import (
+from devnet.evmserver import (
     DEFAULT_CHAIN_ID,
     EvmChain,
     EvmConfig,
@@ -27,6 +26,7 @@ from veriloco.evmserver import (
     EvmServer,
     EvmServerError,
 )
+from tests.fixtures.devnet import deploy_probe, load_probe
 
 pytestmark = pytest.mark.integration
 

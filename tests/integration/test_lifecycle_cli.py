@@ -52,7 +52,7 @@ class DevnetNet:
 
 @pytest.fixture(scope="module")
 def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from veriloco.devnet import start_devnet
+    from devnet.launch import start_devnet
 
     with start_devnet(state_dir=tmp_path_factory.mktemp("devnet"), accounts=6) as net:
         yield net

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def anvil() -> Iterator[object]:
-    from veriloco.anvil import Anvil, AnvilConfig
+    from devnet.anvil import Anvil, AnvilConfig
 
     node = Anvil(AnvilConfig(accounts=2)).start()
     try:
@@ -32,7 +32,7 @@ def anvil() -> Iterator[object]:
 
 def test_run_create_with_a_prepared_corpus(anvil: object, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from veriloco.devnet import dev_accounts
+    from devnet.launch import dev_accounts
 
     monkeypatch.chdir(tmp_path)
     url = anvil.url  # type: ignore[attr-defined]

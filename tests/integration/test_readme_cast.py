@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from devnet.launch import DevnetConfig, DevnetProcess
 from protocol.chain import Chain
 from veriloco.cli import main
-from veriloco.devnet import DevnetConfig, DevnetProcess
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

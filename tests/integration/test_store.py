@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from devnet.ipfsnode import IpfsNode, free_port
 from protocol import formats
 from protocol.digest import keccak, state_digest
 from protocol.store import (
@@ -33,7 +34,6 @@ from protocol.store import (
 )
 from protocol.unixfs import CHUNK_SIZE, cid_of
 from tests.fixtures.ipfs import ipfs_node  # noqa: F401 - fixture
-from veriloco.ipfsnode import IpfsNode, free_port
 
 pytestmark = [
     pytest.mark.integration,

@@ -3,7 +3,7 @@
 web3, ethers and cast talk JSON-RPC over HTTP; eth-tester talks Python (ints, bytes, snake_case
 keys). This module is the translation between them, field by field, with one lock around the chain
 so concurrent clients see a consistent sequence of blocks. It is what `veriloco devnet --chain
-py-evm` runs; `start_devnet` (veriloco.devnet) runs it on a thread for in-process use.
+py-evm` runs; `start_devnet` (devnet.launch) runs it on a thread for in-process use.
 
 Behaviour worth knowing (docs/devnet.md has the user-facing version):
 - automine: every transaction is mined into its own block at once (eth-tester rejects a second
@@ -17,7 +17,7 @@ Behaviour worth knowing (docs/devnet.md has the user-facing version):
   transaction will land. Without fee fields both run at gas price 0, so any address may call;
 - reverts are JSON-RPC error 3 "execution reverted" with the revert data, as geth and anvil send it.
 
-Run it alone: `python -m veriloco.evmserver --port 8545` (or use `veriloco devnet`).
+Run it alone: `python -m devnet.evmserver --port 8545` (or use `veriloco devnet`).
 """
 
 from __future__ import annotations

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Self
 
+from devnet.evmserver import DEV_MNEMONIC
+from devnet.procs import stop_process
 from protocol.errors import VerilocoError
-from veriloco.evmserver import DEV_MNEMONIC
-from veriloco.procs import stop_process
 
 ANVIL_CHAIN_ID = 31337  # anvil's own default, kept so tools that assume it keep working
 REPO_ROOT = Path(__file__).resolve().parent.parent

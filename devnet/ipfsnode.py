@@ -7,7 +7,7 @@ peers and no MDNS, so it talks to nobody; API and gateway listen on free loopbac
 module) is loaded with `node --require`. The daemon is started directly (an npx wrapper would leave
 it running) and stopped by its PID.
 
-Run `python -m veriloco.ipfsnode [REPO_DIR]` to start one in the foreground and print its API.
+Run `python -m devnet.ipfsnode [REPO_DIR]` to start one in the foreground and print its API.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from devnet.procs import stop_process
 from protocol.errors import VerilocoError
-from veriloco.procs import stop_process
 
 POLYFILL = Path(__file__).with_name("ipfs_polyfill.js")
 _CLI = Path("ipfs") / "src" / "cli.js"

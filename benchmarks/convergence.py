@@ -561,8 +561,13 @@ def main(argv: list[str] | None = None) -> int:
         help="merge results of one configuration (disjoint seeds, the same seeds with other methods, ranks or inner lrs) "
              "into --out, and exit",
     )
+    ap.add_argument("--dilocox", metavar="METHOD",
+                    help="with --merge: the method the targets and the projection read as DiLoCoX "
+                         "(default: the shipped rule's, by HEADLINE), e.g. a rank-qualified fixed_rank_merge_b1_r128")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
+    if a.dilocox and not a.merge:
+        ap.error("--dilocox names a method of merged runs: give it with --merge")
     if a.render:
         data = json.loads(a.render.read_text())
         if "unpaired" in data:
@@ -575,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.out is None:
         ap.error("--out is required (or --render)")
     if a.merge:
-        return write(merge(a.merge, [n for n in a.keep.split(",") if n] if a.keep else None), a.out)
+        return write(merge(a.merge, [n for n in a.keep.split(",") if n] if a.keep else None, a.dilocox), a.out)
     names = [n for n in a.methods.split(",") if n]
     unknown = set(names) - set(ALL)
     if unknown or not names:
@@ -696,7 +701,7 @@ def summarize(out: dict[str, Any]) -> dict[str, Any]:
     names = list(per_seed[0]["methods"])
     out = {**out, **aggregate_seeds(per_seed, names, (cfg["outer"]["lr"], cfg["outer"]["momentum"]),
                                     cfg["inner"]["lr"])}
-    x = headline(names)
+    x = out.get("dilocox_choice") or headline(names)
     if x is not None:
         gx = out["paired_gap_vs_allreduce"][x]
         ms = out["methods"]
@@ -856,7 +861,7 @@ def keep_methods(part: dict[str, Any], keep: list[str], path: Path) -> dict[str,
     return {**part, "per_seed": per_seed}
 
 
-def merge(paths: list[Path], keep: list[str] | None = None) -> dict[str, Any]:
+def merge(paths: list[Path], keep: list[str] | None = None, dilocox: str | None = None) -> dict[str, Any]:
     """One results file from runs of one configuration: runs on disjoint seeds (e.g. one process
     per seed) are concatenated in seed order; runs that differ only in the inner lr join the inner lr
     sweep of the seeds they share (so a sweep can be widened later); runs of other methods on the
@@ -919,7 +924,14 @@ def merge(paths: list[Path], keep: list[str] | None = None) -> dict[str, Any]:
     if len({tuple(sorted(s.get("sweep_inner_lr", {}))) for s in per_seed}) > 1:
         raise SystemExit("cannot merge: the seeds were run at different inner lrs; give every seed the same ones")
     kept = {k: v for k, v in first.items() if k in ("benchmark", "preset", "eval_rows", "config", "digest_cost",
-                                                     "joined_methods")}
+                                                     "joined_methods", "dilocox_choice")}
+    if kept.get("dilocox_choice") not in per_seed[0]["methods"]:
+        kept.pop("dilocox_choice", None)  # --keep left it out: back to the default
+    if dilocox is not None:
+        if dilocox not in per_seed[0]["methods"]:
+            raise SystemExit(f"--dilocox {dilocox}: the merged runs have no such method; they have "
+                             f"{', '.join(per_seed[0]['methods'])}")
+        kept["dilocox_choice"] = dilocox
     step = [p["config"]["merge_step"] for p in parts if "merge_step" in p["config"]]
     if step:
         kept["config"] = {**kept["config"], "merge_step": step[0]}

@@ -268,6 +268,15 @@ def test_a_method_run_seed_by_seed_or_at_another_rank_pairs_against_one_baseline
     assert list(k["methods"]) == ["allreduce", "diloco", "fixed_rank_merge_b1", "fixed_rank_merge_b1_r16"]
     assert k["config"]["rank_initial"] == 8 and k["dilocox_method"] == "fixed_rank_merge_b1"
     assert "rank 16" in k["per_seed"][0]["methods"]["fixed_rank_merge_b1_r16"]["description"]
+    assert main(["--merge", r, base, "--dilocox", "fixed_rank_merge_b1_r16", "--out", x]) == 0
+    c = json.loads(Path(x).read_text())  # the targets and the projection read the chosen method, and keep it
+    assert c["dilocox_method"] == "fixed_rank_merge_b1_r16"
+    assert c["loss_gap_vs_allreduce"] == c["paired_gap_vs_allreduce"]["fixed_rank_merge_b1_r16"]["mean"]
+    assert main(["--merge", x, u3, u4, "--out", str(tmp_path / "y.json")]) == 0
+    assert json.loads((tmp_path / "y.json").read_text())["dilocox_method"] == "fixed_rank_merge_b1_r16"
+    for bad in (["--merge", r, base, "--dilocox", "dilocox", "--out", x], ["--render", x, "--dilocox", "diloco"]):
+        with pytest.raises(SystemExit):
+            main(bad)
 
 
 def test_runs_in_parallel_processes_give_the_sequential_results(tmp_path: Path) -> None:

@@ -703,6 +703,9 @@ def summarize(out: dict[str, Any]) -> dict[str, Any]:
                                     cfg["inner"]["lr"])}
     x = out.get("dilocox_choice") or headline(names)
     if x is not None:
+        for part in (out, out["equal_simulated_time"]):  # gap_summary paired the default; a chosen method replaces it
+            if x in part.get("paired_gap_vs_diloco", {}):
+                part["paired_gap_dilocox_vs_diloco"] = part["paired_gap_vs_diloco"][x]
         gx = out["paired_gap_vs_allreduce"][x]
         ms = out["methods"]
         out["dilocox_method"] = x
@@ -1065,7 +1068,7 @@ def render(out: dict[str, Any]) -> str:
     else:
         dd = out.get("paired_gap_dilocox_vs_diloco")
         if isinstance(dd, dict):
-            lines += ["", f"{headline(ms)} - diloco (gap points, paired): {_gap_cell(dd)}"]
+            lines += ["", f"{out.get('dilocox_method') or headline(ms)} - diloco (gap points, paired): {_gap_cell(dd)}"]
     et = out["equal_simulated_time"]
     budgets = ", ".join(f"{b:.1f}" for b in et["budget_s_per_seed"])
     lines += [

@@ -119,8 +119,8 @@ COVERED: dict[str, list[str]] = {
     "python benchmarks.convergence --batch-size --eval-rows --inner-lr --jobs --merge-step --methods --out --preset --rank --seeds":
         ["tests/unit/test_convergence_bench.py::test_runs_of_other_methods_on_the_same_seeds_join_against_one_baseline",
          "tests/unit/test_convergence_bench.py::test_runs_in_parallel_processes_give_the_sequential_results"],
-    "python benchmarks.convergence --merge --out":
-        ["tests/unit/test_convergence_bench.py::test_seed_runs_merge_into_the_joint_run_and_inner_lr_is_tuned_per_method"],
+    "python benchmarks.convergence --dilocox --merge --out":
+        ["tests/unit/test_convergence_bench.py::test_a_method_run_seed_by_seed_or_at_another_rank_pairs_against_one_baseline"],
     "python benchmarks.convergence --render": ["tests/unit/test_convergence_bench.py::test_two_seed_run_writes_the_agreed_keys"],
     "python benchmarks.codec --h --out --preset --ranks --rounds": [f"{HERE}::test_benchmark_lines_parse_with_their_own_parsers"],
     "python benchmarks.gas --out": [f"{HERE}::test_benchmark_lines_parse_with_their_own_parsers"],

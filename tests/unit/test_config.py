@@ -52,15 +52,15 @@ def test_example_run_configs_load(name: str, preset: str) -> None:
 
     cfg = load_toml(Path(__file__).resolve().parents[2] / "examples" / f"{name}.toml")
     assert cfg.model.preset == preset and (cfg.audit.unit, cfg.audit.steps, cfg.audit.segment) == ("shard", 4, 8)
-    if name == "small":  # the measured winner (convergence-small.json): 128 rows, rank 64 and H 8 held, epoch 1 waits
+    if name == "small":  # the measured winner (convergence-small.json): 128 rows, rank 128 and H 8 held, epoch 1 waits
         from trainer.compress import h_for_rank
         from trainer.round import RoundSpec
 
         spec = RoundSpec.from_config(cfg)
         c = spec.compression  # adapt() clamps to [rank_min, rank_max] (test_compress), so the rank holds
-        assert (spec.batch_size, spec.merge_step, c.rank_min, c.rank_max, c.rank_initial) == (128, 1, 64, 64, 64)
+        assert (spec.batch_size, spec.merge_step, c.rank_min, c.rank_max, c.rank_initial) == (128, 1, 128, 128, 128)
         assert [spec.merge_step_in(e) for e in range(3)] == [1, 0, 1]
-        assert h_for_rank(64, c) == 8
+        assert h_for_rank(128, c) == 8
 
 
 def test_tolerant_mode_stays_in_the_calibrated_range() -> None:

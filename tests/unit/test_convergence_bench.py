@@ -272,6 +272,10 @@ def test_a_method_run_seed_by_seed_or_at_another_rank_pairs_against_one_baseline
     c = json.loads(Path(x).read_text())  # the targets and the projection read the chosen method, and keep it
     assert c["dilocox_method"] == "fixed_rank_merge_b1_r16"
     assert c["loss_gap_vs_allreduce"] == c["paired_gap_vs_allreduce"]["fixed_rank_merge_b1_r16"]["mean"]
+    assert c["paired_gap_dilocox_vs_diloco"] == c["paired_gap_vs_diloco"]["fixed_rank_merge_b1_r16"] \
+        != k["paired_gap_dilocox_vs_diloco"]
+    et = c["equal_simulated_time"]
+    assert et["paired_gap_dilocox_vs_diloco"] == et["paired_gap_vs_diloco"]["fixed_rank_merge_b1_r16"]
     assert main(["--merge", x, u3, u4, "--out", str(tmp_path / "y.json")]) == 0
     assert json.loads((tmp_path / "y.json").read_text())["dilocox_method"] == "fixed_rank_merge_b1_r16"
     for bad in (["--merge", r, base, "--dilocox", "dilocox", "--out", x], ["--render", x, "--dilocox", "diloco"]):

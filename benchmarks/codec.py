@@ -35,8 +35,8 @@ from torch import Tensor, nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
 from protocol.data import batch, default_corpus
+from protocol.formats.payload import decode
 from protocol.model import preset
-from protocol.payload import decode
 from trainer.compress import CompressionConfig, EpochRecord, adapt, compress
 from trainer.inner import PARAM, InnerConfig, init_state, section, train_step
 

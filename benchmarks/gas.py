@@ -44,7 +44,7 @@ from web3 import Web3
 
 from devnet.anvil import Anvil, AnvilConfig, anvil_binary
 from protocol import merkle
-from protocol.chain import Chain, Phase, RunParams, artifact, build_response, deploy
+from protocol.chain.binding import Chain, Phase, RunParams, artifact, build_response, deploy
 from protocol.digest import keccak
 from protocol.types import Address, Cid, Wei
 

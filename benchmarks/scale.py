@@ -5,7 +5,7 @@
 The script starts a fresh anvil (npm @foundry-rs/anvil, free loopback port, stopped by PID) with
 1 + T + V funded accounts, deploys the contract and creates a run from account 0 (the coordinator).
 Every trainer and verifier is a separate node: its own account, its own Web3 connection and its own
-`protocol.chain.Chain`. All of them join, then E full epochs are played through the real binding:
+`protocol.chain.binding.Chain`. All of them join, then E full epochs are played through the real binding:
 
     commit   every trainer commits to a random 33-leaf trace (tiny payloads: only digests on chain)
     reveal   every trainer reveals
@@ -54,7 +54,7 @@ from web3 import Web3
 from benchmarks import gas
 from devnet.anvil import Anvil, AnvilConfig
 from protocol import merkle
-from protocol.chain import (
+from protocol.chain.binding import (
     Chain,
     ContractRevert,
     Phase,

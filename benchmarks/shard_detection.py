@@ -4,7 +4,7 @@
 
 Writes the key `shard_policy` into that JSON (the rest of the file, benchmarks/verification.py's, is
 kept). Under a policy of s audited steps per trainer and epoch and segments of r steps, each draw k
-(protocol.chain_audit.challenged_steps) becomes the segment of r steps around it, of one audit block
+(protocol.chain.audit.challenged_steps) becomes the segment of r steps around it, of one audit block
 of B (protocol.shard_audit.shard_challenges); the verifier replays that block over the segment. So:
 
 - (a) a trainer faking a fraction f of its H steps (skipping them) is caught when a drawn segment
@@ -48,14 +48,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from protocol import merkle
-from protocol.chain_audit import challenged_steps
+from protocol.chain.audit import challenged_steps
 from protocol.config import RunConfig
 from protocol.data import Corpus
 from protocol.digest import keccak
-from protocol.formats import load_state
+from protocol.formats.codec import load_state
+from protocol.formats.payload import wrap
 from protocol.leaf import block_count, block_names
 from protocol.model import init_params, n_params, param_shapes, preset
-from protocol.payload import wrap
 from protocol.shard_audit import (
     challenge_spec,
     decode_manifest,
@@ -63,7 +63,7 @@ from protocol.shard_audit import (
     shard_challenges,
     transition_spec,
 )
-from protocol.store import LocalStore
+from protocol.store.backends import LocalStore
 from protocol.types import Address
 from trainer.blockstep import blockwise_step
 from trainer.checkpoints import EpochDir
@@ -119,7 +119,7 @@ def _covered(chals: list[tuple[int, int, int]], steps: Any) -> bool:
 
 
 def sampled(h: int, s: int, r: int, blocks: int, seeds: int, f: float = F) -> dict[str, dict[str, float]]:
-    """The same figures from protocol.chain_audit / protocol.shard_audit draws over `seeds` seeds; the
+    """The same figures from protocol.chain.audit / protocol.shard_audit draws over `seeds` seeds; the
     forgery's place is drawn afresh per seed. 10-epoch figures use 10 consecutive seeds per run."""
     rng = random.Random(f"{h}-{s}-{r}")
     m = round(f * h)

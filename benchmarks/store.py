@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from protocol.digest import state_digest
-from protocol.store import IpfsStore, LocalStore, Store
-from protocol.unixfs import cid_of
+from protocol.store.backends import IpfsStore, LocalStore, Store
+from protocol.store.unixfs import cid_of
 
 MB = 1e6
 SIZES = {"1MiB": 1 << 20, "64MiB": 64 << 20}

@@ -13,7 +13,7 @@
 2. Detection. Real tiny traces of H steps with m = round(f·H) transitions forged like
    trainer.cheats.Lazy (step counter advanced, nothing trained); every transition is checked once
    with the real check_step (tolerant mode, calibrated bound) and the verdict is reused for all
-   seeds (check_step is a pure function). Per seed, protocol.chain_audit.challenged_steps picks the
+   seeds (check_step is a pure function). Per seed, protocol.chain.audit.challenged_steps picks the
    challenged transitions exactly as the contract does; detection is the share of seeds where one of
    them fails. Payload forgery (trainer.cheats.Noise) is caught when final_check draws the final
    transition, and the real check_final rejects the noise payload.
@@ -49,13 +49,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from protocol.chain_audit import challenged_steps, final_check
+from protocol.chain.audit import challenged_steps, final_check
 from protocol.config import RunConfig
 from protocol.data import Corpus, default_corpus
 from protocol.digest import keccak, state_digest
-from protocol.formats import required_leaves, save_state
+from protocol.formats.codec import required_leaves, save_state
+from protocol.formats.payload import wrap
 from protocol.model import init_params
-from protocol.payload import wrap
 from trainer.compress import compress
 from trainer.inner import PARAM, STEP, State, configure_determinism, section
 from trainer.pipeline import PipelineConfig, merge_states, pipeline_train_step, stage_state

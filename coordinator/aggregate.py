@@ -3,7 +3,7 @@
 A verifier recomputes the coordinator's new global model and refuses to attest a different one, so
 every float operation happens in a fixed order: deltas are summed in fp32 in the order given (the
 caller passes them in the protocol's order, e.g. sorted by trainer address), then divided by their
-count. ``aggregate_payloads`` is the same over encoded payloads (decoded by ``protocol.payload``).
+count. ``aggregate_payloads`` is the same over encoded payloads (decoded by ``protocol.formats.payload``).
 
 Audits are samples, so a forged payload can pass (docs/security.md T5, T15). With ``clip`` > 0
 each pseudo-gradient's L2 norm is capped at ``clip`` times the lower median of the norms: with an
@@ -104,7 +104,7 @@ def aggregate_payloads(
     g: Mapping[str, Tensor], payloads: Sequence[bytes], cfg: OuterConfig
 ) -> GlobalState:
     """Decode each payload against the model's shapes, then ``aggregate``; bad payloads raise PayloadError."""
-    from protocol.payload import decode  # the codec lives with the compressor
+    from protocol.formats.payload import decode  # the codec lives with the compressor
 
     shapes = {n: tuple(p.shape) for n, p in global_params(g).items()}
     return aggregate(g, [decode(p, shapes) for p in payloads], cfg)

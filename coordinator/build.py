@@ -15,13 +15,13 @@ from pathlib import Path
 
 from coordinator.aggregate import aggregate
 from coordinator.outer import MOM, GlobalState, OuterConfig, global_params, init_global
-from protocol.chain import Chain, Phase
+from protocol.chain.binding import Chain, Phase
 from protocol.digest import state_digest
 from protocol.errors import VerilocoError
-from protocol.formats import FormatError, load_state_file, write_state
-from protocol.payload import PayloadError, decode, unwrap
+from protocol.formats.codec import FormatError, load_state_file, write_state
+from protocol.formats.payload import PayloadError, decode, unwrap
 from protocol.run import RunContext, initial_model, load_model, passing_trainers, revealed_payload
-from protocol.store import Store, StoreError, StoreUnavailable
+from protocol.store.backends import Store, StoreError, StoreUnavailable
 from protocol.types import Address, Digest
 
 Log = Callable[..., None]

@@ -29,12 +29,12 @@ from typing import TypeVar
 
 from coordinator.build import PayloadMissing, VerifiedGlobals, build_global
 from coordinator.outer import global_params
-from protocol.chain import Chain, ChainError, ChainUnavailable, Phase
+from protocol.chain.binding import Chain, ChainError, ChainUnavailable, Phase
+from protocol.chain.outage import TRANSIENT, through_outages
 from protocol.errors import VerilocoError
-from protocol.formats import save_state
-from protocol.outage import TRANSIENT, through_outages
+from protocol.formats.codec import save_state
 from protocol.run import RunContext, eval_model, open_run
-from protocol.store import Store
+from protocol.store.backends import Store
 
 Log = Callable[..., None]
 T = TypeVar("T")

@@ -46,7 +46,7 @@ from eth_tester.exceptions import (
 from eth_utils import decode_hex, encode_hex, keccak, to_canonical_address, to_checksum_address
 
 from protocol.errors import VerilocoError
-from protocol.jsondepth import MAX_JSON_DEPTH, json_depth  # JSON-RPC needs about 6 levels
+from protocol.formats.jsondepth import MAX_JSON_DEPTH, json_depth  # JSON-RPC needs about 6 levels
 
 # The public test mnemonic anvil and hardhat use: the same dev accounts on every devnet.
 # These keys are published everywhere; never send real funds to them.

@@ -2,7 +2,7 @@
 
 A devnet starts the chain (py-evm served over JSON-RPC on a thread of this process, or anvil as a
 child process), points to or starts the store (a directory, or a js-ipfs node), deploys the Veriloco
-contract with protocol.chain.deploy and writes DIR/devnet.json (format in docs/devnet.md); stopped,
+contract with protocol.chain.binding.deploy and writes DIR/devnet.json (format in docs/devnet.md); stopped,
 it stops everything it started and removes the devnet file. `veriloco devnet`
 (veriloco/devnetcmd.py) runs one until Ctrl-C or SIGTERM.
 
@@ -314,7 +314,7 @@ class Devnet:
         from eth_account import Account
         from web3 import Web3
 
-        from protocol.chain import deploy
+        from protocol.chain.binding import deploy
 
         w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": 60}))
         memo = self._memo_path()

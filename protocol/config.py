@@ -17,10 +17,10 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
-from protocol.chain import RunParams
+from protocol.chain.binding import RunParams
 from protocol.digest import keccak
 from protocol.errors import VerilocoError
-from protocol.formats import FormatError, canonical_json, decode_canonical_json
+from protocol.formats.codec import FormatError, canonical_json, decode_canonical_json
 from protocol.model import PRECISIONS, GPTConfig, preset
 from protocol.types import Address, Cid, Digest, Wei
 

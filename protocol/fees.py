@@ -1,7 +1,7 @@
 """Transaction fees from the node's own fee history, their replacement bump, and an operator's cap.
 
 Pure functions over JSON-RPC answers, so they are tested with recorded shapes and used by
-protocol.chain for every locally signed transaction:
+protocol.chain.binding for every locally signed transaction:
 
 - EIP-1559 chains: the priority fee is the median of the last blocks' reward percentile (blocks
   with no transactions say nothing about tips and are skipped), the max fee is twice the next
@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.chain_errors import ChainError
+from protocol.chain.errors import ChainError
 
 GWEI = 10**9
 BUMP_NUM, BUMP_DEN = 9, 8  # +12.5% per replacement

@@ -7,7 +7,7 @@ config, so this check belongs to the nodes that read it.
 
 from __future__ import annotations
 
-from protocol.chain import RunInfo
+from protocol.chain.binding import RunInfo
 from protocol.errors import VerilocoError
 
 ROLE_NAMES = {0: "none", 1: "trainer", 2: "verifier", 3: "coordinator"}

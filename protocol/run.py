@@ -15,14 +15,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from protocol.chain import Chain, Phase, RunInfo
+from protocol.chain.binding import Chain, Phase, RunInfo
 from protocol.config import RunConfig, from_json
 from protocol.data import Corpus, build_corpus
 from protocol.digest import keccak, state_digest
 from protocol.errors import VerilocoError
-from protocol.formats import load_state, save_state
+from protocol.formats.codec import load_state, save_state
 from protocol.model import init_params, param_shapes
-from protocol.store import Store
+from protocol.store.backends import Store
 from protocol.tokenizer import Tokenizer, load_tokenizer
 from protocol.tokens import tokenizer_vocab_size
 from protocol.types import Address, Cid, Digest, RunId

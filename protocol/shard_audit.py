@@ -22,13 +22,13 @@ from dataclasses import dataclass
 import torch
 
 from protocol import merkle
-from protocol.chain_audit import draw
+from protocol.chain.audit import draw
 from protocol.digest import keccak
 from protocol.errors import VerilocoError
-from protocol.formats import TensorSpec, decode_dataclass, encode_dataclass
+from protocol.formats.codec import TensorSpec, decode_dataclass, encode_dataclass
 from protocol.leaf import LeafError, StepLeaf, part_digest, tensor_digest
+from protocol.store.unixfs import CidError, validate_cid
 from protocol.types import Address, Cid, Digest
-from protocol.unixfs import CidError, validate_cid
 
 SHARD_AUDIT_FORMAT = "veriloco.audit.shard.v1"
 START_PREFIX = "start."  # the transition file's first-leaf parameters: "start.param/<p>"

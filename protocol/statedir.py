@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from protocol.chain import Chain
+from protocol.chain.binding import Chain
 from protocol.errors import VerilocoError
 
 

@@ -32,7 +32,7 @@ import time
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from protocol.payload import decode, encode, encode_raw, unwrap, wrap
+from protocol.formats.payload import decode, encode, encode_raw, unwrap, wrap
 from trainer.checkpoints import EpochDir
 from trainer.engine import Engine, LocalEngine, save_merged
 from trainer.inner import EF, PARAM, Params, State, section, train_step, with_section

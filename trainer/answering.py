@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from protocol.shard_audit import ShardManifest
+from protocol.store.unixfs import cid_of
 from protocol.types import Cid
-from protocol.unixfs import cid_of
 
 
 @dataclass(frozen=True)

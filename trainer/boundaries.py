@@ -30,7 +30,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from protocol.formats import write_state
+from protocol.formats.codec import write_state
 from trainer.blockstep import BlockIO
 
 SQ = "sq"  # every block's squared gradient norm, fp32, in block order

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from protocol.formats.payload import wrap
 from protocol.leaf import block_count
-from protocol.payload import wrap
 from trainer.blockstep import Batch, BlockIO
 from trainer.compress import compress
 from trainer.engine import Engine, LocalEngine

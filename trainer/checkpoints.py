@@ -20,7 +20,7 @@ from typing import Any
 
 from safetensors import safe_open
 
-from protocol.formats import load_state_file, write_state
+from protocol.formats.codec import load_state_file, write_state
 from trainer.inner import State
 
 

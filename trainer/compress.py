@@ -1,7 +1,7 @@
 """The adaptive pseudo-gradient compressor: low-rank + int4 factors, int8 vectors, error feedback.
 
 `compress` turns a pseudo-gradient (plus the error-feedback buffer) into payload bytes
-(protocol/payload.py) and the new error buffer. It is pure and deterministic: the only randomness
+(protocol/formats/payload.py) and the new error buffer. It is pure and deterministic: the only randomness
 is a sketch matrix seeded from the caller's `seed` and the tensor name, and there is no warm-start
 state, so a verifier holding the end state can recompute the payload byte for byte.
 
@@ -20,7 +20,7 @@ from eth_abi import encode as abi_encode
 
 from protocol.digest import keccak
 from protocol.errors import VerilocoError
-from protocol.payload import (
+from protocol.formats.payload import (
     DEFAULT_MAX_BYTES,
     KIND_NAMES,
     LOWRANK,

@@ -21,18 +21,25 @@ from typing import Any
 
 from coordinator.build import ModelUnavailable, VerifiedGlobals
 from protocol import merkle, shard_audit
-from protocol.chain import Chain, ChainError, ChainUnavailable, ContractRevert, Phase, TxResult
-from protocol.chain_audit import build_response
+from protocol.chain.audit import build_response
+from protocol.chain.binding import (
+    Chain,
+    ChainError,
+    ChainUnavailable,
+    ContractRevert,
+    Phase,
+    TxResult,
+)
+from protocol.chain.outage import TRANSIENT, through_outages
 from protocol.digest import keccak, state_digest
 from protocol.errors import VerilocoError
-from protocol.formats import build_manifest, encode_manifest, save_state
+from protocol.formats.codec import build_manifest, encode_manifest, save_state
+from protocol.formats.payload import wrap
 from protocol.leaf import block_count
 from protocol.membership import check_joinable
-from protocol.outage import TRANSIENT, through_outages
-from protocol.payload import wrap
 from protocol.run import RunContext, open_run, params_of
 from protocol.statedir import run_dir
-from protocol.store import IntegrityError, Metered, Store
+from protocol.store.backends import IntegrityError, Metered, Store
 from protocol.types import Cid
 from trainer.answering import AnswerWorker, Built, FileSink, build
 from trainer.boundaries import quarter_of_memory

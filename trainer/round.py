@@ -16,8 +16,8 @@ from protocol import merkle
 from protocol.config import RunConfig, merge_step_for
 from protocol.data import Corpus, batch
 from protocol.digest import state_digest
+from protocol.formats.payload import wrap
 from protocol.model import GPTConfig
-from protocol.payload import wrap
 from protocol.types import Digest
 from trainer.compress import (
     CompressionConfig,

@@ -9,10 +9,10 @@ replay the final transition.
 
 from __future__ import annotations
 
-from protocol.chain import Chain, Phase
-from protocol.payload import PayloadError, unwrap
+from protocol.chain.binding import Chain, Phase
+from protocol.formats.payload import PayloadError, unwrap
 from protocol.run import RunContext, passing_trainers, revealed_payload
-from protocol.store import Store
+from protocol.store.backends import Store
 from trainer.compress import EnergyProfile, EpochRecord, payload_profile
 from trainer.delay import public_history_end
 from trainer.round import RoundSpec, plan

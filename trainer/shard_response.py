@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from torch import Tensor
 
-from protocol.chain_audit import final_check as final_drawn
-from protocol.formats import save_state
+from protocol.chain.audit import final_check as final_drawn
+from protocol.formats.codec import save_state
 from protocol.leaf import StepLeaf, block_count, block_names
 from protocol.model import GPTConfig
 from protocol.shard_audit import (

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from protocol.store import Store, StoreError
+from protocol.store.backends import Store, StoreError
 from protocol.types import Cid
 
 

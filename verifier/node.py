@@ -27,10 +27,11 @@ from torch import Tensor
 
 from coordinator.outer import global_params
 from protocol import shard_audit
-from protocol.chain import Chain, ChainError, ChainUnavailable, Phase
+from protocol.chain.binding import Chain, ChainError, ChainUnavailable, Phase
+from protocol.chain.outage import TRANSIENT, through_outages
 from protocol.digest import state_digest
 from protocol.errors import VerilocoError
-from protocol.formats import (
+from protocol.formats.codec import (
     AuditManifest,
     TensorSpec,
     canonical_json,
@@ -41,7 +42,6 @@ from protocol.formats import (
 )
 from protocol.leaf import block_count
 from protocol.membership import check_joinable
-from protocol.outage import TRANSIENT, through_outages
 from protocol.run import (
     RunContext,
     initial_model,
@@ -50,7 +50,7 @@ from protocol.run import (
     revealed_payload,
 )
 from protocol.statedir import run_dir
-from protocol.store import IntegrityError, NotFound, Store, StoreError, StoreTimeout
+from protocol.store.backends import IntegrityError, NotFound, Store, StoreError, StoreTimeout
 from protocol.types import Cid, Digest
 from trainer.delay import MergeBase, StartRule
 from trainer.device import check_device, resolve_device

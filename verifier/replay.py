@@ -18,7 +18,7 @@ from torch import Tensor
 
 from protocol.data import Corpus
 from protocol.digest import keccak, state_digest
-from protocol.payload import decode, unwrap
+from protocol.formats.payload import decode, unwrap
 from protocol.types import Digest
 from trainer.delay import MergeBase, StartRule
 from trainer.inner import STEP, State

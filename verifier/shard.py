@@ -16,9 +16,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from protocol.chain_audit import final_check
+from protocol.chain.audit import final_check
+from protocol.chain.outage import TRANSIENT
 from protocol.data import Corpus
-from protocol.formats import TensorSpec
+from protocol.formats.codec import TensorSpec
+from protocol.formats.payload import parse, unwrap
 from protocol.leaf import (
     ZERO,
     LeafCommitter,
@@ -29,8 +31,6 @@ from protocol.leaf import (
     tensor_digest,
 )
 from protocol.model import param_shapes
-from protocol.outage import TRANSIENT
-from protocol.payload import parse, unwrap
 from protocol.shard_audit import (
     START_PREFIX,
     ShardManifest,

@@ -20,7 +20,7 @@ from typing import Any
 
 from eth_account import Account
 
-from protocol.chain import Chain, ChainEvent, Phase, RunInfo, connect, deploy
+from protocol.chain.binding import Chain, ChainEvent, Phase, RunInfo, connect, deploy
 from protocol.config import ScheduleSection, from_json
 from protocol.errors import VerilocoError
 from protocol.statedir import check_run
@@ -142,7 +142,7 @@ TERMINAL = (Phase.FINALIZED, Phase.ABORTED)
 def _config_store(s: Settings) -> Any:
     """The store, for reading run configs only: an unreachable IPFS node costs seconds, not minutes."""
     if s.store == "ipfs":
-        from protocol.store import IpfsStore, StoreError
+        from protocol.store.backends import IpfsStore, StoreError
 
         try:
             return IpfsStore(s.ipfs_api, timeout=5.0, deadline=10.0)

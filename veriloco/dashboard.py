@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.chain import Chain, ChainEvent, Phase
+from protocol.chain.binding import Chain, ChainEvent, Phase
 from protocol.errors import VerilocoError
-from protocol.store import LocalStore, Store
+from protocol.store.backends import LocalStore, Store
 from veriloco.chaincmds import TERMINAL, run_schedule, run_state, status_report
 from veriloco.traffic import allreduce_bytes
 

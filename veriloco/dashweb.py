@@ -242,7 +242,7 @@ def start_dashboard(chain: Any, store: Any, run: int, port: int, refresh_s: int 
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from protocol.chain import Chain
+    from protocol.chain.binding import Chain
     from protocol.statedir import check_run
     from veriloco.settings import open_store, resolve
 

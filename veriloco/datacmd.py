@@ -127,7 +127,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def _run_model(args: argparse.Namespace) -> tuple[Any, dict[str, Any], bytes | None, dict[str, object]]:
-    from protocol.chain import Chain
+    from protocol.chain.binding import Chain
     from veriloco.export import finalized_model
     from veriloco.settings import open_store, resolve
 
@@ -137,7 +137,7 @@ def _run_model(args: argparse.Namespace) -> tuple[Any, dict[str, Any], bytes | N
 
 def _state_model(args: argparse.Namespace) -> tuple[Any, dict[str, Any], bytes | None, dict[str, object]]:
     from protocol.config import ConfigError, from_json, load_toml
-    from protocol.formats import load_state_file
+    from protocol.formats.codec import load_state_file
     from protocol.run import params_of
 
     if args.config is None:

@@ -27,13 +27,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from protocol.chain import Chain, Phase
+from protocol.chain.binding import Chain, Phase
 from protocol.config import RunConfig, from_json
 from protocol.digest import keccak
 from protocol.errors import VerilocoError
 from protocol.model import GPTConfig, check_params, forward, param_shapes
 from protocol.run import MAX_CONFIG_BYTES, RunError, load_model, params_of, tokenizer_for
-from protocol.store import Store
+from protocol.store.backends import Store
 from protocol.tokenizer import EOT, Tokenizer, byte_tokenizer
 
 WEIGHTS, HF_CONFIG, OWN_CONFIG, TOKENIZER = "model.safetensors", "config.json", "veriloco.json", "tokenizer.json"

@@ -16,7 +16,7 @@ from typing import Any
 
 from eth_account import Account
 
-from protocol.chain import Chain, MemberInfo
+from protocol.chain.binding import Chain, MemberInfo
 from protocol.errors import VerilocoError
 from protocol.membership import ROLE_NAMES
 from protocol.statedir import check_run

@@ -37,7 +37,7 @@ class MetricsError(VerilocoError):
 
 
 class _StoreBytes(Collector):
-    """Bytes sent and received through a `protocol.store.Metered`, read when scraped."""
+    """Bytes sent and received through a `protocol.store.backends.Metered`, read when scraped."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
@@ -122,11 +122,11 @@ class NodeMetrics:
         return observed
 
     def watch_store(self, store: Any) -> None:
-        """Report the bytes counted by `store` (a protocol.store.Metered)."""
+        """Report the bytes counted by `store` (a protocol.store.backends.Metered)."""
         self.registry.register(_StoreBytes(store))
 
     def watch_slashes(self, chain: Any, run_id: int) -> None:
-        """Report the run's slashes as `chain` (a protocol.chain.Chain, read only) shows them."""
+        """Report the run's slashes as `chain` (a protocol.chain.binding.Chain, read only) shows them."""
         self.registry.register(_Slashes(chain, run_id))
 
     def serve(self, port: int) -> Any:

@@ -27,8 +27,8 @@ from typing import Any, TextIO
 
 from eth_account import Account
 
-from protocol.chain import Chain, Phase
-from protocol.chain_errors import ChainUnavailable
+from protocol.chain.binding import Chain, Phase
+from protocol.chain.errors import ChainUnavailable
 from protocol.config import RunConfig
 from protocol.errors import VerilocoError
 from protocol.model import PRESETS, n_params, preset
@@ -41,7 +41,7 @@ from protocol.run import (
     params_of,
     publish_run,
 )
-from protocol.store import LocalStore
+from protocol.store.backends import LocalStore
 from protocol.tokens import load_corpus_dir
 from veriloco.argtypes import non_negative, positive, seconds, tcp_port
 from veriloco.logs import fields_text

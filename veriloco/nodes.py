@@ -13,7 +13,7 @@ from typing import Any
 
 from eth_account import Account
 
-from protocol.chain import Chain
+from protocol.chain.binding import Chain
 from protocol.statedir import check_run
 from veriloco.argtypes import device, gibibytes, positive, run_id, tcp_port
 from veriloco.logs import add_log_args, logger_from_args, node_logger, with_upload_progress
@@ -42,7 +42,7 @@ def observed(args: argparse.Namespace, s: Settings, chain: Chain, role: str) -> 
     store = with_upload_progress(open_store(s), log)  # a byte bar for large uploads, on a readable console only
     if not getattr(args, "metrics_port", 0):
         return store, log
-    from protocol.store import Metered
+    from protocol.store.backends import Metered
     from veriloco.metrics import NodeMetrics
 
     metrics, store = NodeMetrics(role, args.run, str(chain.sender or "")), Metered(store)

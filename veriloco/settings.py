@@ -190,6 +190,6 @@ def resolve(args: argparse.Namespace, *, need_key: bool = True, need_contract: b
 
 def open_store(s: Settings) -> Any:
     """The configured content store (imported lazily: a chain-only command needs no store)."""
-    from protocol.store import IpfsStore, LocalStore
+    from protocol.store.backends import IpfsStore, LocalStore
 
     return IpfsStore(s.ipfs_api) if s.store == "ipfs" else LocalStore(s.store_dir)

@@ -1,7 +1,7 @@
 """Local simulation: K trainers' DiLoCoX rounds in one process, no chain, no store.
 
 It drives the same pure pieces the nodes use (``trainer.inner.train_step``, ``trainer.delay``,
-``trainer.compress``, ``protocol.payload.decode``, ``coordinator.aggregate``) so that the benchmark
+``trainer.compress``, ``protocol.formats.payload.decode``, ``coordinator.aggregate``) so that the benchmark
 and ``veriloco simulate`` measure the real engine, and compares training methods at an equal token
 budget (every worker runs the same number of inner steps on batches of the same size):
 
@@ -589,7 +589,7 @@ def run_allreduce(cfg: SimConfig, corpus: Corpus, progress: Progress) -> MethodR
 
 def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress) -> MethodResult:
     """DiLoCo-family method: local rounds, (compressed) pseudo-gradients, outer Nesterov."""
-    from protocol.payload import decode
+    from protocol.formats.payload import decode
     from trainer.compress import (
         CompressionConfig,
         EpochRecord,

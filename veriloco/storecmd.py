@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from protocol.store import (
+from protocol.store.backends import (
     DEFAULT_IPFS_API,
     DEFAULT_MAX_SIZE,
     IpfsStore,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from protocol.store import Cid, Metered, Store
+from protocol.store.backends import Cid, Metered, Store
 
 PIECE = 1 << 20  # bytes per reported piece
 

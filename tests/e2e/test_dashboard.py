@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from protocol.chain import Chain, Phase
+from protocol.chain.binding import Chain, Phase
 from tests.fixtures.network import run_network
 from veriloco.netdemo import DemoOptions, metrics_offset
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from devnet.launch import DevnetInfo
-from protocol.chain import Chain
+from protocol.chain.binding import Chain
 from protocol.errors import VerilocoError
 from tests.fixtures.network import skip_unrevealed
 from veriloco.netdemo import Control, NodeProc

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from coordinator.build import build_global
-from protocol.chain import Chain, Phase
+from protocol.chain.binding import Chain, Phase
 from protocol.run import open_run
 from tests.fixtures.network import run_network, skip_killed_commits, skip_unrevealed
 from veriloco.netdemo import DemoOptions

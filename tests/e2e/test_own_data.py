@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from protocol.chain import Chain
+from protocol.chain.binding import Chain
 from tests.fixtures.network import run_network
 from veriloco.datacmd import prepare_corpus
 from veriloco.export import decode_ids, export_model, finalized_model, load_export, sample

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from protocol.chain import Chain
+from protocol.chain.binding import Chain
 from tests.fixtures.cli import run_cli as cli
 
 pytestmark = pytest.mark.integration

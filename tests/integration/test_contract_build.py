@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.chain import ARTIFACT_PATH, artifact
+from protocol.chain.binding import ARTIFACT_PATH, artifact
 
 pytestmark = pytest.mark.integration
 

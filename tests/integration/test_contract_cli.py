@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.chain import Chain, Phase
+from protocol.chain.binding import Chain, Phase
 from tests.fixtures.chain import Trainer
 from veriloco.cli import main
 

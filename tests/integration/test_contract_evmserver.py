@@ -12,8 +12,8 @@ from web3 import Web3
 
 from devnet.evmserver import EvmConfig, EvmServer
 from devnet.launch import dev_accounts
-from protocol import chain_errors as ce
-from protocol.chain import Chain, Phase, deploy
+from protocol.chain import errors as ce
+from protocol.chain.binding import Chain, Phase, deploy
 from tests.fixtures.chain import Trainer, params
 
 pytestmark = pytest.mark.integration

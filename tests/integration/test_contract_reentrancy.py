@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from protocol import chain_errors as ce
-from protocol.chain import decode_revert, revert_data
+from protocol.chain import errors as ce
+from protocol.chain.binding import decode_revert, revert_data
 from tests.fixtures.chain import STAKE, PyEvmNet, params
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from eth_utils import to_checksum_address
 
-from protocol import chain_errors as ce
-from protocol.chain import (
+from protocol.chain import errors as ce
+from protocol.chain.binding import (
     Chain,
     Phase,
     assigned_verifiers,

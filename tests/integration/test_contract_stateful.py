@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from protocol import chain_errors as ce
-from protocol.chain import AuditResponse, Chain, Phase, Verdict
+from protocol.chain import errors as ce
+from protocol.chain.binding import AuditResponse, Chain, Phase, Verdict
 from protocol.digest import keccak
 from tests.fixtures.chain import PyEvmNet, Trainer, params
 

@@ -23,7 +23,7 @@ from devnet.launch import (
     dev_accounts,
     start_devnet,
 )
-from protocol.chain import Chain
+from protocol.chain.binding import Chain
 from tests.fixtures.devnet import deploy_probe
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from eth_account import Account
 
-from protocol.chain import Chain
+from protocol.chain.binding import Chain
 from tests.fixtures.chain import Run, Trainer
 from tests.fixtures.cli import run_cli as cli
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from protocol.chain import Chain
+from protocol.chain.binding import Chain
 from protocol.digest import keccak
 from protocol.run import open_run, tokenizer_for
-from protocol.store import LocalStore
+from protocol.store.backends import LocalStore
 from veriloco.cli import main
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from devnet.launch import DevnetConfig, DevnetProcess
-from protocol.chain import Chain
+from protocol.chain.binding import Chain
 from veriloco.cli import main
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ import pytest
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
-from protocol import chain_errors as ce
-from protocol.chain import Chain, TxResult
+from protocol.chain import errors as ce
+from protocol.chain.binding import Chain, TxResult
 from protocol.fees import FeeCapExceeded
 from tests.fixtures.chain import AnvilNet, params
 

@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from devnet.ipfsnode import IpfsNode, free_port
-from protocol import formats
 from protocol.digest import keccak, state_digest
-from protocol.store import (
+from protocol.formats import codec as formats
+from protocol.store.backends import (
     IntegrityError,
     IpfsStore,
     LocalStore,
@@ -32,7 +32,7 @@ from protocol.store import (
     StoreUnavailable,
     TooLarge,
 )
-from protocol.unixfs import CHUNK_SIZE, cid_of
+from protocol.store.unixfs import CHUNK_SIZE, cid_of
 from tests.fixtures.ipfs import ipfs_node  # noqa: F401 - fixture
 
 pytestmark = [
@@ -224,7 +224,7 @@ def test_unreachable_node_is_unavailable() -> None:
 _WRITER = textwrap.dedent(
     """
     import sys
-    from protocol.store import LocalStore
+    from protocol.store.backends import LocalStore
     root, who = sys.argv[1], int(sys.argv[2])
     s = LocalStore(root)
     for i in range(12):

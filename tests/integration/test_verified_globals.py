@@ -21,12 +21,12 @@ from coordinator.aggregate import aggregate
 from coordinator.build import ModelUnavailable, VerifiedGlobals, build_global
 from coordinator.outer import PARAM, OuterConfig, init_global
 from protocol import merkle
-from protocol.chain import build_response
+from protocol.chain.binding import build_response
 from protocol.config import RunConfig
 from protocol.digest import keccak, state_digest
-from protocol.payload import decode, unwrap
+from protocol.formats.payload import decode, unwrap
 from protocol.run import initial_model, open_run, params_of, publish_run
-from protocol.store import LocalStore
+from protocol.store.backends import LocalStore
 from tests.fixtures.chain import PyEvmNet
 from trainer.inner import configure_determinism
 from trainer.round import RoundSpec, final_transition, replay_step, start_state

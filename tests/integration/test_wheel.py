@@ -68,7 +68,7 @@ def test_wheel_installs_in_a_fresh_venv_and_runs_the_demo(tmp_path: Path) -> Non
     _run([*pip, _torch_pin(), "numpy"], tmp_path, 900)
     _run([*pip, wheel], tmp_path, 900)
 
-    where = _run([venv / "bin" / "python", "-c", "import protocol.chain as c; print(c.ARTIFACT_PATH)"], work, 120)
+    where = _run([venv / "bin" / "python", "-c", "import protocol.chain.binding as c; print(c.ARTIFACT_PATH)"], work, 120)
     assert Path(where.strip()).is_relative_to(venv), f"the contract artifact is not the installed one: {where}"
 
     out = _run([venv / "bin" / "veriloco", "demo", "--trainers", "1", "--verifiers", "1", "--quorum", "1",

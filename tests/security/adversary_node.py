@@ -30,11 +30,11 @@ import torch
 from coordinator.build import build_global
 from coordinator.node import CoordinatorNode
 from coordinator.outer import PARAM
-from protocol.chain import ChainError, Phase
+from protocol.chain.binding import ChainError, Phase
 from protocol.digest import state_digest
-from protocol.formats import save_state
+from protocol.formats.codec import save_state
 from protocol.run import passing_trainers
-from protocol.store import LocalStore
+from protocol.store.backends import LocalStore
 from protocol.types import Cid
 from trainer.adversaries import ADVERSARIES, NODE_ADVERSARIES
 from trainer.node import TrainerNode
@@ -91,7 +91,7 @@ class WithholdingTrainer(TrainerNode):
             self._withhold()
 
     def _withhold(self) -> None:
-        store = getattr(self.store, "inner", self.store)  # the trainer meters its store (protocol.store.Metered)
+        store = getattr(self.store, "inner", self.store)  # the trainer meters its store (protocol.store.backends.Metered)
         if not isinstance(store, LocalStore):
             raise TypeError("withhold deletes from a shared LocalStore; this node uses another store")
         for e in self._pending():

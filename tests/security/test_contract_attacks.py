@@ -15,8 +15,8 @@ import pytest
 from eth_utils import to_checksum_address
 from hexbytes import HexBytes
 
-from protocol import chain_errors as ce
-from protocol.chain import (
+from protocol.chain import errors as ce
+from protocol.chain.binding import (
     AuditResponse,
     Phase,
     assigned_verifiers,

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from protocol import chain_errors as ce
-from protocol.chain import Chain
+from protocol.chain import errors as ce
+from protocol.chain.binding import Chain
 from tests.fixtures.chain import PyEvmNet, Run, make_run
 
 pytestmark = pytest.mark.integration

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from protocol import chain_errors as ce
-from protocol.chain import AuditResponse, Chain, Phase, TxResult
+from protocol.chain import errors as ce
+from protocol.chain.binding import AuditResponse, Chain, Phase, TxResult
 from protocol.digest import keccak
 from tests.fixtures.chain import MODEL, STAKE, VSTAKE, PyEvmNet, Run, Trainer, params
 from tests.fixtures.chain import make_run as fixture_run

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from protocol import merkle
 from protocol.digest import keccak
-from protocol.formats import (
+from protocol.formats.codec import (
     FormatError,
     build_manifest,
     decode_manifest,
@@ -24,7 +24,7 @@ from protocol.formats import (
     load_state,
     save_state,
 )
-from protocol.payload import MAX_TENSORS, PayloadError, decode, unwrap, wrap
+from protocol.formats.payload import MAX_TENSORS, PayloadError, decode, unwrap, wrap
 from trainer.compress import CompressionConfig, compress
 
 pytestmark = pytest.mark.unit
@@ -86,7 +86,7 @@ def test_non_finite_values_are_refused(bad: float) -> None:
 
 def test_non_finite_scales_and_statistics_are_refused(payload: bytes) -> None:
     """NaN hidden in a quantization scale or in a low-rank energy field is found too."""
-    from protocol.payload import parse
+    from protocol.formats.payload import parse
 
     entries = parse(payload, SHAPES)
     lowrank = next(e for e in entries if e.kind == 2)

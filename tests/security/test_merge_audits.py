@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from protocol import merkle
-from protocol.chain_audit import challenged_steps
+from protocol.chain.audit import challenged_steps
 from protocol.digest import keccak
-from protocol.formats import load_state
+from protocol.formats.codec import load_state
+from protocol.formats.payload import wrap
 from protocol.leaf import block_count
-from protocol.payload import wrap
 from protocol.shard_audit import covers_merge, decode_manifest, encode_manifest
-from protocol.store import LocalStore
+from protocol.store.backends import LocalStore
 from tests.security.test_shard_audits import CFG, CORPUS, G0, ME, RANK, SLOT, H
 from tests.security.test_shard_audits import SPEC as DELAYED
 from trainer.checkpoints import EpochDir

@@ -29,7 +29,7 @@ import pytest
 
 from coordinator.build import VerifiedGlobals, build_global, passing_trainers
 from protocol import shard_audit
-from protocol.chain import Chain, Phase
+from protocol.chain.binding import Chain, Phase
 from protocol.digest import state_digest
 from protocol.leaf import block_count
 from protocol.model import preset

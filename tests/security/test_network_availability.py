@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from coordinator.build import build_global
-from protocol.chain import Chain, Phase
+from protocol.chain.binding import Chain, Phase
 from protocol.run import open_run, passing_trainers
 from tests.fixtures.network import run_network
 from veriloco.netdemo import Control, DemoOptions

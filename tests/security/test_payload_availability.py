@@ -18,12 +18,12 @@ import pytest
 from coordinator.build import VerifiedGlobals
 from coordinator.node import CoordinatorNode
 from protocol import merkle
-from protocol.chain import Phase, build_response
+from protocol.chain.binding import Phase, build_response
 from protocol.config import RunConfig
 from protocol.digest import keccak, state_digest
-from protocol.formats import build_manifest, encode_manifest, save_state
+from protocol.formats.codec import build_manifest, encode_manifest, save_state
 from protocol.run import initial_model, open_run, params_of, passing_trainers, publish_run
-from protocol.store import LocalStore
+from protocol.store.backends import LocalStore
 from protocol.types import Cid
 from tests.fixtures.chain import PyEvmNet
 from trainer.inner import configure_determinism

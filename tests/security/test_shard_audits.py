@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from protocol.chain_audit import challenged_steps
+from protocol.chain.audit import challenged_steps
 from protocol.data import Corpus
-from protocol.formats import load_state, save_state
+from protocol.formats.codec import load_state, save_state
+from protocol.formats.payload import wrap
 from protocol.leaf import StepLeaf, block_count
 from protocol.model import init_params, preset
-from protocol.payload import wrap
 from protocol.shard_audit import decode_manifest, encode_manifest
-from protocol.store import LocalStore
+from protocol.store.backends import LocalStore
 from protocol.types import Address
 from trainer.blockstep import blockwise_step
 from trainer.checkpoints import EpochDir

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from coordinator.aggregate import clip_scales, delta_norm
-from protocol.chain_audit import assigned_verifiers, challenged_steps, final_check
+from protocol.chain.audit import assigned_verifiers, challenged_steps, final_check
 from protocol.config import RunConfig
 from protocol.data import build_corpus
 from protocol.digest import keccak, state_digest
-from protocol.formats import (
+from protocol.formats.codec import (
     AUDIT_FORMAT,
     FormatError,
     build_manifest,
@@ -26,8 +26,8 @@ from protocol.formats import (
     encode_dataclass,
     encode_manifest,
 )
+from protocol.formats.payload import decode, unwrap, wrap
 from protocol.model import init_params
-from protocol.payload import decode, unwrap, wrap
 from trainer.adversaries import boost_publication, plant_error_buffer, rebind_publication
 from trainer.compress import compress
 from trainer.inner import PARAM, STEP, configure_determinism

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from protocol import merkle
-from protocol.chain import build_response
+from protocol.chain.binding import build_response
 from protocol.config import RunConfig
 from protocol.digest import keccak, state_digest
-from protocol.formats import (
+from protocol.formats.codec import (
     AUDIT_FORMAT,
     build_manifest,
     decode_manifest,
@@ -30,7 +30,7 @@ from protocol.formats import (
     save_state,
 )
 from protocol.run import initial_model, open_run, params_of, publish_run
-from protocol.store import LocalStore
+from protocol.store.backends import LocalStore
 from tests.fixtures.chain import PyEvmNet
 from trainer.adversaries import plant_error_buffer
 from trainer.inner import EF, MOM1, MOM2, PARAM, RNG, STEP, State, configure_determinism

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from protocol.formats import save_state
+from protocol.formats.codec import save_state
 from protocol.model import init_params
-from protocol.unixfs import cid_of
+from protocol.store.unixfs import cid_of
 from tests.unit.test_engine import SPEC, _batch
 from trainer.answering import AnswerWorker, FileSink, build
 from trainer.checkpoints import EpochDir

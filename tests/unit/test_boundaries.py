@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from protocol.formats import save_state
+from protocol.formats.codec import save_state
 from protocol.leaf import StepLeaf, block_count
 from protocol.model import init_params
 from tests.unit.test_engine import CFG, SPEC, _batch

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from protocol.formats import required_leaves
+from protocol.formats.codec import required_leaves
 from trainer.inner import PARAM
 from verifier import calibrate as cal
 from verifier.replay import max_rel_error
@@ -105,7 +105,7 @@ def test_costs_and_smallest_h_for_a_budget() -> None:
 
 
 def test_audit_leaves_and_proof_bytes() -> None:
-    # state files follow protocol.formats.required_leaves; a continued start adds the previous epoch's two, final or not
+    # state files follow protocol.formats.codec.required_leaves; a continued start adds the previous epoch's two, final or not
     for ts, final in (([3, 3, 4], False), ([3], True), ([0, 15], True)):
         files = len(required_leaves(sorted(set(ts)), final, 17))
         assert cal.audit_leaves(ts, final, 17, previous=False) == files

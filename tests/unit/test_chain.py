@@ -10,9 +10,10 @@ from eth_utils import function_abi_to_4byte_selector, to_checksum_address
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import chain_errors as ce
 from protocol import merkle
-from protocol.chain import (
+from protocol.chain import errors as ce
+from protocol.chain.audit import COMMIT_TAG, AuditResponse, trailing_ones
+from protocol.chain.binding import (
     RunParams,
     artifact,
     assigned_verifiers,
@@ -27,7 +28,6 @@ from protocol.chain import (
     verify_pair,
     verify_response,
 )
-from protocol.chain_audit import COMMIT_TAG, AuditResponse, trailing_ones
 from protocol.digest import keccak
 from protocol.errors import VerilocoError
 

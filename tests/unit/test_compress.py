@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.payload import PayloadError, decode, parse
+from protocol.formats.payload import PayloadError, decode, parse
 from trainer.compress import (
     CompressError,
     CompressionConfig,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from protocol.store import LocalStore, Metered
+from protocol.store.backends import LocalStore, Metered
 from veriloco.dashboard import cids_of
 from veriloco.dashweb import View, loss_svg, render
 from veriloco.metrics import MetricsError, NodeMetrics

@@ -72,9 +72,9 @@ def test_cli_prepare_train_export_sample(tmp_path: Path, capsys: pytest.CaptureF
     import sysconfig
 
     from protocol.config import RunConfig
-    from protocol.formats import save_state
+    from protocol.formats.codec import save_state
     from protocol.run import bind_corpus, corpus_for
-    from protocol.store import LocalStore
+    from protocol.store.backends import LocalStore
     from protocol.tokens import load_corpus_dir
     from trainer.inner import configure_determinism
     from trainer.round import RoundSpec, start_state, train_epoch

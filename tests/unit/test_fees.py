@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from protocol import fees as f
-from protocol.chain import _rejection
+from protocol.chain.binding import _rejection
 from protocol.errors import VerilocoError
 
 pytestmark = pytest.mark.unit

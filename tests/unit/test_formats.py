@@ -14,9 +14,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import formats, merkle
+from protocol import merkle
 from protocol.digest import keccak, state_digest
-from protocol.formats import (
+from protocol.formats import codec as formats
+from protocol.formats.codec import (
     AuditManifest,
     FormatError,
     TensorSpec,
@@ -26,8 +27,8 @@ from protocol.formats import (
     save_state,
     spec_of,
 )
+from protocol.store.unixfs import cid_of
 from protocol.types import Address, Cid
-from protocol.unixfs import cid_of
 
 pytestmark = pytest.mark.unit
 

@@ -4,8 +4,8 @@ import pytest
 import web3  # noqa: F401  (importing it raises the recursion limit: the condition under test)
 
 from protocol.config import ConfigError, from_json
-from protocol.formats import FormatError, decode_canonical_json, decode_manifest
-from protocol.jsondepth import json_depth
+from protocol.formats.codec import FormatError, decode_canonical_json, decode_manifest
+from protocol.formats.jsondepth import json_depth
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.store import LocalStore, NotFound, StoreError
+from protocol.store.backends import LocalStore, NotFound, StoreError
 from verifier.keeper import Keeper
 
 pytestmark = pytest.mark.unit

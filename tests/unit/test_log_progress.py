@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.store import LocalStore, Metered
+from protocol.store.backends import LocalStore, Metered
 from veriloco.logs import HEARTBEAT_S, NodeLog, TextLog, node_logger, with_upload_progress
 from veriloco.uploads import PIECE, ReportedStore
 

@@ -108,7 +108,7 @@ def test_an_ipfs_store_prints_no_dependency_warning() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed once the block ends: the request fails, after urllib3 would warn
     code = (
-        "from protocol.store import IpfsStore, StoreError\n"
+        "from protocol.store.backends import IpfsStore, StoreError\n"
         f"try:\n    IpfsStore('/ip4/127.0.0.1/tcp/{port}', timeout=2).has('QmbU7ZwcKTDES6uww9Tp48iHwcHpNognsgTWR44ZHMZmrs')\n"
         "except StoreError as e:\n    print('unavailable')\n"
     )

@@ -23,7 +23,7 @@ from coordinator.outer import (
     outer_step,
 )
 from protocol.digest import state_digest
-from protocol.payload import PayloadError, decode
+from protocol.formats.payload import PayloadError, decode
 from trainer.compress import CompressionConfig, compress
 
 pytestmark = pytest.mark.unit

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol.digest import keccak
-from protocol.payload import (
+from protocol.formats.payload import (
     MAGIC,
     PayloadError,
     decode,

@@ -16,7 +16,7 @@ from protocol.data import Corpus, DataError, batch
 from protocol.digest import keccak
 from protocol.model import init_params
 from protocol.run import RunError, bind_corpus, corpus_for, tokenizer_for
-from protocol.store import LocalStore
+from protocol.store.backends import LocalStore
 from protocol.tokenizer import EOT, Tokenizer
 from protocol.tokens import LLMC_HEADER_BYTES, load_corpus_dir, read_token_files, write_llmc
 from trainer.inner import PARAM, configure_determinism

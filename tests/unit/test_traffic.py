@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from protocol.store import LocalStore, Metered
+from protocol.store.backends import LocalStore, Metered
 from veriloco.netdemo import _print_summary, eval_steps, loss_curve
 from veriloco.traffic import TrainerTraffic, allreduce_bytes, compare, headline, trainer_traffic
 

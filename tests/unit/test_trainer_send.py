@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from protocol.chain import ChainUnavailable, TxResult
-from protocol.chain_errors import NotEligible, TransactionFailed
+from protocol.chain.binding import ChainUnavailable, TxResult
+from protocol.chain.errors import NotEligible, TransactionFailed
 from trainer.answering import AnswerWorker
 from trainer.checkpoints import EpochDir
 from trainer.node import CLOSED, COMMITTED, TrainerNode

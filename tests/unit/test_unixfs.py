@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import unixfs
-from protocol.unixfs import CHUNK_SIZE, CidBuilder, CidError, cid_of, validate_cid
+from protocol.store import unixfs
+from protocol.store.unixfs import CHUNK_SIZE, CidBuilder, CidError, cid_of, validate_cid
 
 pytestmark = pytest.mark.unit
 

@@ -33,12 +33,12 @@ import torch
 from protocol import merkle
 from protocol.digest import DTYPE_CODES, tensor_bytes
 from protocol.errors import VerilocoError
-from protocol.jsondepth import MAX_JSON_DEPTH, json_depth
+from protocol.formats.jsondepth import MAX_JSON_DEPTH, json_depth
+from protocol.store.unixfs import CidError, validate_cid
 from protocol.types import Address, Cid, Digest
-from protocol.unixfs import CidError, validate_cid
 
 if TYPE_CHECKING:
-    from protocol.store import Store
+    from protocol.store.backends import Store
 
 STATE_FORMAT = "veriloco.state.v1"
 AUDIT_FORMAT = "veriloco.audit.v2"
@@ -164,7 +164,7 @@ def _parse_header(raw: bytes, body_size: int) -> list[tuple[str, torch.dtype, tu
     if meta != STATE_METADATA:
         raise FormatError(
             f"state file metadata is {meta!r}, expected {STATE_METADATA!r}: not a veriloco state "
-            "file (or another version); write it with protocol.formats.save_state"
+            "file (or another version); write it with protocol.formats.codec.save_state"
         )
     entries = []
     for name, info in header.items():

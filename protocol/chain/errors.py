@@ -125,7 +125,7 @@ class EpochNotOpen(ContractRevert):
 
 
 class ZeroCommitment(ContractRevert):
-    """A commitment must not be zero; compute it with protocol.chain.commitment()."""
+    """A commitment must not be zero; compute it with protocol.chain.binding.commitment()."""
 
     fields = ()
 

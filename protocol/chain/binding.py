@@ -7,7 +7,7 @@ Nodes get a `Chain` object and never touch web3 themselves. The client
 - prices locally signed transactions from the node's fee history and re-sends one that is not
   mined in time with the same nonce and higher fees (protocol.fees; docs/real-chain.md);
 - turns every revert into the Python exception named after the contract's custom error, with its
-  arguments (see protocol.chain_errors), and transport failures into ChainUnavailable;
+  arguments (see protocol.chain.errors), and transport failures into ChainUnavailable;
 - streams events by polling `eth_getLogs` with a block cursor, so a dropped connection only delays
   the stream and never loses or repeats an event.
 
@@ -39,7 +39,7 @@ from hexbytes import HexBytes
 from web3 import HTTPProvider, Web3
 from web3.exceptions import TransactionNotFound
 
-from protocol.chain_audit import (
+from protocol.chain.audit import (
     AuditResponse,
     Verdict,
     assigned_verifiers,
@@ -54,7 +54,7 @@ from protocol.chain_audit import (
     verify_pair,
     verify_response,
 )
-from protocol.chain_errors import (
+from protocol.chain.errors import (
     REVERT_CLASSES,
     ArtifactMissing,
     ChainError,
@@ -80,8 +80,8 @@ __all__ = [
 
 # An installed wheel carries contracts/build/*.json as the package protocol.contracts (setup.py maps
 # one onto the other); a checkout reads contracts/build itself, where contracts/build.mjs writes.
-_PACKAGED_BUILD = Path(__file__).resolve().parent / "contracts"
-_BUILD = _PACKAGED_BUILD if (_PACKAGED_BUILD / "Veriloco.json").is_file() else Path(__file__).resolve().parents[1] / "contracts" / "build"
+_PACKAGED_BUILD = Path(__file__).resolve().parents[1] / "contracts"
+_BUILD = _PACKAGED_BUILD if (_PACKAGED_BUILD / "Veriloco.json").is_file() else Path(__file__).resolve().parents[2] / "contracts" / "build"
 ARTIFACT_PATH = _BUILD / "Veriloco.json"
 MODULE_ARTIFACT_PATH = ARTIFACT_PATH.with_name("VerilocoModule.json")
 NEVER_EPOCH = 2**32 - 1

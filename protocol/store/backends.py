@@ -1,6 +1,6 @@
 """The content store: put bytes, get them back by CID, verified. Nodes get a `Store` injected.
 
-Two backends give the same CIDs (what `ipfs add` with default options gives, protocol/unixfs.py):
+Two backends give the same CIDs (what `ipfs add` with default options gives, protocol/store/unixfs.py):
 
 - `LocalStore(dir)`: a content-addressed directory, the embedded default for the demo and tests.
   Objects are whole files named by CID, written to a temp file and renamed into place, so several
@@ -30,8 +30,8 @@ from typing import Any, ClassVar, Self
 from Crypto.Hash import keccak as _keccak
 
 from protocol.errors import VerilocoError
+from protocol.store.unixfs import CidBuilder, CidError, validate_cid
 from protocol.types import Cid
-from protocol.unixfs import CidBuilder, CidError, validate_cid
 
 DEFAULT_MAX_SIZE = 4 << 30
 READ_SIZE = 1 << 20

@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from protocol.chain_errors import ChainUnavailable
+from protocol.chain.errors import ChainUnavailable
 from protocol.errors import VerilocoError
-from protocol.store import StoreUnavailable
+from protocol.store.backends import StoreUnavailable
 
 T = TypeVar("T")
 TRANSIENT: tuple[type[BaseException], ...] = (ChainUnavailable, StoreUnavailable, ConnectionError, TimeoutError)

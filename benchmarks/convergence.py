@@ -240,8 +240,9 @@ def headline(names: Container[str]) -> str | None:
     return next((n for n in HEADLINE if n in names), None)
 
 
-def gap_summary(losses: dict[str, list[float]]) -> dict[str, Any]:
-    """Paired gap to AllReduce for every method, and DiLoCoX - DiLoCo (in gap points)."""
+def gap_summary(losses: dict[str, list[float]], dilocox: str | None = None) -> dict[str, Any]:
+    """Paired gap to AllReduce for every method, and DiLoCoX - DiLoCo (in gap points); DiLoCoX is
+    ``dilocox`` where the losses have it, else ``headline``'s choice."""
     base = losses["allreduce"]
     gaps = {n: relative_gaps(v, base) for n, v in losses.items()}
     out: dict[str, Any] = {
@@ -252,7 +253,7 @@ def gap_summary(losses: dict[str, list[float]]) -> dict[str, Any]:
             n: paired([x - y for x, y in zip(g, gaps["diloco"])]).to_json()
             for n, g in gaps.items() if n not in ("allreduce", "diloco")
         }
-        x = headline(gaps)
+        x = dilocox if dilocox in gaps else headline(gaps)
         if x is not None:
             out["paired_gap_dilocox_vs_diloco"] = out["paired_gap_vs_diloco"][x]
     return out
@@ -421,10 +422,12 @@ def seed_record(seed: int, runs: list[tuple[Unit, MethodResult]]) -> dict[str, A
 
 
 def aggregate_seeds(
-    per_seed: list[dict[str, Any]], names: list[str], outer: tuple[float, float], inner_lr: float
+    per_seed: list[dict[str, Any]], names: list[str], outer: tuple[float, float], inner_lr: float,
+    dilocox: str | None = None,
 ) -> dict[str, Any]:
     """Paired statistics over seeds: equal tokens, equal simulated time, the outer sweep and the
-    inner lr sweep (``outer``: the main outer lr and momentum; ``inner_lr``: the main inner lr)."""
+    inner lr sweep (``outer``: the main outer lr and momentum; ``inner_lr``: the main inner lr;
+    ``dilocox``: the method read as DiLoCoX, ``gap_summary``)."""
 
     def col(path: list[str]) -> list[float]:
         vals = []
@@ -436,7 +439,7 @@ def aggregate_seeds(
         return vals
 
     losses = {n: col(["methods", n, "final_eval_loss"]) for n in names}
-    out: dict[str, Any] = gap_summary(losses)
+    out: dict[str, Any] = gap_summary(losses, dilocox)
     base_bytes = col(["methods", "allreduce", "bytes_per_worker"])
     base_time = col(["methods", "allreduce", "simulated_seconds_1gbps"])
     out["methods"] = {
@@ -465,7 +468,7 @@ def aggregate_seeds(
             n: col(["equal_time", "methods", n, "steps_per_worker"]) for n in names
         },
         "eval_loss_mean": {n: statistics.fmean(v) for n, v in et_losses.items()},
-        **gap_summary(et_losses),
+        **gap_summary(et_losses, dilocox),
     }
     sweep_keys = list(per_seed[0]["sweep"])
     local = [n for n in names if n != "allreduce"]
@@ -473,14 +476,14 @@ def aggregate_seeds(
         {
             "outer": {"lr": outer[0], "momentum": outer[1]},
             "main": True,
-            **gap_summary({n: losses[n] for n in names}),
+            **gap_summary({n: losses[n] for n in names}, dilocox),
         }
     ]
     for key in sweep_keys:
         lr, mom = parse_outer(key)[0]
         sl = {"allreduce": losses["allreduce"]}
         sl.update({n: col(["sweep", key, n, "final_eval_loss"]) for n in local})
-        rows.append({"outer": {"lr": lr, "momentum": mom}, "main": False, **gap_summary(sl)})
+        rows.append({"outer": {"lr": lr, "momentum": mom}, "main": False, **gap_summary(sl, dilocox)})
     out["sweep_outer"] = rows
     if per_seed[0].get("sweep_inner_lr"):
         by_lr = {f"{inner_lr:g}": losses}
@@ -699,13 +702,10 @@ def summarize(out: dict[str, Any]) -> dict[str, Any]:
     results run seed by seed, on several machines, can be merged and summarised the same way)."""
     cfg, per_seed = out["config"], out["per_seed"]
     names = list(per_seed[0]["methods"])
-    out = {**out, **aggregate_seeds(per_seed, names, (cfg["outer"]["lr"], cfg["outer"]["momentum"]),
-                                    cfg["inner"]["lr"])}
     x = out.get("dilocox_choice") or headline(names)
+    out = {**out, **aggregate_seeds(per_seed, names, (cfg["outer"]["lr"], cfg["outer"]["momentum"]),
+                                    cfg["inner"]["lr"], x)}
     if x is not None:
-        for part in (out, out["equal_simulated_time"]):  # gap_summary paired the default; a chosen method replaces it
-            if x in part.get("paired_gap_vs_diloco", {}):
-                part["paired_gap_dilocox_vs_diloco"] = part["paired_gap_vs_diloco"][x]
         gx = out["paired_gap_vs_allreduce"][x]
         ms = out["methods"]
         out["dilocox_method"] = x
@@ -775,13 +775,15 @@ def join_methods(paths: list[Path], parts: list[dict[str, Any]]) -> tuple[list[P
     for path, part in out:
         if "joined_methods" not in part:
             continue
-        everywhere = set.intersection(*(set(s["methods"]) for s in part["per_seed"]))
-        for s in part["per_seed"]:
+        seeds = part["per_seed"]
+        sets = [set(s["methods"]) for s in seeds]
+        short = sorted(set.union(*sets) - set.intersection(*sets))
+        if short:
+            on = [s["seed"] for s in seeds if short[0] in s["methods"]]
+            raise SystemExit(f"cannot merge: {short[0]} ran on seeds {on} only, the baseline in {path} on "
+                             f"{[s['seed'] for s in seeds]}; run it on the others too")
+        for s in seeds:
             s["equal_time"] = equal_time_of(s["methods"])
-            for n in sorted(set(s["methods"]) - everywhere):
-                on = [t["seed"] for t in part["per_seed"] if n in t["methods"]]
-                raise SystemExit(f"cannot merge: {n} ran on seeds {on} only, the baseline in {path} on "
-                                 f"{[t['seed'] for t in part['per_seed']]}; run it on the others too")
     return [x[0] for x in out], [x[1] for x in out]
 
 

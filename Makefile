@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 TORCH   := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: demo test devnet bench install node clean chromium
+.PHONY: demo test devnet bench headline install node clean chromium
 
 $(BIN)/.installed: pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
@@ -48,6 +48,12 @@ devnet: install
 
 bench: install
 	$(BIN)/python benchmarks/convergence.py --preset tiny --seeds 0,1,2 --eval-rows 512 --methods allreduce,diloco,dilocox --outer-lr 0.7 --outer-momentum 0.5 --sweep-outer 1.0:0.0,1.0:0.3,1.2:0.0 --out benchmarks/results/convergence-tiny.json
+
+# One headline results file from scratch: its convergence runs (resumable, one per method and seed),
+# then their merge (benchmarks/headline.py). HEADLINE_ARGS: --dry-run, --jobs 2, --only 0, --piece 3.
+headline: $(BIN)/.installed
+	@test -n "$(H)" || { echo "usage: make headline H=convergence-small [HEADLINE_ARGS='--dry-run']" >&2; exit 2; }
+	$(BIN)/python benchmarks/headline.py $(H) $(HEADLINE_ARGS)
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .hypothesis

@@ -60,6 +60,7 @@ from trainer.inner import InnerConfig, configure_determinism, init_state, train_
 from veriloco.argtypes import non_negative
 from veriloco.simulate import (
     DDP_BUCKET_BYTES,
+    ROBUST_SUFFIXES,
     Link,
     MethodResult,
     SimConfig,
@@ -71,6 +72,7 @@ from veriloco.simulate import (
     methods,
     normalise_times,
     points_times,
+    resolve_method,
     round_timings,
     run_method,
     simulated_seconds,
@@ -134,6 +136,14 @@ PRESETS_BENCH = {
         corpus_bytes=4 << 20,
     ),
 }
+
+
+def outer_record(outer: OuterConfig) -> dict[str, Any]:
+    """The outer settings for a results file: the rule's fields (aggregate, trim) only where they are
+    not the default, so runs recorded before they existed still merge with new ones. A method named
+    with a robust suffix (``veriloco.simulate.ROBUST_SUFFIXES``) carries its rule in its name."""
+    d, default = asdict(outer), asdict(OuterConfig())
+    return {k: v for k, v in d.items() if k not in ("aggregate", "trim") or v != default[k]}
 
 
 def machine() -> dict[str, Any]:
@@ -585,9 +595,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.merge:
         return write(merge(a.merge, [n for n in a.keep.split(",") if n] if a.keep else None, a.dilocox), a.out)
     names = [n for n in a.methods.split(",") if n]
-    unknown = set(names) - set(ALL)
+    unknown = {n for n in names if resolve_method(n, methods()) is None}
     if unknown or not names:
-        ap.error(f"methods must come from {ALL}; got unknown {sorted(unknown)}")
+        ap.error(f"methods must come from {ALL} (a local one may end in {' or '.join(ROBUST_SUFFIXES)}: "
+                 f"its outer aggregate); got unknown {sorted(unknown)}")
     if "allreduce" not in names and (a.sweep_outer or a.sweep_inner_lr):
         ap.error("--sweep-outer and --sweep-inner-lr need allreduce in --methods (they pair against it)")
     seeds = [int(x) for x in a.seeds.split(",") if x.strip()]
@@ -663,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
             "rank_initial": p.rank,
             **({"merge_step": a.merge_step} if any("_merge" in n for n in names) else {}),
             "inner": asdict(cfg.inner),
-            "outer": asdict(cfg.outer),
+            "outer": outer_record(cfg.outer),
             "seeds_set": "init_seed = run_seed = seed for every method",
             "corpus_digest": "0x" + corpus.digest.hex(),
             "corpus_bytes": len(corpus.tokens),
@@ -787,16 +798,19 @@ def join_methods(paths: list[Path], parts: list[dict[str, Any]]) -> tuple[list[P
     return [x[0] for x in out], [x[1] for x in out]
 
 
-COMPRESSED = frozenset(n for n, m in methods().items() if m.compression is not None)
-
-
 def _method_name(part: dict[str, Any], base: dict[str, Any]) -> Callable[[str], str]:
     """How ``part``'s methods are named once joined to ``base``: a compressed method run at another
     initial rank carries it (``fixed_rank_merge_r128``); the others, which do not read the rank, keep theirs."""
     rank = part["config"].get("rank_initial")
     if rank == base["config"].get("rank_initial"):
         return lambda n: n
-    return lambda n: f"{n}_r{rank}" if n in COMPRESSED else n
+    return lambda n: f"{n}_r{rank}" if _compressed(n) else n
+
+
+def _compressed(name: str) -> bool:
+    """Whether a method reads the rank: a compressed one (with or without a robust-aggregation suffix)."""
+    m = resolve_method(name, methods())
+    return m is not None and m.compression is not None
 
 
 def _method_names(part: dict[str, Any], base: dict[str, Any]) -> set[str]:

@@ -131,11 +131,14 @@ def play_epoch(ledger: Ledger, coord: Chain, trainers: list[Chain], verifiers: M
     for addr in coord.frozen_verifiers(run_id, epoch):
         res = verifiers[addr].commit_verdicts(run_id, epoch, batches.get(addr, []), salt)
         totals["verdict_commits"] += ledger.add("commitVerdicts", res.gas_used)
-    for v, vs in batches.items():
+    for v in coord.frozen_verifiers(run_id, epoch):  # every commitment is revealed, an empty one too
+        vs = batches.get(v, [])
         res = verifiers[v].submit_verdicts(run_id, epoch, vs, salt, evidence)
-        totals["verdicts"] += ledger.add(f"submitVerdicts ({len(vs)} verdicts)" if len(vs) > 1 else "submitVerdicts (1 verdict)", res.gas_used)
+        label = "submitVerdicts (1 verdict)" if len(vs) == 1 else f"submitVerdicts ({len(vs)} verdicts)"  # 0: an empty reveal
+        totals["verdicts"] += ledger.add(label, res.gas_used)
         totals["max_tx"] = max(totals["max_tx"], res.gas_used)
-        ledger.add("submitVerdicts per verdict", res.gas_used // len(vs))
+        if vs:
+            ledger.add("submitVerdicts per verdict", res.gas_used // len(vs))
     res = coord.finalize(run_id, epoch, MODEL_CID, keccak(b"model %d" % epoch), [t.sender for t in trainers])  # type: ignore[misc]
     totals["finalize"] += ledger.add(f"finalize ({len(trainers)} trainers)", res.gas_used)
     totals["max_tx"] = max(totals["max_tx"], res.gas_used)
@@ -197,6 +200,8 @@ def extra_calls(url: str, address: str, ledger: Ledger) -> None:
     t1, t2 = Chain(w3, address, a[1]), Chain(w3, address, a[2])
     for t in (t1, t2):
         t.join_trainer(run_id)
+    for v in a[5:5 + QUORUM]:  # an audit is scheduled only with a quorum of verifiers
+        Chain(w3, address, v).join_verifier(run_id)
     digests = [os.urandom(32) for _ in range(LEAVES)]
     salt, pd = os.urandom(32), keccak(b"p")
     t1.commit(run_id, 0, t1.commitment_for(run_id, 0, pd, merkle.root(digests), LEAVES, salt))

@@ -184,6 +184,11 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
             ev["seconds"] for evs in trainer_logs for ev in evs
             if ev["event"] == "waited" and "merges its model" in ev.get("what", "")) / n / epochs, 2),
         "trainers": k,
+        "K": k,
+        "tokens_per_step": config.data.batch_size * config.data.seq_len,
+        "batch_size": config.data.batch_size,
+        # what a trainer keeps to answer its audit (the boundary log) over its training state (parameters, moments)
+        "answer_memory_fraction_of_state": round(log_bytes / n / epochs / (12 * n_params(cfg)), 3),
         "verifiers": opts.verifiers,
         "epochs": opts.epochs,
         "audit_steps": config.audit.steps,
@@ -230,7 +235,7 @@ SAMPLED = ("traffic_reduction_vs_allreduce", "traffic_reduction_vs_allreduce_per
 def combine(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Runs of the same scenario as one: what fixes the scenario, the mean of each figure in
     ``SAMPLED``, and every run whole under ``runs`` (its bytes, seconds, draws)."""
-    fixed = ("preset", "H", "audit_mode", "audit_steps", "audit_segment", "stages", "quorum", "trainers",
+    fixed = ("preset", "H", "tokens_per_step", "audit_mode", "audit_steps", "audit_segment", "stages", "quorum", "trainers",
              "verifiers", "epochs", "state_bytes_largest_process_fraction", "merge_step")
     out = []
     for _, group in itertools.groupby(scenarios, lambda sc: tuple(sc.get(k, 0) for k in fixed)):
@@ -281,6 +286,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, nargs="+", default=None, help="the H values; default 64 256 (8 16 with --quick)")
     ap.add_argument("--modes", nargs="+", choices=sorted(MODES), default=["shard", "full_state"])
     ap.add_argument("--stages", type=int, default=1)
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[8], metavar="ROWS",
+                    help="rows per trainer and step, side by side (the demo's 64 tokens each); default 8")
     ap.add_argument("--merge-steps", type=non_negative, nargs="+", default=[0], metavar="M",
                     help="start rules to run side by side: 0 is the one-step delay, M > 0 the merge rule at step M")
     ap.add_argument("--keep", type=Path, default=None, help="keep each scenario's demo directory (logs) under this folder")
@@ -305,7 +312,7 @@ def main() -> int:
     if args.analyze:
         opts = DemoOptions(trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=name,
                            steps=hs[0], workdir=args.analyze, stages=args.stages, audit=MODES[args.modes[0]],
-                           merge_step=args.merge_steps[0])
+                           merge_step=args.merge_steps[0], batch_size=args.batch_sizes[0])
         saved = args.analyze / "bench-summary.json"
         if saved.exists():
             summary = json.loads(saved.read_text())
@@ -320,14 +327,14 @@ def main() -> int:
         print(markdown([r]))
         return 0
     runs: list[dict[str, Any]] = []
-    for h, mode, m in itertools.product(hs, args.modes, args.merge_steps):
+    for h, mode, m, rows in itertools.product(hs, args.modes, args.merge_steps, args.batch_sizes):
         with tempfile.TemporaryDirectory(prefix="veriloco-bench-") as tmp:
             # windows long enough for an epoch of steps; the contract advances as soon as everyone has acted
-            tag = f"{name}-h{h}-{mode}" + (f"-merge{m}" if m else "")
+            tag = f"{name}-h{h}-{mode}" + (f"-merge{m}" if m else "") + (f"-b{rows}" if rows != 8 else "")
             opts = DemoOptions(trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=name,
                                steps=h, workdir=(args.keep / tag) if args.keep else Path(tmp),
                                stages=args.stages, audit=MODES[mode], windows_s=3600, timeout_s=6 * 3600,
-                               checkpoint_every=CHECKPOINT_EVERY, merge_step=m)
+                               checkpoint_every=CHECKPOINT_EVERY, merge_step=m, batch_size=rows)
             r = measure(opts, mode)
         runs.append(r)
         print(f"{tag}: done in {r['wall_seconds']} s", file=sys.stderr, flush=True)

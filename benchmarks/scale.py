@@ -222,7 +222,7 @@ def play_epoch(
     salt = keccak(b"verdict salt %d" % epoch)
     batch = {v: [(a, True, keccak(b"witness " + a.encode())) for a in jobs.get(v, [])] for v in verifiers}
     ph.run("verdict-commits", lambda v: verifiers[v].chain.commit_verdicts(run_id, epoch, batch[v], salt), sorted(verifiers))
-    ph.run("verdicts", lambda v: verifiers[v].chain.submit_verdicts(run_id, epoch, batch[v], salt, EVIDENCE_CID), sorted(jobs))
+    ph.run("verdicts", lambda v: verifiers[v].chain.submit_verdicts(run_id, epoch, batch[v], salt, EVIDENCE_CID), sorted(verifiers))
 
     # the coordinator includes exactly the trainers the contract says passed
     passed = ph.run("finalize", lambda t: coord.submission(run_id, epoch, t.address).passed, trainers)

@@ -2,33 +2,41 @@
 pragma solidity 0.8.37;
 
 import {VerilocoBase} from "./VerilocoBase.sol";
-import {VerilocoModule} from "./VerilocoModule.sol";
 
 /// @title Veriloco: on-chain referee for verifiable DiLoCoX training runs
 /// @notice Holds stakes, orders epochs, binds trainers to their commitments, fixes audit seeds,
 ///         checks audit responses against revealed Merkle trace roots, collects verdicts, lets an
 ///         epoch finalize only when every included trainer passed and no passing one was left out,
 ///         and counts its model only once an attestation committee confirmed it.
-/// @dev The per-epoch hot path lives here; membership, settlement, attestation and most views live
-///      in VerilocoModule and run on this contract's storage through the fallback (DELEGATECALL), so
-///      that each stays under the 24 KB code limit. Clients use the merged ABI (contracts/build.mjs).
+/// @dev The per-epoch hot path lives here; membership, settlement, attestation and availability live
+///      in VerilocoModule, the views in VerilocoViews, and both run on this contract's storage through
+///      the fallbacks (DELEGATECALL: Veriloco -> VerilocoModule -> VerilocoViews), so that each stays well
+///      under the 24 KB code limit. Clients use the merged ABI (contracts/build.mjs).
 ///      See docs/contract.md for the state machine, timing rules and the audit-seed bias discussion.
 contract Veriloco is VerilocoBase {
-    /// @dev The module is this contract's first creation (see _module).
-    constructor() {
-        new VerilocoModule();
+    /// @dev Creates VerilocoModule (nonce 1, see _module) and VerilocoViews (nonce 2, _views) from
+    ///      blueprints: contracts whose code is one 0xFE byte and then the companion's creation code
+    ///      (EIP-5202 style). One creation transaction could not carry all three under the 48 KB
+    ///      initcode limit. A wrong blueprint makes wrong companions, which clients refuse: they compare
+    ///      the code at both derived addresses with the build (protocol/chain/binding.py).
+    constructor(address moduleBlueprint, address viewsBlueprint) {
+        _fromBlueprint(moduleBlueprint);
+        _fromBlueprint(viewsBlueprint);
     }
 
-    /// @notice Every function not defined here is VerilocoModule's, run on this contract's storage.
-    fallback() external payable {
-        address m = _module();
+    function _fromBlueprint(address blueprint) private {
         assembly ("memory-safe") {
-            calldatacopy(0, 0, calldatasize())
-            let ok := delegatecall(gas(), m, 0, calldatasize(), 0, 0)
-            returndatacopy(0, 0, returndatasize())
-            if iszero(ok) { revert(0, returndatasize()) }
-            return(0, returndatasize())
+            let n := sub(extcodesize(blueprint), 1)
+            let p := mload(0x40)
+            extcodecopy(blueprint, p, 1, n)
+            if iszero(create(0, p, n)) { revert(0, 0) }
         }
+    }
+
+    /// @notice Every function not defined here is VerilocoModule's (or VerilocoViews'), run on this
+    ///         contract's storage.
+    fallback() external payable {
+        _delegate(_module());
     }
 
     /// @notice Commit to this epoch's payload and trace (docs/protocol.md §4). The first commitment
@@ -208,12 +216,14 @@ contract Veriloco is VerilocoBase {
         bytes32 c = _verdictCommitment(runId, epoch, msg.sender, body, salt);
         if (uint224(uint256(c)) != uint224(s)) revert RevealMismatch(runId, epoch, msg.sender, c, bytes32(uint256(uint224(s))));
         slots[epoch % HASH_SLOTS] = ((epoch + 1) << 224) | uint32(count);
+        ep.verdictReveals += 1;
     }
 
     /// @notice Propose the epoch's aggregate. Every included trainer must have a passing verdict
     ///         quorum and every passing trainer must be included; trainers that did not reveal, did
-    ///         not respond or failed an audit are slashed. Allowed once every committed trainer is
-    ///         decided or the verdict window closed, and before the finalize deadline: to the staked
+    ///         not respond or failed an audit are slashed, and so are verifiers that committed verdicts
+    ///         and never revealed them. Allowed once every committed trainer is decided and every
+    ///         committed verdict list revealed, or the verdict window closed, and before the finalize deadline: to the staked
     ///         coordinator, and in the second half of the finalize window to any staked member, so a
     ///         silent coordinator cannot stop the run. The model then awaits its attestation
     ///         committee (Confirming) before it counts.
@@ -234,7 +244,8 @@ contract Veriloco is VerilocoBase {
         Epoch storage ep = epochs[runId][epoch];
         uint256 verdictDeadline = _revealsClose(runId, r, epoch) + r.p.responseWindow + r.p.verdictWindow;
         uint256 decided = ep.passed + _failed(runId, r, epoch, ep);
-        if (decided < ep.committed && block.timestamp < verdictDeadline) {
+        // every committed verdict is revealed first (one held back is slashed once the window is over)
+        if ((decided < ep.committed || ep.verdictReveals < ep.verdictCommits) && block.timestamp < verdictDeadline) {
             revert NotReady(runId, epoch, decided, ep.committed, verdictDeadline);
         }
         // the attestation committee is drawn from the fixed seed: no finalize before the audit started
@@ -247,61 +258,21 @@ contract Veriloco is VerilocoBase {
         ep.modelDigest = modelDigest;
         emit EpochFinalized(runId, epoch, modelCid, modelDigest, includedTrainers.length);
         _slashAll(runId, epoch, r, ep, true);
-        if (_needed(r, ep) == 0) _confirm(runId, epoch, ep, false, 0); // no committee: nobody passed, nothing to check
     }
 
-    /// @notice Report a passing trainer's payload as unavailable (the coordinator, or any staked member,
-    ///         after failing to fetch it from every holder). Opens a vote of the trainer's availability
-    ///         committee; until it decides, finalize must still include the trainer. A report the
-    ///         committee rejects costs the reporter slashBps of its stake.
-    function reportUnavailable(uint256 runId, uint256 epoch, address trainer) external {
+    /// @notice Settle an epoch whose coordinator missed the finalize deadline: it becomes Aborted (no
+    ///         new model; the next epoch builds on the last finalized one) and the same slashes apply.
+    function settle(uint256 runId, uint256 epoch) external {
         Run storage r = _run(runId);
+        Epoch storage ep = epochs[runId][epoch];
         Phase ph = _phase(runId, r, epoch);
-        if (ph != Phase.Auditing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Auditing));
-        Member storage m = members[runId][msg.sender];
-        if (m.role == ROLE_NONE || m.stake == 0 || m.leaveEpoch != NEVER_EPOCH) revert NotStaked(runId, msg.sender);
-        uint32 sp = slotPlusOne[runId][trainer];
-        if (sp == 0 || !_isPassed(r, _lane(runId, epoch, sp - 1), epochs[runId][epoch])) revert NotPassing(runId, epoch, trainer);
-        if (challenges[runId][epoch][trainer] != 0) revert AlreadyReported(runId, epoch, trainer);
-        challenges[runId][epoch][trainer] = uint160(msg.sender);
-        emit AvailabilityReported(runId, epoch, trainer, msg.sender);
-    }
-
-    /// @notice A trainer's availability committee (verifier-list addresses) and its challenge word.
-    function availabilityCommittee(uint256 runId, uint256 epoch, address trainer) external view returns (address[] memory committee, uint256 challenge) {
-        Run storage r = _run(runId);
-        uint32 sp = slotPlusOne[runId][trainer];
-        Epoch storage ep = epochs[runId][epoch];
-        challenge = challenges[runId][epoch][trainer];
-        if (sp == 0 || !ep.seeded) return (committee, challenge);
-        (uint256[] memory com,) = _availabilityCommittee(r, ep, trainer, _lane(runId, epoch, sp - 1));
-        committee = new address[](com.length);
-        for (uint256 i = 0; i < com.length; i++) committee[i] = verifierList[runId][com[i]];
-    }
-
-    /// @notice The epoch trainers should commit to now: the newest opened epoch while it is still
-    ///         committing or revealing, otherwise the next one.
-    function currentEpoch(uint256 runId) external view returns (uint256) {
-        Run storage r = _run(runId);
-        if (r.nextEpoch == 0) return 0;
-        uint256 last = r.nextEpoch - 1;
-        Phase ph = _phase(runId, r, last);
-        return (ph == Phase.Committing || ph == Phase.Revealing) ? last : last + 1;
-    }
-
-    /// @notice Phase, counts and finalized model CID of an epoch (DESIGN.md §3).
-    function epochStatus(uint256 runId, uint256 epoch)
-        external
-        view
-        returns (uint8 phase, uint32 committed, uint32 revealed, uint32 passed, uint32 failed, string memory modelCid)
-    {
-        Run storage r = _run(runId);
-        Epoch storage ep = epochs[runId][epoch];
-        phase = uint8(_phase(runId, r, epoch));
-        committed = ep.committed;
-        revealed = ep.revealed;
-        passed = ep.passed;
-        failed = epoch < r.nextEpoch ? _failed(runId, r, epoch, ep) : 0;
-        modelCid = ep.modelCid;
+        if (ph != Phase.Aborted || ep.settled || ep.finalized) {
+            if (ph == Phase.Auditing) {
+                uint256 fd = _finalizeDeadline(runId, r, epoch);
+                revert NotExpired(runId, epoch, fd, block.timestamp);
+            }
+            revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Aborted));
+        }
+        _settle(runId, r, epoch, ep);
     }
 }

@@ -47,6 +47,7 @@ abstract contract VerilocoBase is VerilocoAudit {
         // rewards out of the run's pool, per finalized epoch (0: none); at most 2^96-1 wei each
         uint128 trainerReward; // per included trainer
         uint128 verifierReward; // per verdict cast with the majority on a decided trainer
+        bool testRun; // allows a quorum below 3 (a lone verifier decides): for devnets and tests only
     }
 
     struct Run {
@@ -88,6 +89,7 @@ abstract contract VerilocoBase is VerilocoAudit {
         // slot D
         uint64 seededAt; // when the audit seed was fixed (a seed fixed late excuses missing responses)
         uint32 verdictCommits; // verifiers of the frozen list that committed their verdicts (reveals open at verifierCount)
+        uint32 verdictReveals; // of those, the ones that revealed (finalize waits for all until the verdict deadline)
     }
 
     /// @dev One slot per member.
@@ -182,7 +184,8 @@ abstract contract VerilocoBase is VerilocoAudit {
 
     /// @dev Availability challenges per run, epoch and trainer (docs/protocol.md §10.2): bits 0-159
     ///      the reporter, 160-175 "available" votes, 176-191 "unavailable" votes (bit j = committee
-    ///      index j), 192-193 the decision (1 unavailable, 2 available; 0 open).
+    ///      index j), 192-193 the decision (1 unavailable, 2 available; 0 open), 194 a pass voter put the
+    ///      payload back, 200-255 the report's block (the committee is drawn from its hash).
     mapping(uint256 => mapping(uint256 => mapping(address => uint256))) internal challenges;
 
     uint256 private locked = 1;
@@ -280,6 +283,9 @@ abstract contract VerilocoBase is VerilocoAudit {
     error AlreadyReported(uint256 runId, uint256 epoch, address trainer);
     /// @notice No open availability challenge for this trainer and epoch.
     error NotReported(uint256 runId, uint256 epoch, address trainer);
+    /// @notice Only `have` verifiers can take part where `need` are required: an audit waits for verifiers
+    ///         to join (the quorum); an availability challenge cannot be judged by a full committee.
+    error TooFewVerifiers(uint256 runId, uint256 epoch, uint256 have, uint256 need);
 
     // ------------------------------------------------------------------ events
 
@@ -356,10 +362,30 @@ abstract contract VerilocoBase is VerilocoAudit {
 
     // ------------------------------------------------------------------ internals: companions
 
-    /// @dev The module Veriloco deploys from its constructor (its first creation, nonce 1), found from
+    /// @dev The module Veriloco creates from its constructor (its first creation, nonce 1), found from
     ///      Veriloco's own address: no storage, no immutable, so the runtime code is the same everywhere.
     function _module() internal view returns (address) {
-        return address(uint160(uint256(keccak256(abi.encodePacked(bytes2(0xd694), address(this), bytes1(0x01))))));
+        return _created(0x01);
+    }
+
+    /// @dev VerilocoViews: Veriloco's second creation (nonce 2); VerilocoModule's fallback delegates to it.
+    function _views() internal view returns (address) {
+        return _created(0x02);
+    }
+
+    function _created(bytes1 nonce) private view returns (address) {
+        return address(uint160(uint256(keccak256(abi.encodePacked(bytes2(0xd694), address(this), nonce)))));
+    }
+
+    /// @dev Run the calldata on `target`'s code with this contract's storage and return what it returns.
+    function _delegate(address target) internal {
+        assembly ("memory-safe") {
+            calldatacopy(0, 0, calldatasize())
+            let ok := delegatecall(gas(), target, 0, calldatasize(), 0, 0)
+            returndatacopy(0, 0, returndatasize())
+            if iszero(ok) { revert(0, returndatasize()) }
+            return(0, returndatasize())
+        }
     }
 
     /// @dev docs/protocol.md §4.
@@ -496,7 +522,8 @@ abstract contract VerilocoBase is VerilocoAudit {
         uint256 rc = _revealsClose(runId, r, epoch);
         if (rc == NEVER || block.timestamp < rc) return 0;
         uint32 f = (ep.committed - ep.revealed) + ep.failedVerdicts;
-        if (block.timestamp >= rc + r.p.responseWindow) f += ep.revealed - ep.responded;
+        // an epoch never seeded (too few verifiers) asked nobody to respond
+        if (ep.seeded && block.timestamp >= rc + r.p.responseWindow) f += ep.revealed - ep.responded;
         return f;
     }
 
@@ -520,6 +547,9 @@ abstract contract VerilocoBase is VerilocoAudit {
             if (members[runId][v].pendingRemoval) _removeVerifier(runId, v);
         }
         uint32 vc = uint32(verifierList[runId].length);
+        // never audit with fewer verifiers than the quorum: the epoch waits (and aborts unaudited, nobody
+        // slashed for a missing response, at its deadline) until enough have joined
+        if (vc < r.p.quorum) revert TooFewVerifiers(runId, epoch, vc, r.p.quorum);
         ep.verifierCount = vc;
         ep.seed = bytes32(block.number);
         emit AuditScheduled(runId, epoch, block.number, vc);
@@ -548,16 +578,11 @@ abstract contract VerilocoBase is VerilocoAudit {
         emit VerifierRemoved(runId, v);
     }
 
-    function _needed(Run storage r, Epoch storage ep) internal view returns (uint256) {
-        return r.p.quorum < ep.verifierCount ? r.p.quorum : ep.verifierCount;
-    }
-
-    /// @dev Passed: responded and pass votes from a majority of the q assigned verifiers (q = quorum
-    ///      capped by the verifier count at scheduling; with no verifiers nobody passes). One lying
-    ///      verifier can neither fail an honest trainer nor pass a cheater on its own once q >= 3.
-    function _isPassed(Run storage r, uint256 lane, Epoch storage ep) internal view returns (bool) {
-        uint256 q = _needed(r, ep);
-        return _state(lane) == SUB_RESPONDED && q > 0 && _popcount16(uint16(lane >> 32)) > q / 2;
+    /// @dev Passed: responded and pass votes from a majority of the q = quorum assigned verifiers (an
+    ///      audit never starts with fewer verifiers than the quorum: _scheduleSeed). One lying verifier
+    ///      can neither fail an honest trainer nor pass a cheater on its own once q >= 3.
+    function _isPassed(Run storage r, uint256 lane) internal view returns (bool) {
+        return _state(lane) == SUB_RESPONDED && _popcount16(uint16(lane >> 32)) > r.p.quorum / 2;
     }
 
     /// @dev A lane's SUB_* state (without the SPLIT flag).
@@ -658,12 +683,20 @@ abstract contract VerilocoBase is VerilocoAudit {
     function _verdict(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, address trainer, bool passed, bytes32 witness) internal {
         uint32 sp = slotPlusOne[runId][trainer];
         uint256 lane = sp == 0 ? 0 : _lane(runId, epoch, sp - 1);
-        if (_state(lane) != SUB_RESPONDED) revert NotResponded(runId, epoch, trainer);
-        uint256 q = _needed(r, ep);
+        uint8 st = _state(lane);
+        if (st != SUB_RESPONDED && st != SUB_UNAVAILABLE) revert NotResponded(runId, epoch, trainer);
+        uint256 q = r.p.quorum;
         uint256 j = _voterIndex(runId, epoch, ep, trainer, q);
         uint256 passBit = uint256(1) << (32 + j);
         uint256 failBit = uint256(1) << (48 + j);
         if (lane & (passBit | failBit) != 0) revert AlreadyVoted(runId, epoch, trainer, msg.sender);
+        if (st == SUB_UNAVAILABLE) {
+            // judged unavailable while this reveal was pending: the vote is kept (so the rest of the
+            // reveal stands) but decides and earns nothing
+            _setLane(runId, epoch, sp - 1, lane | (passed ? passBit : failBit));
+            emit VerdictSubmitted(runId, epoch, trainer, msg.sender, passed, witness);
+            return;
+        }
         if (_witness(runId, epoch, trainer, uint16(lane >> 32) | uint16(lane >> 48), j, witness)) lane |= SPLIT;
         // decided the moment one side reaches a majority of the q assigned verifiers
         if (passed) {
@@ -685,28 +718,35 @@ abstract contract VerilocoBase is VerilocoAudit {
         if (j == q) revert NotAssigned(runId, epoch, trainer, msg.sender);
     }
 
-    /// @dev Up to q verifiers of the frozen list, drawn from the audit seed under their own tag, never
-    ///      one that voted "pass" on the trainer (they vouched for the payload: they are what is being
-    ///      checked). Also returns the trainer's assignment (list indices).
-    function _availabilityCommittee(Run storage r, Epoch storage ep, address trainer, uint256 lane)
+    /// @dev A reported trainer's availability committee (list indices) and its assignment: q verifiers
+    ///      of the frozen list in an order drawn from the hash of the report's block, which nobody knew
+    ///      when the report was sent, skipping the trainer's assigned verifiers (its pass voters are what
+    ///      is being checked, its fail voters want it out, a silent one may still reveal) and the
+    ///      reporter (the accuser). Empty until that block is past, once its hash is out of reach (256
+    ///      blocks), or when fewer than q of the first 16 drawn are eligible: nobody is judged then.
+    function _availabilityCommittee(uint256 runId, Run storage r, Epoch storage ep, address trainer, uint256 c)
         internal
         view
         returns (uint256[] memory com, uint256[] memory idx)
     {
-        uint256 q = _needed(r, ep);
+        uint256 q = r.p.quorum;
         idx = _assigned(ep.seed, trainer, q, ep.verifierCount);
-        uint256 n = ep.verifierCount < 16 ? ep.verifierCount : 16;
-        uint256[] memory draw = _assigned(keccak256(abi.encode(ep.seed, "availability")), trainer, n, ep.verifierCount);
-        uint16 passes = uint16(lane >> 32);
         com = new uint256[](q);
+        bytes32 h = c == 0 ? bytes32(0) : blockhash(c >> 200);
         uint256 m = 0;
-        for (uint256 i = 0; i < n && m < q; i++) {
-            bool passer = false;
-            for (uint256 j = 0; j < q; j++) {
-                if ((passes >> j) & 1 == 1 && idx[j] == draw[i]) passer = true;
+        if (h != bytes32(0)) {
+            uint256 n = ep.verifierCount < 16 ? ep.verifierCount : 16;
+            uint256[] memory draw = _assigned(keccak256(abi.encode(ep.seed, h, "availability")), trainer, n, ep.verifierCount);
+            address[] storage list = verifierList[runId];
+            for (uint256 i = 0; i < n && m < q; i++) {
+                bool out = list[draw[i]] == address(uint160(c));
+                for (uint256 j = 0; j < q; j++) {
+                    if (idx[j] == draw[i]) out = true;
+                }
+                if (!out) com[m++] = draw[i];
             }
-            if (!passer) com[m++] = draw[i];
         }
+        if (m < q) m = 0;
         assembly ("memory-safe") {
             mstore(com, m)
         }
@@ -719,7 +759,7 @@ abstract contract VerilocoBase is VerilocoAudit {
             if (t <= prev) revert NotSorted(i);
             prev = t;
             uint32 sp = slotPlusOne[runId][t];
-            if (sp == 0 || !_isPassed(r, _lane(runId, epoch, sp - 1), ep)) revert NotPassing(runId, epoch, t);
+            if (sp == 0 || !_isPassed(r, _lane(runId, epoch, sp - 1))) revert NotPassing(runId, epoch, t);
         }
         if (included.length != ep.passed) revert PassingOmitted(runId, epoch, included.length, ep.passed);
     }
@@ -765,7 +805,7 @@ abstract contract VerilocoBase is VerilocoAudit {
                 if (st == SUB_UNAVAILABLE) {
                     // slashed when judged unavailable; votes on it earn nothing
                     if (po.votes.length != 0) {
-                        uint256[] memory vi = _assigned(ep.seed, t, _needed(r, ep), ep.verifierCount);
+                        uint256[] memory vi = _assigned(ep.seed, t, r.p.quorum, ep.verifierCount);
                         po.nVotes -= _uncount(po.votes, vi, uint16(lane >> 32) | uint16(lane >> 48));
                     }
                     continue;
@@ -781,6 +821,7 @@ abstract contract VerilocoBase is VerilocoAudit {
                 }
             }
         }
+        if (ep.verdictReveals < ep.verdictCommits) slashed += _slashSilent(runId, epoch, r, ep, list);
         _settlePayout(slashed, paid);
         if (po.nTrainers != 0 || po.nVotes != 0) _reward(runId, epoch, r, list, po);
     }
@@ -798,7 +839,7 @@ abstract contract VerilocoBase is VerilocoAudit {
         address t,
         uint256 lane
     ) internal returns (uint256 slashed, uint256 paid) {
-        uint256 q = _needed(r, ep);
+        uint256 q = r.p.quorum;
         uint16 passes = uint16(lane >> 32);
         uint16 fails = uint16(lane >> 48);
         bool failed = _popcount16(fails) > q / 2;
@@ -913,23 +954,35 @@ abstract contract VerilocoBase is VerilocoAudit {
         uint16 mask
     ) internal returns (uint256 total) {
         for (uint256 j = 0; mask != 0; j++) {
-            if (mask & 1 == 1) {
-                address v = list[idx[j]];
-                Member storage m = members[runId][v];
-                uint256 amount = (uint256(m.stake) * r.p.slashBps) / BPS;
-                m.stake -= uint96(amount);
-                total += amount;
-                if (m.leaveEpoch == NEVER_EPOCH) {
-                    // out of the list at the next scheduling (the running audit still indexes into it)
-                    m.leaveEpoch = r.nextEpoch;
-                    m.leftAt = uint48(block.timestamp);
-                    m.pendingRemoval = true;
-                    pendingVerifierRemovals[runId].push(v);
-                    emit VerifierLeft(runId, v, false);
-                }
-                emit VerifierSlashed(runId, epoch, v, trainer, amount);
-            }
+            if (mask & 1 == 1) total += _slashVerifier(runId, epoch, r, list[idx[j]], trainer);
             mask >>= 1;
+        }
+    }
+
+    /// @dev Slash verifier `v` slashBps (for its vote on `trainer`; zero: for verdicts it never revealed)
+    ///      and take it off the list at the next scheduling (the running audit still indexes into it).
+    function _slashVerifier(uint256 runId, uint256 epoch, Run storage r, address v, address trainer) internal returns (uint256 amount) {
+        Member storage m = members[runId][v];
+        amount = (uint256(m.stake) * r.p.slashBps) / BPS;
+        m.stake -= uint96(amount);
+        if (m.leaveEpoch == NEVER_EPOCH) {
+            m.leaveEpoch = r.nextEpoch;
+            m.leftAt = uint48(block.timestamp);
+            m.pendingRemoval = true;
+            pendingVerifierRemovals[runId].push(v);
+            emit VerifierLeft(runId, v, false);
+        }
+        emit VerifierSlashed(runId, epoch, v, trainer, amount);
+    }
+
+    /// @dev Slash every verifier of the frozen list that committed verdicts and never revealed them (the
+    ///      verdict deadline passed: finalize waits for every reveal until then). A commitment held back
+    ///      costs what a wrong vote costs, so nobody can look at the others' reveals and reveal only
+    ///      when it agrees. Burned.
+    function _slashSilent(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, address[] storage list) internal returns (uint256 total) {
+        for (uint256 i = 0; i < ep.verifierCount; i++) {
+            uint256 s = verdictCommits[runId][list[i]][epoch % HASH_SLOTS];
+            if (s >> 224 == epoch + 1 && uint224(s) >> 32 != 0) total += _slashVerifier(runId, epoch, r, list[i], address(0));
         }
     }
 

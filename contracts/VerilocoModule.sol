@@ -3,12 +3,18 @@ pragma solidity 0.8.37;
 
 import {VerilocoBase} from "./VerilocoBase.sol";
 
-/// @title VerilocoModule: runs, membership, settlement, model attestation and views of Veriloco
-/// @dev Meant to run on Veriloco's storage: Veriloco's fallback DELEGATECALLs into it. Called on its
-///      own address it acts on its own, empty storage, which no node reads (a stake sent there can be
-///      withdrawn there). No immutables, so its code is the same in every deployment and clients can
-///      check it (protocol/chain.py). Documented with Veriloco in docs/contract.md.
+/// @title VerilocoModule: runs, membership, settlement, model attestation and payload availability of Veriloco
+/// @dev Meant to run on Veriloco's storage: Veriloco's fallback DELEGATECALLs into it, and its own
+///      fallback passes what it does not define on to VerilocoViews. Called on its own address it acts
+///      on its own, empty storage, which no node reads (a stake sent there can be withdrawn there). No
+///      immutables, so its code is the same in every deployment and clients can check it
+///      (protocol/chain/binding.py). Documented with Veriloco in docs/contract.md.
 contract VerilocoModule is VerilocoBase {
+    /// @notice Every function defined in neither Veriloco nor here is VerilocoViews', run on Veriloco's storage.
+    fallback() external payable {
+        _delegate(_views());
+    }
+
     /// @notice Create a run; the caller becomes its creator (it may not verify in it, nor earn from the
     ///         pool). The value sent funds the run's reward pool.
     /// @param p The enforced config fields; the full config is the canonical JSON behind p.configCid.
@@ -17,7 +23,8 @@ contract VerilocoModule is VerilocoBase {
         if (p.coordinator == address(0)) revert InvalidParams("coordinator");
         if (p.minTrainers == 0 || p.maxTrainers < p.minTrainers) revert InvalidParams("minTrainers/maxTrainers");
         if (p.maxVerifiers == 0) revert InvalidParams("maxVerifiers");
-        if (p.quorum == 0 || p.quorum > 16) revert InvalidParams("quorum (1..16)");
+        // below 3 one verifier decides alone (or two disagree forever): only where the run says it is a test
+        if (p.quorum == 0 || p.quorum > 16 || (p.quorum < 3 && !p.testRun)) revert InvalidParams("quorum 3..16 (1..2: testRun)");
         if (p.auditSteps == 0 || p.auditSteps > 64) revert InvalidParams("auditSteps (1..64)");
         if (p.finalCheckBps > BPS) revert InvalidParams("finalCheckBps");
         if (p.slashBps > BPS) revert InvalidParams("slashBps");
@@ -153,11 +160,12 @@ contract VerilocoModule is VerilocoBase {
         uint256 availableAt = uint256(m.leftAt) + r.p.unbondingDelay;
         if (block.timestamp < availableAt) revert StillBonded(runId, msg.sender, availableAt, block.timestamp);
         if (m.role == ROLE_TRAINER) {
-            // the last two epochs it may have taken part in must have applied their slashes
+            // the last two epochs it may have taken part in must have applied their slashes, and one it
+            // finalized (possibly from before it joined) must be past its attestation window
             uint256 le = m.leaveEpoch;
             for (uint256 k = 1; k <= 2 && k <= le; k++) {
                 uint256 e = le - k;
-                if (e >= m.joinEpoch && !_settled(runId, r, e)) revert EpochNotSettled(runId, e);
+                if ((e >= m.joinEpoch || epochs[runId][e].finalizer == msg.sender) && !_settled(runId, r, e)) revert EpochNotSettled(runId, e);
             }
         } else if (m.pendingRemoval || m.role == ROLE_COORDINATOR) {
             if (_auditRunning(runId, r)) revert EpochNotSettled(runId, r.nextEpoch == 0 ? 0 : r.nextEpoch - 1);
@@ -201,7 +209,7 @@ contract VerilocoModule is VerilocoBase {
         Phase ph = _phase(runId, r, epoch);
         if (ph != Phase.Confirming) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Confirming));
         Epoch storage ep = epochs[runId][epoch];
-        uint256 q = _needed(r, ep);
+        uint256 q = r.p.quorum;
         uint256[] memory idx = _assigned(ep.seed, address(this), q, ep.verifierCount);
         address[] storage list = verifierList[runId];
         uint256 j = 0;
@@ -236,192 +244,65 @@ contract VerilocoModule is VerilocoBase {
         _confirm(runId, epoch, ep, true, amount);
     }
 
-    /// @notice Settle an epoch whose coordinator missed the finalize deadline: it becomes Aborted (no
-    ///         new model; the next epoch builds on the last finalized one) and the same slashes apply.
-    function settle(uint256 runId, uint256 epoch) external {
-        Run storage r = _run(runId);
-        Epoch storage ep = epochs[runId][epoch];
-        Phase ph = _phase(runId, r, epoch);
-        if (ph != Phase.Aborted || ep.settled || ep.finalized) {
-            if (ph == Phase.Auditing) {
-                uint256 fd = _finalizeDeadline(runId, r, epoch);
-                revert NotExpired(runId, epoch, fd, block.timestamp);
-            }
-            revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Aborted));
-        }
-        _settle(runId, r, epoch, ep);
-    }
-
-    /// @notice Timing and audit facts of an epoch; deadlines are 0 while not yet determined.
-    function epochTimes(uint256 runId, uint256 epoch)
-        external
-        view
-        returns (
-            uint64 openedAt,
-            uint64 commitsClose,
-            uint64 revealsClose,
-            uint64 responseDeadline,
-            uint64 verdictDeadline,
-            uint64 finalizeDeadline,
-            uint64 doneAt
-        )
-    {
-        Run storage r = _run(runId);
-        Epoch storage ep = epochs[runId][epoch];
-        if (epoch >= r.nextEpoch) return (0, 0, 0, 0, 0, 0, 0);
-        openedAt = ep.openedAt;
-        doneAt = ep.doneAt;
-        uint64 cc = _commitsClose(runId, r, epoch);
-        if (cc == NEVER) return (openedAt, 0, 0, 0, 0, 0, doneAt);
-        commitsClose = cc;
-        revealsClose = uint64(_revealsClose(runId, r, epoch));
-        responseDeadline = revealsClose + r.p.responseWindow;
-        verdictDeadline = responseDeadline + r.p.verdictWindow;
-        finalizeDeadline = verdictDeadline + r.p.finalizeWindow;
-    }
-
-    /// @notice Audit facts of an epoch.
-    function epochAudit(uint256 runId, uint256 epoch)
-        external
-        view
-        returns (uint32 expected, uint32 responded, uint32 verifierCount, bool seeded, bytes32 seed, bytes32 modelDigest)
-    {
-        _run(runId);
-        Epoch storage ep = epochs[runId][epoch];
-        return (ep.expected, ep.responded, ep.verifierCount, ep.seeded, ep.seeded ? ep.seed : bytes32(0), ep.modelDigest);
-    }
-
-    /// @notice The enforced config of a run.
-    function runParams(uint256 runId) external view returns (RunParams memory) {
-        return _run(runId).p;
-    }
-
-    /// @notice The mutable state of a run; `pool` is the reward pool left (wei).
-    function runState(uint256 runId)
-        external
-        view
-        returns (address creator, uint32 nextEpoch, uint32 activeTrainers, uint32 trainerSlots, uint32 verifierCount, uint256 pool)
-    {
-        Run storage r = _run(runId);
-        return (r.creator, r.nextEpoch, r.activeTrainers, r.trainerSlots, uint32(verifierList[runId].length), r.pool);
-    }
-
-    /// @notice A member's record; role 0 none, 1 trainer, 2 verifier; leaveEpoch is 2^32-1 while active.
-    function member(uint256 runId, address account)
-        external
-        view
-        returns (uint8 role, uint96 stake, uint32 slot, uint32 joinEpoch, uint32 leaveEpoch, uint48 leftAt)
-    {
-        Member storage m = members[runId][account];
-        return (m.role, m.stake, m.slot, m.joinEpoch, m.leaveEpoch, m.leftAt);
-    }
-
-    /// @notice Active trainers (by slot) and the verifier list (join order, as used for assignment).
-    function participants(uint256 runId) external view returns (address[] memory trainers, address[] memory verifiers) {
-        Run storage r = _run(runId);
-        trainers = new address[](r.activeTrainers);
-        uint256 n = 0;
-        for (uint256 slot = 0; slot < r.trainerSlots && n < trainers.length; slot++) {
-            address t = slotTrainer[runId][slot];
-            Member storage m = members[runId][t];
-            if (m.role == ROLE_TRAINER && m.slot == slot && m.leaveEpoch == NEVER_EPOCH) trainers[n++] = t;
-        }
-        verifiers = verifierList[runId];
-    }
-
-    /// @notice The trainer that holds a slot, or held it last (a withdrawn trainer's slot is reused).
-    function trainerAt(uint256 runId, uint256 slot) external view returns (address) {
-        return slotTrainer[runId][slot];
-    }
-
-    /// @notice A trainer's submission in an epoch. state: 0 none, 1 committed, 2 revealed, 3 responded.
-    /// @dev After the reveal, the commitment and payload digest/CID are in the Committed/Revealed events;
-    ///      once the trainer commits three epochs later, this epoch's hashes are in the events only.
-    /// @return commitment The commitment while only committed, else zero.
-    /// @return traceRoot The revealed trace root, else zero.
-    function submission(uint256 runId, uint256 epoch, address trainer)
-        external
-        view
-        returns (bytes32 commitment, bytes32 traceRoot, uint32 leafCount, uint8 state, uint16 passVotes, uint16 failVotes, bool passed)
-    {
-        Run storage r = _run(runId);
-        uint32 sp = slotPlusOne[runId][trainer];
-        // an epoch before the trainer's current membership belongs to its slot's earlier holder (or its own past)
-        if (sp == 0 || epoch < members[runId][trainer].joinEpoch) return (commitment, traceRoot, 0, SUB_NONE, 0, 0, false);
-        uint256 lane = _lane(runId, epoch, sp - 1);
-        passed = _isPassed(r, lane, epochs[runId][epoch]);
-        state = _state(lane);
-        bool reused = state != SUB_NONE && _lane(runId, epoch + HASH_SLOTS, sp - 1) != 0;
-        bytes32 h = reused ? bytes32(0) : hashes[runId][trainer][epoch % HASH_SLOTS];
-        if (state == SUB_COMMITTED) commitment = h;
-        else traceRoot = h;
-        leafCount = uint32(lane & 0xFFFFFF);
-        passVotes = _popcount16(uint16(lane >> 32));
-        failVotes = _popcount16(uint16(lane >> 48));
-    }
-
-    /// @notice A trainer's audit assignment (docs/protocol.md §5); empty until the seed is fixed.
-    /// @return steps Challenged transitions k (k -> k+1), in draw order, duplicates kept.
-    /// @return finalCheck Whether the end-state -> payload transition is checked.
-    /// @return verifiers Assigned verifiers, assignment index order; empty once the epoch is finalized or settled.
-    function assignment(uint256 runId, uint256 epoch, address trainer)
-        external
-        view
-        returns (uint256[] memory steps, bool finalCheck, address[] memory verifiers)
-    {
-        Run storage r = _run(runId);
-        Epoch storage ep = epochs[runId][epoch];
-        uint32 sp = slotPlusOne[runId][trainer];
-        uint32 leafCount = sp == 0 ? 0 : uint32(_lane(runId, epoch, sp - 1) & 0xFFFFFF);
-        if (!ep.seeded || leafCount < 2) return (steps, false, verifiers);
-        (steps, finalCheck) = _challenges(ep.seed, trainer, r.p.auditSteps, leafCount, r.p.finalCheckBps);
-        // the list is frozen only until the epoch is finalized or settled; after that a removal may
-        // have moved entries, and VerdictSubmitted events say who judged
-        if (ep.finalized || ep.settled) return (steps, finalCheck, verifiers);
-        uint256 q = _needed(r, ep);
-        verifiers = new address[](q);
-        uint256[] memory idx = _assigned(ep.seed, trainer, q, ep.verifierCount);
-        address[] storage list = verifierList[runId];
-        for (uint256 j = 0; j < q; j++) verifiers[j] = list[idx[j]];
-    }
-
-    /// @notice The commitment a trainer must post (docs/protocol.md §4).
-    function commitmentOf(
-        uint256 runId,
-        uint256 epoch,
-        address trainer,
-        bytes32 payloadDigest,
-        bytes32 traceRoot,
-        uint32 leafCount,
-        bytes32 salt
-    ) external view returns (bytes32) {
-        return _commitment(runId, epoch, trainer, payloadDigest, traceRoot, leafCount, salt);
-    }
-
     // ------------------------------------------------------------------ availability (docs/protocol.md §10.2)
 
-    /// @notice Vote on a reported payload: only its availability committee, once each, while the epoch
-    ///         audits. "available" means you fetched it, checked its digest and keep it until the epoch
-    ///         is final. The first side to reach a majority of the committee decides.
+    /// @notice Report a passing trainer's payload as unavailable (the coordinator, or any staked member,
+    ///         after failing to fetch it from every holder). Opens a vote of the trainer's availability
+    ///         committee, drawn from this block's hash; until it decides, finalize must still include the
+    ///         trainer. A report the committee rejects costs the reporter slashBps of its stake. Refused
+    ///         (TooFewVerifiers) unless q verifiers besides the trainer's q assigned ones and the reporter
+    ///         can sit on the committee.
+    function reportUnavailable(uint256 runId, uint256 epoch, address trainer) external {
+        Run storage r = _run(runId);
+        Phase ph = _phase(runId, r, epoch);
+        if (ph != Phase.Auditing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Auditing));
+        Member storage m = members[runId][msg.sender];
+        if (m.role == ROLE_NONE || m.stake == 0 || m.leaveEpoch != NEVER_EPOCH) revert NotStaked(runId, msg.sender);
+        uint32 sp = slotPlusOne[runId][trainer];
+        uint256 lane = sp == 0 ? 0 : _lane(runId, epoch, sp - 1);
+        if (!_isPassed(r, lane)) revert NotPassing(runId, epoch, trainer);
+        if (challenges[runId][epoch][trainer] != 0) revert AlreadyReported(runId, epoch, trainer);
+        uint256 vc = epochs[runId][epoch].verifierCount;
+        uint256 n = vc < 16 ? vc : 16; // the committee is drawn from the first 16 of a shuffle
+        uint256 need = 2 * r.p.quorum + (m.role == ROLE_VERIFIER ? 1 : 0);
+        if (n < need) revert TooFewVerifiers(runId, epoch, n, need);
+        challenges[runId][epoch][trainer] = (block.number << 200) | uint160(msg.sender);
+        emit AvailabilityReported(runId, epoch, trainer, msg.sender);
+    }
+
+    /// @notice Vote on a reported payload: only its availability committee (drawn after the report), once
+    ///         each, while the epoch audits. "available" means you fetched it, checked its digest and keep
+    ///         it until the epoch is final. "unavailable" decides only with all q members (never fewer
+    ///         than the pass voters it overrules), "available" with a majority; a pass voter of the trainer
+    ///         may vote "available" too, saying it put the payload back: a later "available" decision then
+    ///         slashes nobody (the report was true when made).
     function voteAvailability(uint256 runId, uint256 epoch, address trainer, bool available) external {
         Run storage r = _run(runId);
         Phase ph = _phase(runId, r, epoch);
         if (ph != Phase.Auditing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Auditing));
         uint256 c = challenges[runId][epoch][trainer];
-        if (c == 0 || c >> 192 != 0) revert NotReported(runId, epoch, trainer);
+        if (c == 0 || (c >> 192) & 3 != 0) revert NotReported(runId, epoch, trainer);
         Epoch storage ep = epochs[runId][epoch];
         uint256 lane = _lane(runId, epoch, slotPlusOne[runId][trainer] - 1);
-        (uint256[] memory com, uint256[] memory idx) = _availabilityCommittee(r, ep, trainer, lane);
+        (uint256[] memory com, uint256[] memory idx) = _availabilityCommittee(runId, r, ep, trainer, c);
         address[] storage list = verifierList[runId];
+        uint256 q = r.p.quorum;
         uint256 j = 0;
         while (j < com.length && list[com[j]] != msg.sender) j++;
-        if (j == com.length) revert NotAssigned(runId, epoch, trainer, msg.sender);
+        if (j == com.length) {
+            uint256 k = 0;
+            while (k < q && ((lane >> (32 + k)) & 1 == 0 || list[idx[k]] != msg.sender)) k++;
+            if (k == q || !available) revert NotAssigned(runId, epoch, trainer, msg.sender);
+            challenges[runId][epoch][trainer] = c | (uint256(1) << 194);
+            emit AvailabilityVoted(runId, epoch, trainer, msg.sender, true);
+            return;
+        }
         uint256 bit = uint256(1) << j;
         if ((c >> 160) & (bit | (bit << 16)) != 0) revert AlreadyVoted(runId, epoch, trainer, msg.sender);
         c |= bit << (available ? 160 : 176);
         emit AvailabilityVoted(runId, epoch, trainer, msg.sender, available);
         uint16 side = uint16(c >> (available ? 160 : 176));
-        if (_popcount16(side) <= com.length / 2) {
+        if (_popcount16(side) <= (available ? q / 2 : q - 1)) {
             challenges[runId][epoch][trainer] = c;
             return;
         }
@@ -429,22 +310,22 @@ contract VerilocoModule is VerilocoBase {
         emit AvailabilityDecided(runId, epoch, trainer, available);
         uint256 slashed;
         if (available) {
-            // a false report: the reporter pays the voters that did the fetching
+            if ((c >> 194) & 1 == 1) return; // put back by a pass voter during the vote: nobody is at fault
+            // a false report: the reporter pays the voters that did the fetching (a lone one is paid nothing)
             address reporter = address(uint160(c));
             Member storage rm = members[runId][reporter];
             slashed = (uint256(rm.stake) * r.p.slashBps) / BPS;
             rm.stake -= uint96(slashed);
             emit Slashed(runId, epoch, reporter, slashed, SLASH_FALSE_REPORT);
-            return _settlePayout(slashed, _pay(list, com, side, slashed));
+            return _settlePayout(slashed, q > 1 ? _pay(list, com, side, slashed) : 0);
         }
         // nobody can produce it: out of the epoch; its stake to the voters; its pass voters broke their keep duty
         _setLane(runId, epoch, slotPlusOne[runId][trainer] - 1, (lane & ~(uint256(0xFF) << 24)) | (uint256(SUB_UNAVAILABLE) << 24));
         ep.passed -= 1;
         ep.failedVerdicts += 1;
         slashed = _slashOne(runId, epoch, r, trainer, SLASH_UNAVAILABLE);
-        uint256 paid = _pay(list, com, side, slashed);
+        uint256 paid = q > 1 ? _pay(list, com, side, slashed) : 0;
         slashed += _slashVerifiers(runId, epoch, r, list, idx, trainer, uint16(lane >> 32));
         _settlePayout(slashed, paid);
     }
-
 }

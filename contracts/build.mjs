@@ -47,7 +47,7 @@ if (errors.length > 0) process.exit(1);
 // Veriloco runs VerilocoModule's functions on its own storage (fallback -> DELEGATECALL), so a client
 // of Veriloco needs both ABIs: the Veriloco artifact carries their union (each entry once).
 const compiled = Object.assign({}, ...Object.values(output.contracts));
-const DELEGATES = { Veriloco: ["VerilocoModule"] };
+const DELEGATES = { Veriloco: ["VerilocoModule", "VerilocoViews"] };
 function abiOf(name) {
   const seen = new Set();
   const abi = [];

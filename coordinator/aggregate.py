@@ -9,6 +9,12 @@ Audits are samples, so a forged payload can pass (docs/security.md T5, T15). Wit
 each pseudo-gradient's L2 norm is capped at ``clip`` times the lower median of the norms: with an
 honest majority that reference is an honest trainer's norm, so one escaped forgery moves the mean
 by at most ``clip`` honest norms / K instead of arbitrarily far.
+
+That bound is reached every epoch by a forgery at the cap (docs/results-steering.md). With
+``aggregate`` = "trimmed" (or "median") the clipped pseudo-gradients are combined per coordinate
+instead: the values are sorted and the ``trim`` largest and smallest dropped before the mean, so one
+trainer can move a coordinate of the aggregate only within the other trainers' range there. Sorting
+makes that rule independent of the input order.
 """
 
 from __future__ import annotations
@@ -56,11 +62,7 @@ def clip_scales(deltas: Sequence[Mapping[str, Tensor]], clip: float) -> list[flo
     return [1.0 if n <= limit else _round_down(limit / n) for n in norms]
 
 
-def mean_delta(
-    deltas: Sequence[Mapping[str, Tensor]], shapes: Mapping[str, tuple[int, ...]], clip: float = 0.0
-) -> dict[str, Tensor]:
-    """fp32 mean of ``deltas`` (each norm-capped by ``clip_scales``) summed left to right; each must
-    have exactly ``shapes``' names and shapes."""
+def _check(deltas: Sequence[Mapping[str, Tensor]], shapes: Mapping[str, tuple[int, ...]]) -> None:
     if not deltas:
         raise AggregateError("no pseudo-gradients to aggregate; at least one trainer must pass")
     for i, d in enumerate(deltas):
@@ -77,6 +79,14 @@ def mean_delta(
                 )
             if not bool(torch.isfinite(t).all()):
                 raise AggregateError(f"pseudo-gradient #{i} tensor {n!r} has NaN or Inf values")
+
+
+def mean_delta(
+    deltas: Sequence[Mapping[str, Tensor]], shapes: Mapping[str, tuple[int, ...]], clip: float = 0.0
+) -> dict[str, Tensor]:
+    """fp32 mean of ``deltas`` (each norm-capped by ``clip_scales``) summed left to right; each must
+    have exactly ``shapes``' names and shapes."""
+    _check(deltas, shapes)
     scales = clip_scales(deltas, clip)
 
     def term(i: int, n: str) -> Tensor:
@@ -92,12 +102,66 @@ def mean_delta(
     return out
 
 
+def trim_count(k: int, rule: str, trim: int = 1) -> int:
+    """Values dropped at each end of a coordinate's K sorted values: ``trim`` ("trimmed", at most
+    ⌊(K−1)/2⌋ so one or two are left), ⌊(K−1)/2⌋ ("median"), 0 ("mean")."""
+    most = (k - 1) // 2
+    return {"mean": 0, "trimmed": min(trim, most), "median": most}[rule]
+
+
+# values sorted at once per tensor slice: K × this many floats (64 MiB at K = 256)
+_CHUNK_VALUES = 1 << 24
+
+
+def trimmed_delta(
+    deltas: Sequence[Mapping[str, Tensor]], shapes: Mapping[str, tuple[int, ...]], clip: float = 0.0,
+    rule: str = "trimmed", trim: int = 1,
+) -> dict[str, Tensor]:
+    """Per coordinate, the fp32 mean of the clipped values (``clip_scales``, as ``mean_delta``) left
+    after dropping the ``trim_count`` smallest and largest: sorted ascending (−0.0 made +0.0 first,
+    so equal values are equal bits), the middle K − 2t summed in that order, divided by K − 2t.
+
+    Depends only on the multiset of the inputs, not their order. With nothing to drop (t = 0: K ≤ 2,
+    or rule "mean") it is ``mean_delta`` itself, bit for bit."""
+    _check(deltas, shapes)
+    t = trim_count(len(deltas), rule, trim)
+    if t == 0:
+        return mean_delta(deltas, shapes, clip)
+    scales = clip_scales(deltas, clip)
+    k = len(deltas)
+    kept = float(k - 2 * t)
+    chunk = max(1, _CHUNK_VALUES // k)
+    out: dict[str, Tensor] = {}
+    for n in sorted(shapes):
+        flat = [(d[n] if s == 1.0 else d[n] * s).reshape(-1) for d, s in zip(deltas, scales)]
+        res = torch.empty(flat[0].numel(), dtype=torch.float32)
+        for lo in range(0, res.numel(), chunk):
+            v = torch.stack([f[lo : lo + chunk] for f in flat]) + 0.0  # -0.0 + 0.0 = +0.0
+            v = torch.sort(v, dim=0).values
+            acc = v[t].clone()
+            for i in range(t + 1, k - t):
+                acc = acc + v[i]
+            res[lo : lo + chunk] = acc / kept
+        out[n] = res.reshape(shapes[n])
+    return out
+
+
+def combine(
+    deltas: Sequence[Mapping[str, Tensor]], shapes: Mapping[str, tuple[int, ...]], cfg: OuterConfig
+) -> dict[str, Tensor]:
+    """The aggregated pseudo-gradient by ``cfg``'s rule (``cfg.aggregate``, ``cfg.clip``, ``cfg.trim``)."""
+    if cfg.aggregate == "mean":
+        return mean_delta(deltas, shapes, cfg.clip)
+    return trimmed_delta(deltas, shapes, cfg.clip, cfg.aggregate, cfg.trim)
+
+
 def aggregate(
     g: Mapping[str, Tensor], deltas: Sequence[Mapping[str, Tensor]], cfg: OuterConfig
 ) -> GlobalState:
-    """New global state: outer step on the (clipped, ``cfg.clip``) mean of ``deltas`` in the given order."""
+    """New global state: outer step on ``combine(deltas)``: the (clipped, ``cfg.clip``) mean of
+    ``deltas`` in the given order, or their trimmed mean or median per coordinate (``cfg.aggregate``)."""
     shapes = {n: tuple(p.shape) for n, p in global_params(g).items()}
-    return outer_step(g, mean_delta(deltas, shapes, cfg.clip), cfg)
+    return outer_step(g, combine(deltas, shapes, cfg), cfg)
 
 
 def aggregate_payloads(

@@ -3,9 +3,10 @@ build on it and verifiers check it, each from its own recomputation, never from 
 
 Deterministic: the passing trainers are read from the contract's events, their payloads are
 decoded in ascending address order (the order `finalize` lists them), and `coordinator.aggregate`
-sums in that order. The state an epoch aggregates onto is recomputed recursively from G_0
-(`VerifiedGlobals`), so a coordinator that finalized a wrong model changes nobody's base: every
-honest node keeps building on the true aggregate, and a mismatch is one log line, not a crash.
+sums in that order (with `outer.aggregate` = "trimmed" or "median": per coordinate, in value order).
+The state an epoch aggregates onto is recomputed recursively from G_0 (`VerifiedGlobals`), so a
+coordinator that finalized a wrong model changes nobody's base: every honest node keeps building on
+the true aggregate, and a mismatch is one log line, not a crash.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def epoch_update(chain: Chain, store: Store, ctx: RunContext, epoch: int, g: Glo
             continue  # verifiers decode every payload before passing it; skip rather than poison the model
     if deltas:
         o = ctx.config.outer
-        g = aggregate(g, deltas, OuterConfig(lr=o.lr, momentum=o.momentum, clip=o.clip))
+        g = aggregate(g, deltas, OuterConfig(lr=o.lr, momentum=o.momentum, clip=o.clip,
+                                          aggregate=o.aggregate, trim=o.trim))
     return g, included
 
 

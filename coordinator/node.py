@@ -29,10 +29,12 @@ from typing import TypeVar
 
 from coordinator.build import PayloadMissing, VerifiedGlobals, build_global
 from coordinator.outer import global_params
+from protocol.chain import errors as ce
 from protocol.chain.binding import Chain, ChainError, ChainUnavailable, Phase
 from protocol.chain.outage import TRANSIENT, through_outages
 from protocol.errors import VerilocoError
 from protocol.formats.codec import save_state
+from protocol.membership import verifier_shortfall
 from protocol.run import RunContext, eval_model, open_run
 from protocol.store.backends import Store
 
@@ -57,6 +59,7 @@ class CoordinatorNode:
         self.report_after = report_after  # share of the time left before the finalize deadline
         self.clock = clock  # measures how long a payload has been missing
         self._missing: dict[str, float] = {}  # what -> when its content first went missing
+        self._reveals_awaited: set[int] = set()  # epochs whose finalize waited for verdict reveals (said once)
         self._error: dict[str, VerilocoError] = {}  # what -> why it is missing now
         self._absent: dict[tuple[int, str], tuple[float, float]] = {}  # (epoch, trainer) -> (first seen, grace s)
         self._reported: set[tuple[int, str]] = set()
@@ -90,6 +93,8 @@ class CoordinatorNode:
             tx = self.chain.stake_coordinator(self.run_id)  # the stake answers for the models it finalizes
             self.log("staked", gas=tx.gas_used)
         self.log("started")
+        if (short := verifier_shortfall(self.chain.run_info(self.run_id))) is not None:
+            self.log("too-few-verifiers", detail=short)
         for e in range(self.ctx.config.schedule.epochs):
             waiting = False
             while not through_outages(functools.partial(self._try_finalize, e), self.log, f"epoch {e}"):
@@ -128,6 +133,11 @@ class CoordinatorNode:
             tx = self.chain.finalize(self.run_id, e, cid, digest, included)
         except ChainUnavailable:
             raise  # not a refusal: the caller waits the outage out and tries again
+        except ce.NotReady as exc:  # verdict reveals still outstanding (before the deadline): retried, not an error
+            if e not in self._reveals_awaited:
+                self._reveals_awaited.add(e)
+                self.log("finalize-waiting", epoch=e, detail=str(exc))
+            return False
         except ChainError as exc:
             self.log("finalize-failed", epoch=e, error=str(exc))
             return False

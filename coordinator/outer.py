@@ -17,6 +17,7 @@ from protocol.errors import VerilocoError
 
 PARAM, MOM = "param/", "outer.mom/"
 GlobalState = dict[str, Tensor]
+AGGREGATES = ("mean", "trimmed", "median")  # outer.aggregate's values
 
 
 class OuterError(VerilocoError):
@@ -29,10 +30,17 @@ class OuterConfig:
     momentum: float = 0.9
     nesterov: bool = True
     clip: float = 0.0  # cap each pseudo-gradient's norm at clip × the lower median norm (0: off)
+    # how the (clipped) pseudo-gradients are combined (coordinator/aggregate.py, docs/protocol.md §9):
+    # "mean"; "trimmed", per coordinate the mean without the `trim` largest and `trim` smallest values;
+    # "median", per coordinate the median (the mean of the middle two for an even count)
+    aggregate: str = "mean"
+    trim: int = 1
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or not 0 <= self.momentum < 1 or not (self.clip == 0 or self.clip >= 1):
             raise OuterError(f"invalid outer settings {self}: need lr>0, 0<=momentum<1 and clip 0 (off) or >=1")
+        if self.aggregate not in AGGREGATES or self.trim < 1:
+            raise OuterError(f"invalid outer settings {self}: need aggregate one of {AGGREGATES} and trim >= 1")
 
 
 def init_global(params: Mapping[str, Tensor]) -> GlobalState:

@@ -21,7 +21,7 @@ from protocol.chain.binding import RunParams
 from protocol.digest import keccak
 from protocol.errors import VerilocoError
 from protocol.formats.codec import FormatError, canonical_json, decode_canonical_json
-from protocol.model import PRECISIONS, GPTConfig, preset
+from protocol.modelconfig import PRECISIONS, GPTConfig, preset
 from protocol.types import Address, Cid, Digest, Wei
 
 FORMAT = "veriloco.run.v1"
@@ -34,6 +34,9 @@ class ConfigError(VerilocoError):
 # Fields added after runs were first published carry this metadata: left out of the canonical JSON
 # while they hold their default, so every config written before them keeps its bytes and digest.
 _NEW = {"omit_default": True}
+
+# outer.aggregate's values (coordinator.outer.AGGREGATES, which implements them)
+AGGREGATES = ("mean", "trimmed", "median")
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,10 @@ class OuterSection:
     lr: float = 0.7
     momentum: float = 0.9
     clip: float = 2.0  # norm cap per pseudo-gradient, × the lower median norm (0: off; docs/protocol.md §9)
+    # how the clipped pseudo-gradients combine (§9): "mean"; "trimmed", per coordinate the mean without
+    # the `trim` largest and smallest values; "median", per coordinate (docs/results-steering.md)
+    aggregate: str = field(default="mean", metadata=_NEW)
+    trim: int = field(default=1, metadata=_NEW)  # values dropped at each end with aggregate = "trimmed"
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,8 @@ class AuditSection:
     segment: int = 1  # inner steps a verifier replays from each sampled state (one state file covers them)
     final_check_bps: int = 5000  # probability (in basis points) of replaying end state → payload
     quorum: int = 3  # verifiers assigned per trainer and per model attestation; a majority decides (3+: no lone liar decides)
+    # a test run may set quorum 1 or 2 (a lone verifier decides); the contract refuses that otherwise
+    test_run: bool = field(default=False, metadata=_NEW)
     mode: str = "exact"  # "exact" (bitwise) or "tolerant"
     # max per-tensor relative error in tolerant mode: verifier.calibrate.CALIBRATED_TOLERANCE, measured
     # across thread counts, processes and pipeline splits (docs/results-verification.md)
@@ -211,7 +220,7 @@ class RunConfig:
             verdict_window=w.verdict_s, finalize_window=w.finalize_s, unbonding_delay=w.unbonding_s,
             audit_steps=a.steps, final_check_bps=a.final_check_bps, quorum=a.quorum, slash_bps=st.slash_bps,
             trainer_stake=Wei(st.trainer_wei), verifier_stake=Wei(st.verifier_wei),
-            trainer_reward=Wei(rw.trainer_wei), verifier_reward=Wei(rw.verifier_wei),
+            trainer_reward=Wei(rw.trainer_wei), verifier_reward=Wei(rw.verifier_wei), test_run=a.test_run,
         )
 
 
@@ -251,12 +260,19 @@ def _check(cfg: RunConfig) -> list[str]:
         p.append("tolerant mode needs audit.tolerance > 0 and audit.segment <= 16 (the calibrated range)")
     if not 1 <= a.steps <= 64 or not 1 <= a.quorum <= 16:
         p.append("need 1 <= audit.steps <= 64 and 1 <= audit.quorum <= 16 (the contract's limits)")
+    elif a.quorum < 3 and not a.test_run:
+        p.append(f"audit.quorum = {a.quorum} lets one verifier decide alone: use 3 or more, or set audit.test_run = true "
+                 "for a devnet or test run (the contract refuses a quorum below 3 otherwise)")
     if min(cfg.windows.commit_s, cfg.windows.reveal_s, cfg.windows.response_s, cfg.windows.verdict_s, cfg.windows.finalize_s) < 1:
         p.append("every window (windows.*_s) must be at least 1 second")
     if not 1 <= st.min_trainers <= st.max_trainers:
         p.append("need 1 <= stakes.min_trainers <= stakes.max_trainers")
     if not (cfg.outer.clip == 0 or cfg.outer.clip >= 1):
         p.append(f"outer.clip must be 0 (off) or at least 1 (1 caps every norm at the median), got {cfg.outer.clip}")
+    if cfg.outer.aggregate not in AGGREGATES:
+        p.append(f"outer.aggregate must be one of {', '.join(AGGREGATES)}, got {cfg.outer.aggregate!r}")
+    if cfg.outer.trim < 1:
+        p.append(f"outer.trim must be at least 1 (values dropped at each end of a coordinate), got {cfg.outer.trim}")
     rw = cfg.rewards
     if not (0 <= rw.trainer_wei < 2**96 and 0 <= rw.verifier_wei < 2**96):
         p.append(f"rewards.trainer_wei and rewards.verifier_wei must be within 0..2^96-1 (the contract's limit), got {rw.trainer_wei}, {rw.verifier_wei}")

@@ -5,34 +5,48 @@ after replaying one, so its byte layout is fixed here and nowhere else. Tensor b
 sha256 (hashlib releases the GIL, so tensors hash on several threads); the small header goes
 through keccak so the result is EVM-native. The part digest, a sharded trace's commitment (§3.1),
 has the same layout with BLAKE3 for tensor bytes.
+
+torch is imported on the first tensor, not with the module: keccak is all that the chain client,
+`veriloco status` and `runs` need from here, and they start without torch (issue 32).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
-import torch
 from blake3 import blake3
 from Crypto.Hash import keccak as _keccak
 
 from protocol.types import Digest
 
+if TYPE_CHECKING:
+    import torch
+
 STATE_TAG = b"veriloco.state.v1"
 PART_TAG = b"veriloco.part.v1"
 
-DTYPE_CODES: dict[torch.dtype, int] = {
-    torch.float32: 1,
-    torch.float16: 2,
-    torch.bfloat16: 3,
-    torch.int64: 4,
-    torch.int32: 5,
-    torch.uint8: 6,
-    torch.int8: 7,
-    torch.float64: 8,
-}
+
+@functools.cache
+def dtype_codes() -> dict[torch.dtype, int]:
+    """The dtype byte of the §2 layout for each dtype a state may hold (a function: it needs torch)."""
+    import torch
+
+    return {
+        torch.float32: 1,
+        torch.float16: 2,
+        torch.bfloat16: 3,
+        torch.int64: 4,
+        torch.int32: 5,
+        torch.uint8: 6,
+        torch.int8: 7,
+        torch.float64: 8,
+    }
+
 
 _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="digest")
 _PARALLEL_MIN_BYTES = 1 << 20
@@ -45,6 +59,8 @@ def keccak(data: bytes) -> Digest:
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The contiguous little-endian storage of a CPU tensor, without copying when possible."""
+    import torch
+
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -75,11 +91,12 @@ def _named_digests(
     small to split, which together keep both cores busy. The pool buys wall time, not CPU: on this
     project's CPU it spends about 20% more CPU seconds on the same bytes than one thread does.
     """
+    codes = dtype_codes()
     layouts = []
     for state in states:
         names = sorted(state, key=lambda n: n.encode())
         for name in names:
-            if state[name].dtype not in DTYPE_CODES:
+            if state[name].dtype not in codes:
                 raise ValueError(f"state entry {name!r} has unsupported dtype {state[name].dtype}")
         layouts.append([(n, state[n]) for n in names])
     tensors = [t for lay in layouts for _, t in lay]
@@ -92,7 +109,7 @@ def _named_digests(
         for name, t in lay:
             raw = name.encode()
             h.update(struct.pack("<H", len(raw)) + raw)
-            h.update(struct.pack("<BB", DTYPE_CODES[t.dtype], t.dim()))
+            h.update(struct.pack("<BB", codes[t.dtype], t.dim()))
             h.update(b"".join(struct.pack("<Q", d) for d in t.shape))
             h.update(next(hashes))
         out.append(Digest(h.digest()))
@@ -122,4 +139,6 @@ def part_digests(states: Sequence[Mapping[str, torch.Tensor]], *, parallel: bool
     about 20% more CPU seconds on the same bytes (docs/protocol.md §3.1) and buys only wall time on
     cores that, on a node sized for its work, belong to something else.
     """
+    import torch
+
     return _named_digests(states, PART_TAG, _blake3, torch.get_num_threads() > 1 if parallel is None else parallel)

@@ -32,3 +32,14 @@ def check_joinable(info: RunInfo, epochs: int, role: str) -> None:
     if role == "verifier" and info.verifier_count >= info.params.max_verifiers:
         raise NotJoinable(f"run {rid} is full: {info.verifier_count} of {info.params.max_verifiers} verifier places "
                           "are taken; nothing was staked. Pick another run (`veriloco runs`)")
+
+
+def verifier_shortfall(info: RunInfo) -> str | None:
+    """What a run lacking a quorum of verifiers means, or None when it has one: no epoch is audited
+    (the contract refuses to start an audit with fewer verifiers than the quorum), so each epoch
+    aborts unaudited at its deadline, nobody slashed, until enough verifiers join."""
+    have, q = info.verifier_count, info.params.quorum
+    if have >= q:
+        return None
+    return (f"run {info.run_id} has {have} verifier(s) of its quorum {q}: no epoch is audited, and each aborts "
+            f"unaudited at its deadline, until {q - have} more join (`veriloco verifier --run {info.run_id}`)")

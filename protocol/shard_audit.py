@@ -8,9 +8,11 @@ the block consumed (its input activations and the gradient arriving at its outpu
 preimages of leaves ``start..end`` with their Merkle proofs. Nothing else of the state travels:
 the verifier replays one block, and the leaves' preimages bind every byte it needs.
 
-The final check (end state -> payload) and the start check of a continued epoch also use one
-block each, drawn under their own labels; both reveal that block's parameters at the first leaf
-and its parameters and error buffer at the last (``transition file``). A fresh start needs no file.
+The final check (end state -> payload) uses one block, drawn under its own label, and reveals
+that block's parameters at the first leaf and its parameters and error buffer at the last
+(``transition file``). The start check of a continued epoch covers every block: its file
+(``start file``) is the transition file of epoch e-1 for the whole model, less the first-leaf
+parameters under the merge rule, which does not read them. A fresh start needs no file.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from protocol.leaf import LeafError, StepLeaf, part_digest, tensor_digest
 from protocol.store.unixfs import CidError, validate_cid
 from protocol.types import Address, Cid, Digest
 
-SHARD_AUDIT_FORMAT = "veriloco.audit.shard.v1"
-START_PREFIX = "start."  # the transition file's first-leaf parameters: "start.param/<p>"
+SHARD_AUDIT_FORMAT = "veriloco.audit.shard.v2"
+START_PREFIX = "start."  # a transition or start file's first-leaf parameters: "start.param/<p>"
 
 
 class ShardAuditError(VerilocoError):
@@ -45,7 +47,7 @@ def segment_of(k: int, segment: int, leaf_count: int) -> tuple[int, int]:
 
 
 def drawn_block(seed: bytes, trainer: str, label: str, j: int, n_blocks: int) -> int:
-    """The audit block of draw j under ``label`` ("shard", "final-shard", "start-shard")."""
+    """The audit block of draw j under ``label`` ("shard", "final-shard")."""
     return draw(seed, trainer, label, j) % n_blocks
 
 
@@ -87,7 +89,7 @@ class ShardChallenge:
 
 @dataclass(frozen=True)
 class BlockTransition:
-    """The block a final or start check covers, and its transition file (cid "" when not drawn)."""
+    """The block a final check covers, and its transition file (block -1, cid "" when not drawn)."""
 
     block: int
     cid: Cid
@@ -95,12 +97,13 @@ class BlockTransition:
 
 @dataclass(frozen=True)
 class ShardManifest:
-    """A trainer's answer to a shard audit (format ``veriloco.audit.shard.v1``).
+    """A trainer's answer to a shard audit (format ``veriloco.audit.shard.v2``).
 
     ``leaves``: every leaf the checks read (0, ``start..end`` of each challenge, ``L-1`` with the final
     check), sorted, distinct, proven against ``trace_root``. ``final``: block -1 when not drawn.
     ``previous``: leaves 0 and ``L'-1`` of epoch e-1, proven against ``previous_root``, when the start
-    continued e-1 (then ``start`` names the block and its transition file), else empty.
+    continued e-1 (then ``start_cid`` is its start file, every block: ``start_spec``), else empty.
+    (v1 named one drawn block of e-1 for the start check; v2 has no start draw.)
     """
 
     run_id: int
@@ -115,7 +118,7 @@ class ShardManifest:
     previous_root: Digest
     previous_leaf_count: int
     previous: tuple[ProvenLeaf, ...]
-    start: BlockTransition
+    start_cid: Cid
 
     def leaf(self, index: int, n_blocks: int) -> StepLeaf:
         for p in self.leaves:
@@ -179,16 +182,14 @@ def validate(m: ShardManifest, n_blocks: int) -> None:
         raise ShardAuditError(f"manifest reveals leaves {idx[:8]}..., the challenges need exactly {need[:8]}...")
     _check_proofs(m.trace_root, m.leaf_count, m.leaves, "trace")
     if not m.previous:
-        if m.previous_leaf_count or m.previous_root != bytes(32) or m.start != BlockTransition(-1, Cid("")):
+        if m.previous_leaf_count or m.previous_root != bytes(32) or m.start_cid:
             raise ShardAuditError("a fresh start carries no previous root, leaf count or start file")
         return
     if m.epoch == 0 or not 2 <= m.previous_leaf_count <= 1 << 24:
         raise ShardAuditError("previous-epoch leaves in epoch 0, or a previous leaf count out of range")
     if [p.index for p in m.previous] != [0, m.previous_leaf_count - 1]:
         raise ShardAuditError("previous leaves must be 0 and previous_leaf_count-1")
-    if not 0 <= m.start.block < n_blocks:
-        raise ShardAuditError(f"start block {m.start.block} does not exist")
-    _cid_ok(m.start.cid, "start")
+    _cid_ok(m.start_cid, "start")
     _check_proofs(m.previous_root, m.previous_leaf_count, m.previous, "previous")
 
 
@@ -217,10 +218,10 @@ def build_manifest(
     *, run_id: int, epoch: int, trainer: Address, preimages: Sequence[bytes], segment: int,
     challenges: Sequence[tuple[int, int, int]], cid_of_challenge: Callable[[int, int, int], Cid],
     final_block: int, cid_of_final: Callable[[int], Cid],
-    previous: Sequence[bytes] = (), start_block: int = -1, cid_of_start: Callable[[int], Cid] | None = None,
-    n_blocks: int,
+    previous: Sequence[bytes] = (), cid_of_start: Callable[[], Cid] | None = None, n_blocks: int,
 ) -> ShardManifest:
-    """Assemble and validate the answer; files are published through the ``cid_of_*`` callbacks."""
+    """Assemble and validate the answer; files are published through the ``cid_of_*`` callbacks
+    (``cid_of_start``: the start file of a continued start, every block)."""
     L = len(preimages)
     final = final_block >= 0
     cont = bool(previous) and cid_of_start is not None
@@ -233,7 +234,7 @@ def build_manifest(
         previous_root=merkle.root([merkle_leaf_value(p) for p in previous]) if cont else Digest(bytes(32)),
         previous_leaf_count=len(previous) if cont else 0,
         previous=proven(previous, [0, len(previous) - 1]) if cont else (),
-        start=BlockTransition(start_block, cid_of_start(start_block)) if cont and cid_of_start else BlockTransition(-1, Cid("")),
+        start_cid=cid_of_start() if cont and cid_of_start else Cid(""),
     )
     validate(m, n_blocks)
     return m
@@ -304,11 +305,19 @@ def unbound_input(
 
 
 def transition_spec(shapes: Mapping[str, tuple[int, ...]], names: Sequence[str]) -> dict[str, TensorSpec]:
-    """A final or start check's file: the block's params at the first leaf, params and buffer at the last."""
+    """A final check's file: the block's params at the first leaf, params and buffer at the last."""
     spec = {}
     for n in names:
         spec[f"{START_PREFIX}param/{n}"] = spec[f"param/{n}"] = spec[f"ef/{n}"] = TensorSpec(torch.float32, shapes[n])
     return spec
+
+
+def start_spec(shapes: Mapping[str, tuple[int, ...]], merge: bool) -> dict[str, TensorSpec]:
+    """A continued start's file: epoch e-1's params and error buffer at its last leaf for every
+    parameter, and its params at leaf 0 (``start.param/``) unless the merge rule (``merge``) runs,
+    whose Δ_{e-1} = G_{e-1} − E_{e-1} does not read them. 12 bytes per parameter, 8 under merge."""
+    prefixes = ("param/", "ef/") if merge else (f"{START_PREFIX}param/", "param/", "ef/")
+    return {f"{p}{n}": TensorSpec(torch.float32, shape) for p in prefixes for n, shape in shapes.items()}
 
 
 __all__ = [
@@ -329,6 +338,7 @@ __all__ = [
     "required_leaves",
     "segment_of",
     "shard_challenges",
+    "start_spec",
     "transition_spec",
     "unbound_input",
 ]

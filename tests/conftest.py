@@ -1,4 +1,4 @@
-"""Shared fixtures of the contract tests: one py-evm chain per module, reset per test (a module may define its own)."""
+"""Shared fixtures: one py-evm chain per module, reset per test, and a module-scoped anvil (a module may define its own)."""
 
 from __future__ import annotations
 
@@ -22,3 +22,15 @@ def fresh(net: PyEvmNet) -> Iterator[PyEvmNet]:
         yield net
     finally:
         net.revert(snap)
+
+
+@pytest.fixture(scope="module")
+def anvil() -> Iterator[object]:
+    """A module's own anvil (two funded accounts), for tests that drive the CLI against a real node."""
+    from devnet.anvil import Anvil, AnvilConfig
+
+    node = Anvil(AnvilConfig(accounts=2)).start()
+    try:
+        yield node
+    finally:
+        node.close()

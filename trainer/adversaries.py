@@ -15,6 +15,11 @@ them: they measure what the final check is worth.
   the final check pass (they replay from the planted state); every payload it encodes carries the
   planted direction on top of its update. Only the start-state check sees it (docs/protocol.md §8).
   No Behaviour hook reaches the start state, so this one is a node subclass (`NODE_ADVERSARIES`).
+- `planted-carry` (`PlantedCarryNode`): honest in epoch 0; at its first continued start (epoch 1)
+  changes the error buffer it carries over in one block only, then trains, encodes and answers
+  honestly. While the start check of a continued start drew one block, a buffer planted in another
+  block was never checked; now every block's carried buffer is recomputed (docs/protocol.md §5.3
+  check 5), so it fails in the epoch it is planted.
 
 - `skip-merge` (`SkipMerge`): under the merge rule (``schedule.merge_step``), never folds the new
   global model in: it trains on from its own stale state at step m instead of waiting for G_e (the
@@ -22,8 +27,8 @@ them: they measure what the final check is worth.
   otherwise and its payload is G_e − E_e as the rule says; only a replay of the segment covering
   step m catches it. In epoch 0 the merge adds G_0 − S_0 = 0, so skipping it there changes nothing.
 
-The pure parts (`boost_publication`, `rebind_publication`, `plant_error_buffer`) are what the unit
-tests call.
+The pure parts (`boost_publication`, `rebind_publication`, `plant_error_buffer`,
+`plant_block_buffer`) are what the unit tests call.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from protocol.formats.payload import decode, encode, encode_raw, unwrap, wrap
+from protocol.leaf import block_names
 from trainer.checkpoints import EpochDir
 from trainer.engine import Engine, LocalEngine, save_merged
 from trainer.inner import EF, PARAM, Params, State, section, train_step, with_section
@@ -133,6 +139,39 @@ class PlantedStartNode(TrainerNode):
         return Planted(self.spec, self.shard_checkpoint_every)
 
 
+def plant_block_buffer(state: State, names: Collection[str], scale: float = PLANT_SCALE) -> State:
+    """`state` with the error-feedback buffer of the parameters `names` (one audit block) moved by
+    `scale` × those parameters; every other block's buffer unchanged."""
+    ef, params = section(state, EF), section(state, PARAM)
+    return with_section(state, EF, {n: ef[n] + scale * params[n] for n in names})
+
+
+class PlantedCarry(Behaviour):
+    """Honest steps and payloads: the cheat is in one block of a continued start (`PlantedCarryNode`)."""
+
+    name = "planted-carry"
+
+
+class PlantedCarryNode(PlantedStartNode):
+    """A trainer that changes the carried error buffer of one block (default: the last, the final norm
+    and head) at the start of `plant_epochs` (default epoch 1: its first continued start, since it
+    revealed epoch 0). The check of a continued start once drew a single block; this is the cheat
+    that left open, so it shows that every block is now checked (docs/protocol.md §5.3 check 5)."""
+
+    def __init__(self, *args: Any, plant_epochs: Collection[int] = (1,), block: int = -1, **kw: Any) -> None:
+        kw["behaviour"] = kw.get("behaviour") or PlantedCarry()
+        super().__init__(*args, plant_epochs=plant_epochs, **kw)
+        self.block = block
+
+    def _plant(self, e: int, state: State) -> State:
+        if e not in self.plant_epochs:
+            return state
+        blocks = block_names(self.spec.model)
+        b = self.block % len(blocks)
+        self.log("planting", epoch=e, scale=self.scale, block=b)
+        return plant_block_buffer(state, blocks[b], self.scale)
+
+
 class SkipMerge(Behaviour):
     """Every step a plain step: the merge rule's step m does not fold G_e in (whole-state runs: nor wait for it)."""
 
@@ -154,4 +193,4 @@ class SkipMerge(Behaviour):
 
 ADVERSARIES: dict[str, type[Behaviour]] = {"forge-final": ForgeFinal, "stale-copy": StaleCopy, "skip-merge": SkipMerge}
 # adversaries that need more than a Behaviour: the node program to run instead of TrainerNode
-NODE_ADVERSARIES: dict[str, type[TrainerNode]] = {"planted-start": PlantedStartNode}
+NODE_ADVERSARIES: dict[str, type[TrainerNode]] = {"planted-start": PlantedStartNode, "planted-carry": PlantedCarryNode}

@@ -24,12 +24,15 @@ from protocol.formats.payload import (
     DEFAULT_MAX_BYTES,
     KIND_NAMES,
     LOWRANK,
+    QUANT,
+    RAW,
     Record,
     all_finite,
     encode,
     encode_lowrank,
     encode_quant,
     encode_raw,
+    encoded_size,
     merge,
     parse,
     reconstruct,
@@ -177,21 +180,35 @@ def factorize(x: torch.Tensor, rank: int, seed: int, oversample: int, power_iter
     return p.contiguous(), q.contiguous(), s[:r].square()
 
 
-def _encode_tensor(name: str, x: torch.Tensor, dtype: torch.dtype, rank: int, seed: int, cfg: CompressionConfig) -> Record:
-    shape = tuple(x.shape)
-    numel = x.numel()
-    if cfg.lowrank and x.dim() >= 2:
+def _kind(shape: tuple[int, ...], rank: int, cfg: CompressionConfig) -> tuple[int, int, int, int]:
+    """How a tensor of ``shape`` is encoded at ``rank``: (kind, bits, group, rank). Low-rank where it
+    saves ``min_saving`` over the dense encoding; both ``_encode_tensor`` and ``payload_size`` ask."""
+    numel = math.prod(shape)
+    if cfg.lowrank and len(shape) >= 2:
         m, n = shape[0], numel // shape[0]
         r = min(rank, m, n)
-        dense_cost = _dense_bytes(numel, cfg.dense_bits, cfg.group_size)
-        if r >= 1 and _lowrank_bytes(m, n, r, cfg.bits, cfg.group_size) * cfg.min_saving <= dense_cost:
-            mat = x.reshape(m, n)
-            p, q, s2 = factorize(mat, r, tensor_seed(seed, name), cfg.oversample, cfg.power_iters)
-            energy = float(torch.linalg.vector_norm(mat)) ** 2
-            return encode_lowrank(name, shape, dtype, p, q, cfg.bits, cfg.group_size, energy, s2.tolist())
-    if cfg.dense_bits == 32:
+        if r >= 1 and _lowrank_bytes(m, n, r, cfg.bits, cfg.group_size) * cfg.min_saving <= _dense_bytes(numel, cfg.dense_bits, cfg.group_size):
+            return LOWRANK, cfg.bits, cfg.group_size, r
+    return (RAW, 32, 0, 0) if cfg.dense_bits == 32 else (QUANT, cfg.dense_bits, cfg.group_size, 0)
+
+
+def _encode_tensor(name: str, x: torch.Tensor, dtype: torch.dtype, rank: int, seed: int, cfg: CompressionConfig) -> Record:
+    shape = tuple(x.shape)
+    kind, bits, group, r = _kind(shape, rank, cfg)
+    if kind == LOWRANK:
+        mat = x.reshape(shape[0], -1)
+        p, q, s2 = factorize(mat, r, tensor_seed(seed, name), cfg.oversample, cfg.power_iters)
+        energy = float(torch.linalg.vector_norm(mat)) ** 2
+        return encode_lowrank(name, shape, dtype, p, q, bits, group, energy, s2.tolist())
+    if kind == RAW:
         return encode_raw(name, x.to(dtype))
-    return encode_quant(name, x.to(dtype), cfg.dense_bits, cfg.group_size)
+    return encode_quant(name, x.to(dtype), bits, group)
+
+
+def payload_size(shapes: Mapping[str, tuple[int, ...]], rank: int, cfg: CompressionConfig) -> int:
+    """Bytes of the payload ``compress`` writes for tensors of ``shapes`` at ``rank``, priced by the
+    payload layout without encoding anything (benchmarks/projection.py prices a 107B model)."""
+    return encoded_size([(name, shape, *_kind(shape, rank, cfg)) for name, shape in shapes.items()])
 
 
 def compress(

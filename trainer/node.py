@@ -30,13 +30,14 @@ from protocol.chain.binding import (
     Phase,
     TxResult,
 )
+from protocol.chain.errors import TooFewVerifiers
 from protocol.chain.outage import TRANSIENT, through_outages
 from protocol.digest import keccak, state_digest
 from protocol.errors import VerilocoError
 from protocol.formats.codec import build_manifest, encode_manifest, save_state
 from protocol.formats.payload import wrap
 from protocol.leaf import block_count
-from protocol.membership import check_joinable
+from protocol.membership import check_joinable, verifier_shortfall
 from protocol.run import RunContext, open_run, params_of
 from protocol.statedir import run_dir
 from protocol.store.backends import IntegrityError, Metered, Store
@@ -116,6 +117,7 @@ class TrainerNode:
         self.log: Log = log or (lambda event, **kv: None)
         self.poll_s, self.every, self.threads, self.max_epochs = poll_s, max(1, checkpoint_every), threads, max_epochs
         self._last_service = 0.0
+        self._short_of_verifiers: set[int] = set()  # epochs whose audit waits for verifiers (said once)
         self.stages, self.microbatches = stages, microbatches
         # trainer/boundaries.py: memory (up to this many bytes), then disk, for a cheaper audit answer
         self.keep_boundaries = keep_boundaries
@@ -212,6 +214,8 @@ class TrainerNode:
         while self._dir(e).meta.get("status") in (COMMITTED, REVEALED, RESPONDED, CLOSED):
             e += 1  # resumed after a crash: that epoch is already in the chain's hands
         self.log("started", slot=self.slot, epoch=e, behaviour=self.behaviour.name, stages=self.stages)
+        if (short := verifier_shortfall(self.chain.run_info(self.run_id))) is not None:
+            self.log("too-few-verifiers", detail=short)
         while e < epochs and through_outages(functools.partial(self._epoch, e), self.log, f"epoch {e}"):
             e += 1
         through_outages(lambda: self._wait(lambda: not self._pending(), "the last audits to close"), self.log, "closing")
@@ -505,6 +509,10 @@ class TrainerNode:
                 self._service_epoch(e)
             except TRANSIENT:
                 raise  # the caller waits the outage out
+            except TooFewVerifiers as exc:  # the run lacks verifiers: the audit waits (or aborts unslashed); said once
+                if e not in self._short_of_verifiers:
+                    self._short_of_verifiers.add(e)
+                    self.log("too-few-verifiers", epoch=e, detail=str(exc))
             except (VerilocoError, OSError) as exc:
                 self.log("error", epoch=e, error=f"{type(exc).__name__}: {exc}")
 

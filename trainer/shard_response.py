@@ -2,8 +2,10 @@
 
 The engine holds the state (trainer/engine.py); this module only decides what an audit reveals:
 for each drawn segment, one block's parameters and moments at its first state leaf and the boundary
-tensors it consumed at every step (checked against the trainer's own leaves before it goes out); for the final and start checks, one block's parameters at the
-first leaf and its parameters and error buffer at the last. Files go out through ``publish``.
+tensors it consumed at every step (checked against the trainer's own leaves before it goes out); for the final
+check, one block's parameters at the first leaf and its parameters and error buffer at the last; for the
+start check of a continued start, the same of epoch e-1 for every block (no first-leaf parameters under
+the merge rule). Files go out through ``publish``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from protocol.shard_audit import (
 )
 from protocol.types import Address, Cid
 from trainer.checkpoints import EpochDir
+from trainer.delay import StartRule
 from trainer.engine import BatchOf, Engine
 from trainer.inner import EF, PARAM, State
 from trainer.round import RoundSpec
@@ -79,6 +82,18 @@ def transition_file(engine: Engine, d: EpochDir, last: int, b: int) -> State:
     return out
 
 
+def start_file(engine: Engine, prev: EpochDir, last: int, spec: RoundSpec) -> State:
+    """Epoch e-1's transition for every block (``protocol.shard_audit.start_spec``): its params at leaf 0
+    (not under the merge rule), its params and error buffer at leaf ``last``."""
+    out: State = {}
+    for b in range(block_count(spec.model)):
+        end = engine.block_state(prev, last, b, (PARAM, EF))
+        if spec.rule is not StartRule.MERGE:
+            out.update(_start_params(engine, prev, b))
+        out.update({k: v for k, v in end.items() if k.startswith((PARAM, EF))})
+    return out
+
+
 def shard_response(
     *, engine: Engine, spec: RoundSpec, run_id: int, epoch: int, trainer: Address, d: EpochDir,
     preimages: Sequence[bytes], seed: bytes, steps: Sequence[int], final_bps: int, batch_of: BatchOf,
@@ -103,7 +118,6 @@ def shard_response(
         final_block=drawn_block(seed, trainer, "final-shard", 0, n) if fin else -1,
         cid_of_final=lambda b: publish(save_state(transition_file(engine, d, L - 1, b))),
         previous=prev_preimages if cont else (),
-        start_block=drawn_block(seed, trainer, "start-shard", 0, n) if cont else -1,
-        cid_of_start=(lambda b: publish(save_state(transition_file(engine, prev, len(prev_preimages) - 1, b)))) if cont and prev else None,
+        cid_of_start=(lambda: publish(save_state(start_file(engine, prev, len(prev_preimages) - 1, spec)))) if cont and prev else None,
         n_blocks=n,
     )

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from coordinator.outer import global_params
 from protocol import shard_audit
+from protocol.chain import errors as ce
 from protocol.chain.binding import Chain, ChainError, ChainUnavailable, Phase
 from protocol.chain.outage import TRANSIENT, through_outages
 from protocol.digest import state_digest
@@ -41,7 +42,7 @@ from protocol.formats.codec import (
     spec_of,
 )
 from protocol.leaf import block_count
-from protocol.membership import check_joinable
+from protocol.membership import check_joinable, verifier_shortfall
 from protocol.run import (
     RunContext,
     initial_model,
@@ -51,6 +52,7 @@ from protocol.run import (
 )
 from protocol.statedir import run_dir
 from protocol.store.backends import IntegrityError, NotFound, Store, StoreError, StoreTimeout
+from protocol.store.unixfs import cid_of
 from protocol.types import Cid, Digest
 from trainer.delay import MergeBase, StartRule
 from trainer.device import check_device, resolve_device
@@ -128,6 +130,8 @@ class VerifierNode:
             self.log("joined")
         last = self.ctx.config.schedule.epochs - 1
         self.log("started")
+        if (short := verifier_shortfall(self.chain.run_info(self.run_id))) is not None:
+            self.log("too-few-verifiers", detail=short)
         while not through_outages(lambda: self._round(last), self.log, "audit round"):
             time.sleep(self.poll_s)
         self.log("finished")
@@ -187,8 +191,13 @@ class VerifierNode:
             if key in self._said or key in self._done():
                 continue
             a = self.chain.availability(self.run_id, e, t)
-            if a.decision is not None or self.me.lower() not in {v.lower() for v in a.committee}:
+            if a.decision is not None:
                 self._said.add(key)  # nothing for us to do, now or later
+                continue
+            if not a.committee:
+                continue  # drawn from the report block's hash once that block is past: look again next poll
+            if self.me.lower() not in {v.lower() for v in a.committee}:
+                self._put_back(e, t, key)
                 continue
             available, detail = self._fetch_reported(e, t)
             try:
@@ -201,6 +210,27 @@ class VerifierNode:
                 continue
             self._record(key, {"available": available})
             self.log("availability-voted", epoch=e, trainer=t, available=available, detail=detail, gas=tx.gas_used)
+
+    def _put_back(self, e: int, t: str, key: str) -> None:
+        """Not on the committee: if we passed the reported trainer we keep its payload, so we put it
+        back into the store and say so on chain; the committee then fetches it, and its "available"
+        decision slashes nobody (the reporter was right when it reported)."""
+        self._said.add(key)
+        reveal = self.chain.revealed(self.run_id, e, t)
+        if not reveal or Cid(reveal[0].args["payloadCid"]) not in self.keeper.held(e):
+            return  # not ours to keep
+        try:
+            self.keeper.restore(e)
+            tx = self.chain.vote_availability(self.run_id, e, t, True)
+        except TRANSIENT:
+            self._said.discard(key)
+            raise
+        except (ChainError, StoreError, OSError) as exc:  # decided meanwhile, or our disk
+            self._record(key, {"put_back": False, "error": str(exc)})
+            self.log("put-back-failed", epoch=e, trainer=t, error=str(exc))
+            return
+        self._record(key, {"put_back": True})
+        self.log("payload-put-back", epoch=e, trainer=t, payload=reveal[0].args["payloadCid"], gas=tx.gas_used)
 
     def _fetch_reported(self, e: int, t: str) -> tuple[bool, str]:
         """(fetched and kept, why): the reported trainer's revealed payload, as a pass would check it."""
@@ -254,20 +284,36 @@ class VerifierNode:
                 self.log("verdicts-committed", epoch=e, count=len(verdicts), gas=tx.gas_used)
             batch = {**batch, "committed": True}
             self._record(f"verdicts:{e}", batch)
-        if batch.get("revealed") or not verdicts:
+        if batch.get("revealed"):
+            self._publish_evidence(e, batch)
             return
-        try:
+        try:  # an empty list too: a commitment left unrevealed is slashed (docs/protocol.md §5.2)
             tx = self.chain.submit_verdicts(self.run_id, e, verdicts, salt, batch["evidence"])
         except ChainUnavailable:
             raise  # not a refusal: the caller waits the outage out and tries again
         except ChainError as exc:  # not open yet (others still judging), or already revealed before a crash
+            if isinstance(exc, ce.VerdictsNotOpen):  # expected while others judge: retried, not an error
+                self._once(f"reveal:{e}:waiting", "verdict-reveal-waiting", epoch=e, detail=str(exc))
+                return
             self._once(f"reveal:{e}:{type(exc).__name__}", "verdict-failed", epoch=e, error=str(exc))
             if any(ev.args["verifier"] == self.me
                    for ev in self.chain.events(["VerdictsRevealed"], run_id=self.run_id, epoch=e)):
                 self._record(f"verdicts:{e}", {**batch, "revealed": True})
             return
-        self._record(f"verdicts:{e}", {**batch, "revealed": True})
+        batch = {**batch, "revealed": True}
+        self._record(f"verdicts:{e}", batch)
         self.log("verdicts", epoch=e, count=len(verdicts), gas=tx.gas_used)
+        self._publish_evidence(e, batch)
+
+    def _publish_evidence(self, e: int, batch: dict[str, Any]) -> None:
+        """Publish the evidence document of a revealed batch (once; a ledger from before issue 30 has
+        none to publish: it went out at judging time)."""
+        if batch.get("published") or "evidence_doc" not in batch:
+            return
+        cid = self.store.put(batch["evidence_doc"].encode())
+        if cid != batch["evidence"]:  # the ledger keeps the document's exact text: never expected
+            raise IntegrityError(f"the store named epoch {e}'s evidence {cid}, but the reveal named it {batch['evidence']}")
+        self._record(f"verdicts:{e}", {**batch, "published": True})
 
     def _judge_epoch(self, e: int, done: dict[str, Any]) -> dict[str, Any] | None:
         """Verify every responded trainer assigned to us (each result kept in the ledger); the batch
@@ -308,7 +354,10 @@ class VerifierNode:
             "format": EVIDENCE_FORMAT, "run_id": self.run_id, "epoch": e, "verifier": self.me,
             "verdicts": [{"trainer": t, "passed": p, "findings": f} for t, p, _, f in verdicts],
         })
-        return {"salt": os.urandom(32).hex(), "verdicts": verdicts, "evidence": self.store.put(evidence)}
+        # named now (the reveal carries the CID), published only once revealed: before that it would
+        # show other verifiers our verdicts while they can still commit theirs
+        return {"salt": os.urandom(32).hex(), "verdicts": verdicts, "evidence": cid_of(evidence),
+                "evidence_doc": evidence.decode()}
 
     def verify(self, e: int, trainer: str, manifest_cid: str, steps: list[bytes] | None = None) -> list[Finding]:
         """Every check for one trainer's epoch; failures to fetch or parse are failed findings.

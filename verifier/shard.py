@@ -1,6 +1,7 @@
-"""The checks of a shard audit (docs/protocol.md §5.3): one block of one segment, the final and the
-start check of one block. Pure functions over the manifest's leaves, the revealed files and public
-data; like verifier/replay.py they return Findings and never raise on a trainer's data.
+"""The checks of a shard audit (docs/protocol.md §5.3): one block of one segment, the final check of
+one block, and the start check of a continued start over every block. Pure functions over the
+manifest's leaves, the revealed files and public data; like verifier/replay.py they return Findings
+and never raise on a trainer's data.
 
 What each check binds: a block's revealed tensors to the digests in the leaves' preimages; its
 boundary inputs to the digests its neighbours committed; its replayed outputs (activations, input
@@ -39,6 +40,7 @@ from protocol.shard_audit import (
     covers_merge,
     drawn_block,
     shard_challenges,
+    start_spec,
     transition_spec,
     unbound_input,
 )
@@ -126,10 +128,13 @@ def check_final_block(
     run_id: int, epoch: int, slot: int, trainer: str, rank: int, merged: Mapping[str, Tensor] | None = None,
 ) -> Finding:
     """Block b of end state -> payload: re-encoding its Δ with its error buffer gives the payload's records
-    (Δ = G_e − E_e under the merge rule, ``merged`` = G_e)."""
+    (Δ = G_e − E_e under the merge rule, ``merged`` = G_e). Every block's error buffer digest at L-1 must
+    be leaf 0's: the buffer the payload was encoded with is the one the start check bound."""
     name = f"final block {b}"
     names = block_names(spec.model)[b]
     try:
+        if [e.ef for e in first.blocks] != [e.ef for e in last.blocks]:
+            return Finding(name, False, "an error buffer changed inside the epoch (leaves 0 and L-1 differ)")
         if not _bound(first, last, b, file, names):
             return Finding(name, False, f"the revealed tensors are not block {b} of leaves 0 and L-1")
         p0, p1, ef = _transition(file, names)
@@ -166,39 +171,50 @@ def check_start_fresh(leaf0: StepLeaf, spec: RoundSpec, g: Mapping[str, Tensor])
 
 
 def check_start_continued(
-    leaf0: StepLeaf, prev0: StepLeaf, prev_last: StepLeaf, b: int, file: Mapping[str, Tensor], spec: RoundSpec,
+    leaf0: StepLeaf, prev0: StepLeaf, prev_last: StepLeaf, file: Mapping[str, Tensor], spec: RoundSpec,
     g: Mapping[str, Tensor], epoch: int, slot: int, prev_rank: int,
 ) -> Finding:
-    """A continued start: moments, step and rng carried for every block (by digest), and block b's
-    parameters and error buffer recomputed by the start rule from epoch e-1's revealed tensors.
+    """A continued start, every block: moments, step and rng carried (by digest); the error buffer
+    unchanged through e-1 (leaf 0's and L'-1's digests); and each block's parameters and error buffer
+    recomputed by the start rule from epoch e-1's revealed tensors (``file``: ``start_spec``), i.e.
+    e-1's whole Δ re-encoded with its buffer. No block is left to a draw: a buffer planted in any
+    block fails here, in the epoch it is planted.
 
-    Under the merge rule the parameters carry over too (S_e = E_{e-1}), so they are checked for every
-    block, and e-1's Δ that made the error buffer is G_{e-1} − E_{e-1} (``g`` is G_{e-1})."""
-    names = block_names(spec.model)[b]
+    Under the merge rule the parameters carry over too (S_e = E_{e-1}), so they are checked by digest,
+    and e-1's Δ that made the error buffer is G_{e-1} − E_{e-1} (``g`` is G_{e-1})."""
+    groups = block_names(spec.model)
+    merge = spec.rule is StartRule.MERGE
     try:
         if (leaf0.step, leaf0.rng) != (prev_last.step, prev_last.rng):
             return Finding("start", False, "leaf 0's step counter or rng word is not e-1's last")
         if [e.opt for e in leaf0.blocks] != [e.opt for e in prev_last.blocks]:
             return Finding("start", False, "leaf 0's optimizer moments are not the ones e-1 ended with")
-        if spec.rule is StartRule.MERGE and [e.params for e in leaf0.blocks] != [e.params for e in prev_last.blocks]:
+        if merge and [e.params for e in leaf0.blocks] != [e.params for e in prev_last.blocks]:
             return Finding("start", False, "leaf 0's parameters are not the ones e-1 ended with (the merge rule continues them)")
         if any((e.act, e.grad, e.sq) != (ZERO, ZERO, bytes(4)) for e in leaf0.blocks):
             return Finding("start", False, "leaf 0 commits boundary tensors of a step that never ran")
-        if not _bound(prev0, prev_last, b, file, names):
-            return Finding("start", False, f"the revealed tensors are not block {b} of e-1's leaves 0 and L-1")
-        p0, p1, ef = _transition(file, names)
+        if [e.ef for e in prev0.blocks] != [e.ef for e in prev_last.blocks]:
+            return Finding("start", False, "an error buffer changed inside epoch e-1 (its leaves 0 and L'-1 differ)")
+        names = [n for bn in groups for n in bn]
+        p1 = {n: file[PARAM + n] for n in names}
+        ef = {n: file[EF + n] for n in names}
+        p0 = {n: file[f"{START_PREFIX}{PARAM}{n}"] for n in names} if not merge else {}
+        for b, bn in enumerate(groups):
+            if (part_digest(file, bn, _P) != prev_last.blocks[b].params or part_digest(file, bn, _E) != prev_last.blocks[b].ef
+                    or (not merge and part_digest({PARAM + n: p0[n] for n in bn}, bn, _P) != prev0.blocks[b].params)):
+                return Finding("start", False, f"the revealed tensors are not block {b} of e-1's leaves 0 and L-1")
         c = compress(_delta(spec, p0, p1, g, names), ef, prev_rank, compress_seed(spec.run_seed, epoch - 1, slot),
                      spec.compression)
-        prev_start = {PARAM + n: p0[n] for n in names}
         carried = {**{PARAM + n: p1[n] for n in names}, **{EF + n: c.new_ef[n] for n in names}}
-        s = start_state(spec, {n: g[n] for n in names}, prev_start, carried)
-        ok = (part_digest(s, names, _P), part_digest(s, names, _E)) == (leaf0.blocks[b].params, leaf0.blocks[b].ef)
+        s = carried if merge else start_state(spec, {n: g[n] for n in names}, {PARAM + n: p0[n] for n in names}, carried)
+        bad = [b for b, bn in enumerate(groups)
+               if (part_digest(s, bn, _P), part_digest(s, bn, _E)) != (leaf0.blocks[b].params, leaf0.blocks[b].ef)]
     except Exception as exc:  # noqa: BLE001 - any failure on a trainer's data is a failed check
         return _fail("start", exc)
-    return Finding("start", ok, f"leaf 0 follows the start rule (block {b} recomputed; moments, step, rng carried)"
-                   if ok else f"block {b} of leaf 0 is not the start rule's")
-
-
+    if bad:
+        return Finding("start", False, f"block(s) {bad} of leaf 0 are not the start rule's (parameters or error buffer)")
+    return Finding("start", True, "leaf 0 follows the start rule (every block's parameters and error buffer "
+                   "recomputed; moments, step, rng carried)")
 
 
 Fetch = Callable[[str, Mapping[str, TensorSpec]], dict[str, Tensor]]
@@ -243,7 +259,7 @@ def audit_findings(
         return out
     leaves = {p.index: p.leaf(n) for p in m.leaves}
     act_shape = (spec.batch_size, spec.seq_len, spec.model.d_model)
-    out.append(_start(m, chained, fetch, spec, g, n, shapes, groups, leaves[0], epoch, slot, trainer, prev_rank))
+    out.append(_start(m, chained, fetch, spec, g, n, shapes, leaves[0], epoch, slot, prev_rank))
     for c in m.challenges:
         try:
             file = fetch(c.cid, challenge_spec(shapes, groups[c.block], c.block, n, c.start, c.end, act_shape,
@@ -269,21 +285,18 @@ def audit_findings(
 
 def _start(
     m: ShardManifest, chained: Chained, fetch: Fetch, spec: RoundSpec, g: Mapping[str, Tensor], n: int,
-    shapes: Mapping[str, tuple[int, ...]], groups: Sequence[Sequence[str]], leaf0: StepLeaf,
-    epoch: int, slot: int, trainer: str, prev_rank: int,
+    shapes: Mapping[str, tuple[int, ...]], leaf0: StepLeaf, epoch: int, slot: int, prev_rank: int,
 ) -> Finding:
+    """The start check: a fresh start by digest alone, a continued one over every block (its start file)."""
     if not m.previous:
         return check_start_fresh(leaf0, spec, g)
     if not chained.prev_revealed or (m.previous_root, m.previous_leaf_count) != (chained.prev_root, chained.prev_leaf_count):
         return Finding("start", False, "previous-epoch leaves are not from the trace the trainer revealed for e-1")
-    b = drawn_block(chained.seed, trainer, "start-shard", 0, n)
-    if m.start.block != b:
-        return Finding("start", False, f"the start check covers block {m.start.block}, the draw is block {b}")
     try:
-        file = fetch(m.start.cid, transition_spec(shapes, groups[b]))
+        file = fetch(m.start_cid, start_spec(shapes, spec.rule is StartRule.MERGE))
         p0, pl = m.previous[0].leaf(n), m.previous[1].leaf(n)
     except TRANSIENT:
         raise
     except Exception as exc:  # noqa: BLE001
         return _fail("start", exc)
-    return check_start_continued(leaf0, p0, pl, b, file, spec, g, epoch, slot, prev_rank)
+    return check_start_continued(leaf0, p0, pl, file, spec, g, epoch, slot, prev_rank)

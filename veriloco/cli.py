@@ -2,6 +2,7 @@
 
 Each module in COMMANDS exposes `register(subparsers)`, which adds its subcommand(s) and sets
 `func(args) -> int`. Foreseeable failures (VerilocoError) become one clean line and exit status 2.
+A command imports its own module only, and `--version` and `--help` none (COMMAND_TABLE).
 """
 
 from __future__ import annotations
@@ -9,47 +10,39 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import NoReturn
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from protocol.errors import VerilocoError
 
-COMMANDS: list[str] = [
-    "veriloco.devnetcmd",
-    "veriloco.storecmd",
-    "veriloco.nodes",
-    "veriloco.netdemo",
-    "veriloco.chaincmds",
-    "veriloco.lifecycle",
-    "veriloco.keys",
-    "veriloco.simcmd",
-    "veriloco.datacmd",
-    "veriloco.dashweb",
-]
-
-
-# Which module serves a command, so `veriloco trainer ...` imports the trainer's dependencies only
-# (the node processes of a demo start several seconds sooner); `veriloco --help` imports all.
-OWNER: dict[str, str] = {
-    "demo": "veriloco.netdemo",
-    "simulate": "veriloco.simcmd",
-    "devnet": "veriloco.devnetcmd",
-    "store": "veriloco.storecmd",
-    "trainer": "veriloco.nodes",
-    "verifier": "veriloco.nodes",
-    "coordinator": "veriloco.nodes",
-    "deploy": "veriloco.chaincmds",
-    "run": "veriloco.chaincmds",
-    "status": "veriloco.chaincmds",
-    "runs": "veriloco.chaincmds",
-    "leave": "veriloco.lifecycle",
-    "withdraw": "veriloco.lifecycle",
-    "claim": "veriloco.lifecycle",
-    "account": "veriloco.keys",
-    "data": "veriloco.datacmd",
-    "export": "veriloco.datacmd",
-    "sample": "veriloco.datacmd",
-    "dashboard": "veriloco.dashweb",
+# Every command: the module whose `register` adds it, and its one-line help as that `register` declares it
+# (tests/unit/test_cli_start.py holds them equal). `veriloco CMD ...` imports CMD's module alone (the node
+# processes of a demo start seconds sooner); `--version`, `--help` and no command import none, and list
+# the commands from here: the command modules import torch and web3, which take seconds (issue 32).
+COMMAND_TABLE: dict[str, tuple[str, str]] = {
+    "devnet": ("veriloco.devnetcmd", "local chain + store + deployed contract, until Ctrl-C"),
+    "store": ("veriloco.storecmd", "publish / fetch verified content"),
+    "trainer": ("veriloco.nodes", "run a trainer node: train, publish, commit, reveal, answer audits"),
+    "verifier": ("veriloco.nodes", "run a verifier node: replay sampled steps of assigned trainers, post verdicts"),
+    "coordinator": ("veriloco.nodes", "run the coordinator node: aggregate verified pseudo-gradients, finalize epochs"),
+    "demo": ("veriloco.netdemo", "run a whole verifiable training network on this machine"),
+    "deploy": ("veriloco.chaincmds", "deploy the Veriloco contract to any EVM JSON-RPC endpoint"),
+    "run": ("veriloco.chaincmds", "create runs on the contract"),
+    "runs": ("veriloco.chaincmds", "list the runs of a contract with their state"),
+    "status": ("veriloco.chaincmds", "query a run's round status from the contract"),
+    "leave": ("veriloco.lifecycle", "leave a run: stop taking part; the stake starts unbonding"),
+    "withdraw": ("veriloco.lifecycle", "withdraw a run's stake once it has unbonded after `leave`"),
+    "claim": ("veriloco.lifecycle", "claim this account's credits (rewards and bounties) from the contract"),
+    "account": ("veriloco.keys", "make signing keys"),
+    "simulate": ("veriloco.simcmd", "simulate K trainers in one process (no chain) and compare AllReduce, DiLoCo and DiLoCoX"),
+    "data": ("veriloco.datacmd", "turn your own text or token files into a run corpus"),
+    "export": ("veriloco.datacmd", "write a global model as a Hugging Face (transformers) checkpoint"),
+    "sample": ("veriloco.datacmd", "generate text from an exported model with the run's tokenizer"),
+    "dashboard": ("veriloco.dashweb", "serve a live web page of a run on 127.0.0.1, from the chain and the store"),
 }
+# which module serves a command, and the command modules in the order `--help` lists them
+OWNER: dict[str, str] = {name: module for name, (module, _) in COMMAND_TABLE.items()}
+COMMANDS: list[str] = list(dict.fromkeys(OWNER.values()))
 
 
 class Parser(argparse.ArgumentParser):
@@ -69,22 +62,52 @@ def version() -> str:
         return "unknown (not installed)"
 
 
+class Version(argparse.Action):
+    """`--version`, looked up only when asked (importlib.metadata would cost every command tens of ms)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show program's version number and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[Any] | None, option_string: str | None = None) -> None:
+        print(f"veriloco {version()}")
+        parser.exit()
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of `veriloco COMMAND ...`: COMMAND's module registers it (and its siblings).
+
+    Without a known COMMAND every command is a stub from COMMAND_TABLE: `--help` lists them, a typo
+    is refused with their names, and no command module is imported.
+    """
     parser = Parser(
         prog="veriloco",
         description="Verifiable, on-chain-coordinated DiLoCoX training across untrusted machines.",
     )
-    parser.add_argument("--version", action="version", version=f"veriloco {version()}")
+    parser.add_argument("--version", action=Version)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     owner = OWNER.get(command or "")
-    for name in [owner] if owner in COMMANDS else COMMANDS:
-        importlib.import_module(name).register(sub)
+    if owner is not None:
+        importlib.import_module(owner).register(sub)
+    else:
+        for name, (_, help_) in COMMAND_TABLE.items():
+            sub.add_parser(name, help=help_, add_help=False)
     return parser
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The command `argv` names: its first word that is not an option (the top level takes no values)."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv[0] if argv else None).parse_args(argv)
+    parser = build_parser(command_of(argv))
+    if not argv:  # what there is to type, rather than a one-line error about a missing COMMAND
+        parser.print_help(sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except VerilocoError as exc:

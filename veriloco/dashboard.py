@@ -87,10 +87,11 @@ def size_of(store: Store, cid: str, cache: Cache) -> int | None:
 
 
 def _cids_in(value: Any) -> list[str]:
-    """Every non-empty `cid` field of a JSON document (the state files an audit manifest names)."""
+    """Every non-empty `cid` or `*_cid` field of a JSON document (the state files an audit manifest
+    names: each challenge's and the final check's `cid`, a continued start's `start_cid`)."""
     if isinstance(value, dict):
-        own = [value["cid"]] if isinstance(value.get("cid"), str) and value["cid"] else []
-        return own + [c for k, v in value.items() if k != "cid" for c in _cids_in(v)]
+        named = [k for k, v in value.items() if (k == "cid" or k.endswith("_cid")) and isinstance(v, str) and v]
+        return [value[k] for k in named] + [c for k, v in value.items() if k not in named for c in _cids_in(v)]
     if isinstance(value, list):
         return [c for v in value for c in _cids_in(v)]
     return []

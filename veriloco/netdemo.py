@@ -81,12 +81,13 @@ class DemoOptions:
     # one-step delay. On `small`, H = 64, 1 ended 4.7% lower in eval loss at the same epoch cycle
     # (docs/results-protocol.md)
     merge_step: int = 1
+    batch_size: int = 8  # rows per trainer and step (benchmarks/protocol.py --batch-sizes: audits at larger batches)
 
     def config(self) -> RunConfig:
         w = self.windows_s
         return RunConfig(name="veriloco-demo").replace(
             model={"preset": self.preset},
-            data={"seq_len": min(64, preset(self.preset).seq_len), "batch_size": 8, "corpus_bytes": 2_000_000},
+            data={"seq_len": min(64, preset(self.preset).seq_len), "batch_size": self.batch_size, "corpus_bytes": 2_000_000},
             inner={"lr": 3e-3, "warmup_steps": 8, "total_steps": self.steps * self.epochs * 2},
             # plain averaging: in a run of a few rounds momentum overshoots; see docs/results-engine.md
             outer={"lr": 1.0, "momentum": 0.0},
@@ -97,6 +98,7 @@ class DemoOptions:
             # tolerant; shard audits are exact at any number of stages.
             audit={"steps": 4 if self.audit == "shard" else 3, "segment": 8 if self.audit == "shard" else 1,
                    "final_check_bps": 10_000, "quorum": self.quorum, "unit": self.audit,
+                   "test_run": self.quorum < 3,  # a devnet: a quorum below 3 is a test
                    "mode": "tolerant" if self.stages > 1 and self.audit == "state" else "exact"},
             windows={"commit_s": w, "reveal_s": w, "response_s": w, "verdict_s": w, "finalize_s": w},
             stakes={"min_trainers": 1},
@@ -267,6 +269,9 @@ def check_options(opts: DemoOptions) -> None:
     for name in ("trainers", "verifiers", "epochs", "steps", "stages", "quorum", "windows_s"):
         if getattr(opts, name) < 1:
             raise DemoError(f"--{name.replace('_s', '')} must be at least 1, got {getattr(opts, name)}")
+    if opts.verifiers < opts.quorum:
+        raise DemoError(f"--verifiers {opts.verifiers} is fewer than --quorum {opts.quorum}: no epoch would ever be audited "
+                        "(an audit waits for a quorum of verifiers); add verifiers or lower the quorum")
     if not opts.timeout_s > 0:
         raise DemoError(f"--timeout must be a positive number of seconds, got {opts.timeout_s}")
     n_cheat = sum(c for _, c in opts.cheats)

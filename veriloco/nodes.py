@@ -1,23 +1,28 @@
 """`veriloco trainer | verifier | coordinator --run ID`: the three node programs.
 
 Each builds its edges (a `Chain` for its key, a `Store`) from the connection settings and hands
-them to the role's node loop. Progress goes to stdout as readable lines, or with `--log-format json`
-as one JSON object per line for a supervisor (the demo) to parse (veriloco/logs.py).
+them to the role's node loop. From before its first transaction until it exits it holds the lock
+that refuses a second process with the same key on its state folder (protocol/nodelock.py).
+Progress goes to stdout as readable lines, or with `--log-format json` as one JSON object per line
+for a supervisor (the demo) to parse (veriloco/logs.py). A node's first line, `loading`, comes before
+it imports torch and the chain client, which take seconds (tens on a loaded machine): this module
+imports neither at its top, so the node says at once that it has started (issue 32).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from eth_account import Account
-
-from protocol.chain.binding import Chain
-from protocol.statedir import check_run
 from veriloco.argtypes import device, gibibytes, positive, run_id, tcp_port
-from veriloco.logs import add_log_args, logger_from_args, node_logger, with_upload_progress
+from veriloco.logs import Log, add_log_args, logger_from_args, node_logger, with_upload_progress
 from veriloco.settings import Settings, add_connection_args, open_store, resolve
+
+if TYPE_CHECKING:
+    from protocol.chain.binding import Chain
 
 # adversarial behaviours for demos and security tests (trainer/cheats.py, trainer/adversaries.py)
 CHEAT_KINDS = ["lazy", "noise", "copy", "forge-final", "stale-copy", "skip-merge"]
@@ -27,8 +32,21 @@ def json_logger(node: str, stream: Any = None) -> Callable[..., None]:
     return node_logger(node, "json", stream=stream)
 
 
+def starting(args: argparse.Namespace, role: str) -> tuple[Settings, Log]:
+    """The node's settings and log, the log's first line written: settings fail fast, the heavy imports follow."""
+    s = resolve(args)
+    log = logger_from_args(args, role)
+    log("loading", what="torch and the chain client")
+    return s, log
+
+
 def open_chain(s: Settings, run: int | None = None) -> Chain:
     """The node's Chain; with `run`, checked to be one of the contract's runs before anything else happens."""
+    from eth_account import Account
+
+    from protocol.chain.binding import Chain
+    from protocol.statedir import check_run
+
     assert s.contract is not None
     chain = Chain(s.rpc_url, s.contract, Account.from_key(s.key) if s.key else None, max_fee=s.max_fee_wei)
     if run is not None:
@@ -36,12 +54,26 @@ def open_chain(s: Settings, run: int | None = None) -> Chain:
     return chain
 
 
-def observed(args: argparse.Namespace, s: Settings, chain: Chain, role: str) -> tuple[Any, Callable[..., None]]:
+def state_folder(s: Settings, chain: Chain, role: str) -> Path:
+    """The node's own folder under the workdir: one per role and key."""
+    return s.workdir / f"{role}-{chain.sender}"
+
+
+def locked(s: Settings, chain: Chain, run: int, role: str) -> contextlib.AbstractContextManager[object]:
+    """The node's lock on its run directory (protocol/nodelock.py); none without a key (the node refuses then)."""
+    from protocol.nodelock import lock_node
+
+    if chain.sender is None:
+        return contextlib.nullcontext()
+    return lock_node(chain, run, state_folder(s, chain, role))
+
+
+def observed(args: argparse.Namespace, s: Settings, chain: Chain, role: str, log: Log) -> tuple[Any, Log]:
     """The node's store and log, with Prometheus metrics on `--metrics-port` (veriloco/metrics.py) unless 0."""
-    log = logger_from_args(args, role)
     store = with_upload_progress(open_store(s), log)  # a byte bar for large uploads, on a readable console only
     if not getattr(args, "metrics_port", 0):
         return store, log
+    from protocol.chain.binding import Chain
     from protocol.store.backends import Metered
     from veriloco.metrics import NodeMetrics
 
@@ -54,41 +86,44 @@ def observed(args: argparse.Namespace, s: Settings, chain: Chain, role: str) -> 
 
 
 def _trainer(args: argparse.Namespace) -> int:
+    s, log = starting(args, "trainer")
     from trainer.cheats import behaviours
     from trainer.node import TrainerNode
 
-    s = resolve(args)
     chain = open_chain(s, args.run)
     behaviour = behaviours()[args.cheat]() if args.cheat else None
-    store, log = observed(args, s, chain, "trainer")
-    TrainerNode(
-        chain, store, args.run, s.workdir / f"trainer-{chain.sender}", behaviour=behaviour, log=log,
-        threads=args.threads, checkpoint_every=args.checkpoint_every,
-        max_epochs=args.epochs, stages=args.stages, microbatches=args.microbatches,
-        keep_boundaries=not args.no_boundary_log,
-        boundary_log_ram=args.boundary_log_ram, device=args.device,
-    ).run()
+    with locked(s, chain, args.run, "trainer"):
+        store, log = observed(args, s, chain, "trainer", log)
+        TrainerNode(
+            chain, store, args.run, state_folder(s, chain, "trainer"), behaviour=behaviour, log=log,
+            threads=args.threads, checkpoint_every=args.checkpoint_every,
+            max_epochs=args.epochs, stages=args.stages, microbatches=args.microbatches,
+            keep_boundaries=not args.no_boundary_log,
+            boundary_log_ram=args.boundary_log_ram, device=args.device,
+        ).run()
     return 0
 
 
 def _verifier(args: argparse.Namespace) -> int:
+    s, log = starting(args, "verifier")
     from verifier.node import VerifierNode
 
-    s = resolve(args)
     chain = open_chain(s, args.run)
-    store, log = observed(args, s, chain, "verifier")
-    VerifierNode(chain, store, args.run, s.workdir / f"verifier-{chain.sender}", log=log, threads=args.threads,
-                 device=args.device).run()
+    with locked(s, chain, args.run, "verifier"):
+        store, log = observed(args, s, chain, "verifier", log)
+        VerifierNode(chain, store, args.run, state_folder(s, chain, "verifier"), log=log, threads=args.threads,
+                     device=args.device).run()
     return 0
 
 
 def _coordinator(args: argparse.Namespace) -> int:
+    s, log = starting(args, "coordinator")
     from coordinator.node import CoordinatorNode
 
-    s = resolve(args)
     chain = open_chain(s, args.run)
-    store, log = observed(args, s, chain, "coordinator")
-    CoordinatorNode(chain, store, args.run, log=log).run()
+    with locked(s, chain, args.run, "coordinator"):  # it keeps no state of its own; the lock alone is there
+        store, log = observed(args, s, chain, "coordinator", log)
+        CoordinatorNode(chain, store, args.run, log=log).run()
     return 0
 
 

@@ -159,6 +159,10 @@ def resolve(args: argparse.Namespace, *, need_key: bool = True, need_contract: b
     if getattr(args, "key", None) is not None:
         key = _read_key(args.key, getattr(args, "password_file", None))
     elif getattr(args, "account", None) is not None:
+        if not dev:  # no devnet file where we look: a wrong folder, not a wrong number
+            raise SettingsError(
+                f"--account {args.account} names a devnet account, but there is no devnet file at {DEFAULT_DEVNET_FILE} "
+                "(run from the folder where `veriloco devnet` runs, pass --devnet FILE, or use --key FILE)")
         accounts = dev.get("accounts") or []
         if not isinstance(accounts, list) or not 0 <= args.account < len(accounts):
             n = len(accounts) if isinstance(accounts, list) else 0

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from coordinator.aggregate import aggregate, mean_delta
-from coordinator.outer import OuterConfig, global_params, init_global
+from coordinator.outer import GlobalState, OuterConfig, global_params, init_global
 from protocol.config import merge_step_for
 from protocol.data import Corpus, batch, eval_loss, val_batches
 from protocol.errors import VerilocoError
@@ -63,6 +63,7 @@ from trainer.inner import (
     section,
     train_step,
 )
+from veriloco.traffic import ring_allreduce_bytes  # torch-free there: the dashboard uses it
 
 Progress = Callable[[str], None]
 
@@ -165,6 +166,8 @@ class Method:
     # StartRule.MERGE: the merge step of epoch 1 alone (None: merge_step); 0 waits for round 1's
     # exchange, where the workers' first rounds, all from G_0, differ the most
     first_merge_step: int | None = None
+    # the outer aggregation rule (OuterConfig.aggregate) this method runs with; None: the SimConfig's
+    aggregate: str | None = None
 
     def merge_step_at(self, epoch: int) -> int | None:
         """The steps into ``epoch`` at which G_e folds in (None: the rule has no merge), as
@@ -287,6 +290,23 @@ def methods(h: int = 16, rank: int = 8, merge_step: int = 1) -> dict[str, Method
     }
 
 
+# a local method's name with one of these suffixes runs it with that robust outer aggregation rule
+# (coordinator/aggregate.py), e.g. fixed_rank_merge_b1_trimmed; the clip is the SimConfig's
+ROBUST_SUFFIXES = {"_trimmed": "trimmed", "_median": "median"}
+
+
+def resolve_method(name: str, table: Mapping[str, Method]) -> Method | None:
+    """``table[name]``, or a local method of ``table`` with a ``ROBUST_SUFFIXES`` suffix at that
+    rule; None when ``name`` is neither."""
+    if name in table:
+        return table[name]
+    for suffix, rule in ROBUST_SUFFIXES.items():
+        base = table.get(name[: -len(suffix)]) if name.endswith(suffix) else None
+        if base is not None and base.kind == "local" and base.aggregate is None:
+            return replace(base, name=name, aggregate=rule, description=f"{base.description}; outer aggregate {rule}")
+    return None
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """One comparison: model, workers, token budget (inner steps per worker) and optimizers."""
@@ -372,10 +392,6 @@ class MethodResult:
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
-
-
-def ring_allreduce_bytes(nbytes: int, k: int) -> int:
-    return 0 if k <= 1 else (2 * (k - 1) * nbytes) // k
 
 
 def _mean(grads: list[Params]) -> Params:
@@ -587,7 +603,17 @@ def run_allreduce(cfg: SimConfig, corpus: Corpus, progress: Progress) -> MethodR
     )
 
 
-def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress) -> MethodResult:
+# the coordinator's step in ``run_local``: (round, global state, decoded pseudo-gradients in worker
+# order, outer config) -> the next global state; a benchmark may replace it to tamper or observe
+Aggregator = Callable[[int, GlobalState, list[Params], OuterConfig], GlobalState]
+
+
+def _aggregate(epoch: int, g: GlobalState, deltas: list[Params], outer: OuterConfig) -> GlobalState:
+    return aggregate(g, deltas, outer)
+
+
+def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress,
+              aggregator: Aggregator = _aggregate) -> MethodResult:
     """DiLoCo-family method: local rounds, (compressed) pseudo-gradients, outer Nesterov."""
     from protocol.formats.payload import decode
     from trainer.compress import (
@@ -601,6 +627,7 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
 
     m = cfg.model
     ccfg = method.compression
+    outer = replace(cfg.outer, aggregate=method.aggregate) if method.aggregate else cfg.outer
     if ccfg is not None and not isinstance(ccfg, CompressionConfig):
         raise SimulationError(f"method {method.name}: compression must be a CompressionConfig")
     evaluate = _Evaluator(cfg, corpus)
@@ -664,7 +691,7 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
             starts[k] = start
         t0 = time.perf_counter()  # after the exchange: decode every payload, average, outer step
         deltas += [decode(p, shapes) for p in payloads]
-        g = aggregate(g, deltas, cfg.outer)
+        g = aggregator(epoch, g, deltas, outer)
         agg = time.perf_counter() - t0
         profiles = [payload_profile(p) for p in payloads]
         globals_.append(global_params(g))
@@ -694,7 +721,7 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
     unsent = None
     if ccfg is not None:  # G_E - lr * mean(ef): the update the error buffers still hold
         held = _mean([_to(section(c, EF), "cpu") for c in carried if c is not None])
-        unsent = evaluate({n: t - cfg.outer.lr * held[n] for n, t in globals_[-1].items()})
+        unsent = evaluate({n: t - outer.lr * held[n] for n, t in globals_[-1].items()})
     return _result(
         method.name,
         method.description,
@@ -713,14 +740,15 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
 def run_method(
     name: str, cfg: SimConfig, corpus: Corpus, progress: Progress = lambda _: None
 ) -> MethodResult:
-    """Run one method by name (see ``methods``)."""
-    table = methods(cfg.h, cfg.rank, cfg.merge_step)
-    if name not in table:
-        raise SimulationError(f"unknown method {name!r}; choose from {sorted(table)}")
+    """Run one method by name (see ``methods``; ``resolve_method`` for a robust-aggregation variant)."""
+    method = resolve_method(name, methods(cfg.h, cfg.rank, cfg.merge_step))
+    if method is None:
+        raise SimulationError(f"unknown method {name!r}; choose from {sorted(methods())} "
+                              f"(a local one may end in {' or '.join(ROBUST_SUFFIXES)})")
     torch.manual_seed(cfg.init_seed)  # nothing should read the global RNG; pin it anyway
-    if table[name].kind == "allreduce":
+    if method.kind == "allreduce":
         return run_allreduce(cfg, corpus, progress)
-    return run_local(table[name], cfg, corpus, progress)
+    return run_local(method, cfg, corpus, progress)
 
 
 def compare(

@@ -18,8 +18,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from veriloco.simulate import ring_allreduce_bytes
-
 
 @dataclass(frozen=True)
 class TrainerTraffic:
@@ -54,6 +52,12 @@ def trainer_traffic(events: Iterable[Mapping[str, Any]]) -> TrainerTraffic:
         if kind == "trained":
             steps[int(ev["epoch"])] = int(ev["steps"])
     return TrainerTraffic(sent + cur_sent, received + cur_received, sum(steps.values()), len(steps))
+
+
+def ring_allreduce_bytes(nbytes: int, k: int) -> int:
+    """Bytes one of `k` workers sends in a ring AllReduce of `nbytes` (here, not in veriloco/simulate.py,
+    so that the dashboard counts traffic without importing torch)."""
+    return 0 if k <= 1 else (2 * (k - 1) * nbytes) // k
 
 
 def allreduce_bytes(trainers: int, params: int, steps: float) -> int:

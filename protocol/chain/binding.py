@@ -83,7 +83,9 @@ __all__ = [
 _PACKAGED_BUILD = Path(__file__).resolve().parents[1] / "contracts"
 _BUILD = _PACKAGED_BUILD if (_PACKAGED_BUILD / "Veriloco.json").is_file() else Path(__file__).resolve().parents[2] / "contracts" / "build"
 ARTIFACT_PATH = _BUILD / "Veriloco.json"
-MODULE_ARTIFACT_PATH = ARTIFACT_PATH.with_name("VerilocoModule.json")
+# Veriloco's companions, created by its constructor at nonces 1, 2 (from blueprints that deploy() sends
+# first) and run on its storage by DELEGATECALL.
+COMPANIONS = ("VerilocoModule", "VerilocoViews")
 NEVER_EPOCH = 2**32 - 1
 _T = TypeVar("_T")
 
@@ -101,20 +103,33 @@ def artifact() -> dict[str, Any]:
 
 
 @functools.cache
-def module_runtime() -> bytes:
-    """Runtime code of VerilocoModule, which a Veriloco deployment creates first and delegates to."""
+def companion_code(name: str) -> tuple[bytes, bytes]:
+    """(runtime, creation code) of one of COMPANIONS, from its committed build."""
+    path = ARTIFACT_PATH.with_name(f"{name}.json")
     try:
-        return bytes.fromhex(json.loads(MODULE_ARTIFACT_PATH.read_text())["deployedBytecode"][2:])
+        art = json.loads(path.read_text())
+        return bytes.fromhex(art["deployedBytecode"][2:]), bytes.fromhex(art["bytecode"][2:])
     except (OSError, ValueError, KeyError) as exc:
         raise ArtifactMissing(
-            f"cannot read the contract artifact {MODULE_ARTIFACT_PATH}: {exc}; rebuild it with `node contracts/build.mjs`"
+            f"cannot read the contract artifact {path}: {exc}; rebuild it with `node contracts/build.mjs`"
         ) from exc
 
 
-def module_address(contract: str) -> Address:
-    """Where a Veriloco at `contract` keeps its module: the contract's first creation (CREATE, nonce 1)."""
+def companion_address(contract: str, name: str) -> Address:
+    """Where a Veriloco at `contract` keeps companion `name`: its creation number 1 (the module) or 2
+    (the views), by CREATE from the contract's own address."""
+    nonce = COMPANIONS.index(name) + 1
     raw = bytes.fromhex(to_checksum_address(contract)[2:])
-    return Address(to_checksum_address(keccak(b"\xd6\x94" + raw + b"\x01")[12:]))
+    return Address(to_checksum_address(keccak(b"\xd6\x94" + raw + bytes([nonce]))[12:]))
+
+
+def blueprint(initcode: bytes) -> bytes:
+    """Creation code of a blueprint (EIP-5202 style): a contract whose code is 0xFE (so a call to it
+    stops at once) followed by `initcode`, which Veriloco's constructor copies and runs with CREATE."""
+    body = b"\xfe" + initcode
+    n = len(body)
+    # PUSH2 n, DUP1, PUSH1 12, PUSH1 0, CODECOPY, PUSH1 0, RETURN: return the 12-byte preamble's tail
+    return bytes([0x61, n >> 8, n & 0xFF, 0x80, 0x60, 0x0C, 0x60, 0x00, 0x39, 0x60, 0x00, 0xF3]) + body
 
 
 # ---------------------------------------------------------------- value types
@@ -136,7 +151,8 @@ class Phase(IntEnum):
 class RunParams:
     """The run-config fields the contract enforces (RunConfig.to_run_params() produces this).
 
-    Windows and the unbonding delay are seconds; stakes and rewards are wei; *_bps are basis points
+    A quorum below 3 needs test_run (the contract refuses it otherwise). Windows and the unbonding
+    delay are seconds; stakes and rewards are wei; *_bps are basis points
     of 10 000. Rewards are paid per finalized epoch out of the run's pool (Chain.create_run's
     reward_pool, Chain.fund_run): trainer_reward per included trainer, verifier_reward per verdict
     cast with the majority; 0 pays nothing.
@@ -158,12 +174,13 @@ class RunParams:
     unbonding_delay: int = 3600
     audit_steps: int = 2
     final_check_bps: int = 10_000
-    quorum: int = 1
+    quorum: int = 3
     slash_bps: int = 5_000
     trainer_stake: Wei = 10**18  # type: ignore[assignment]
     verifier_stake: Wei = 10**18  # type: ignore[assignment]
     trainer_reward: Wei = 0  # type: ignore[assignment]
     verifier_reward: Wei = 0  # type: ignore[assignment]
+    test_run: bool = False  # allows quorum 1..2 (a lone verifier decides): devnets and tests only
 
     def to_abi(self) -> tuple[Any, ...]:
         values = [getattr(self, f.name) for f in fields(self)]
@@ -564,32 +581,38 @@ def _replace(w3: Web3, account: LocalAccount | str, sent: _Sent, max_fee: int | 
 
 
 def deploy(w3: Web3, account: LocalAccount | str, timeout: float = 120.0, *, max_fee: int | None = None) -> Address:
-    """Deploy the committed Veriloco build from `account`; returns the contract address. A local key
-    pays fees from the node's fee history (capped at `max_fee` wei per gas) and a deployment stuck for
-    a quarter of `timeout` is re-sent with higher fees, as Chain does for its transactions."""
+    """Deploy the committed Veriloco build from `account`; returns the contract address. Three
+    transactions: a blueprint of each companion (COMPANIONS), then Veriloco, whose constructor creates
+    the companions from them. A local key pays fees from the node's fee history (capped at `max_fee`
+    wei per gas) and a deployment stuck for a quarter of `timeout` is re-sent with higher fees, as
+    Chain does for its transactions."""
     art = artifact()
-    factory = w3.eth.contract(abi=art["abi"], bytecode=art["bytecode"])
     account = as_account(account)  # type: ignore[assignment]
     sender = _sender(account)
     where = _where(w3)
 
-    def go() -> Address:
+    def create(what: str, factory: Any, *args: Any) -> Address:
         tx: dict[str, Any] = {"from": sender}
         fees = None
         if not isinstance(account, str):
             tx["nonce"] = w3.eth.get_transaction_count(to_checksum_address(sender), "pending")
             fees = suggest_fees(w3, max_fee)
             tx.update(fees.tx_fields())
-        gas = factory.constructor().estimate_gas({"from": sender})
+        gas = factory.constructor(*args).estimate_gas({"from": sender})
         tx["gas"] = min(int(gas * 1.2) + 50_000, _block_gas_limit(w3))
-        built = dict(factory.constructor().build_transaction(tx))  # type: ignore[arg-type]
+        built = dict(factory.constructor(*args).build_transaction(tx))
         h = _send_raw(w3, account, built)
-        sent = _Sent("deployment", tx.get("nonce"), built, fees, [h])
+        sent = _Sent(what, tx.get("nonce"), built, fees, [h])
         receipt, h = _await_mined(w3, account, sent, timeout, timeout / 4, 3, max_fee)
         created = receipt.get("contractAddress")
         if receipt["status"] != 1 or not created:
-            raise TransactionFailed(f"deployment transaction 0x{h.hex()} failed")
+            raise TransactionFailed(f"{what} transaction 0x{h.hex()} failed")
         return Address(to_checksum_address(created))
+
+    def go() -> Address:
+        prints = [create(f"{name} blueprint deployment", w3.eth.contract(abi=[], bytecode=blueprint(companion_code(name)[1])))
+                  for name in COMPANIONS]
+        return create("deployment", w3.eth.contract(abi=art["abi"], bytecode=art["bytecode"]), *prints)
 
     try:
         return _rpc(go, where)
@@ -646,14 +669,20 @@ class Chain:
                 f"no contract at {self.address} on chain {self.chain_id}; deploy one with `veriloco deploy` "
                 "or check the address and the RPC URL"
             )
-        module = module_address(self.address)
-        module_code = bytes(_rpc(lambda: self.w3.eth.get_code(to_checksum_address(module)), self.where))
-        if code != expected or module_code != module_runtime():
+        if code != expected:
             raise WrongContract(
                 f"the contract at {self.address} on chain {self.chain_id} is not this Veriloco build "
-                f"({len(code)} bytes of code, expected {len(expected)}; its module at {module} has "
-                f"{len(module_code)}, expected {len(module_runtime())}); deploy the current build or update veriloco"
+                f"({len(code)} bytes of code, expected {len(expected)}); deploy the current build or update veriloco"
             )
+        for name in COMPANIONS:
+            at = companion_address(self.address, name)
+            have = bytes(_rpc(functools.partial(self.w3.eth.get_code, to_checksum_address(at)), self.where))
+            if have != companion_code(name)[0]:
+                raise WrongContract(
+                    f"the contract at {self.address} on chain {self.chain_id} is not this Veriloco build: its "
+                    f"{name} at {at} has {len(have)} bytes of code, expected {len(companion_code(name)[0])}; "
+                    "deploy the current build or update veriloco"
+                )
         self.contract = self.w3.eth.contract(address=to_checksum_address(self.address), abi=artifact()["abi"])
         self.account = as_account(account)
         self.sender: Address | None = _sender(self.account) if self.account is not None else None

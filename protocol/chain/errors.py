@@ -328,6 +328,12 @@ class NotReported(ContractRevert):
     fields = ("run_id", "epoch", "trainer")
 
 
+class TooFewVerifiers(ContractRevert):
+    """Fewer verifiers than needed: the audit waits until the run has a quorum of verifiers (join more), or an availability committee of q cannot be formed (nobody is judged)."""
+
+    fields = ("run_id", "epoch", "have", "need")
+
+
 REVERT_CLASSES: dict[str, type[ContractRevert]] = {
     cls.__name__: cls for cls in ContractRevert.__subclasses__()
 }

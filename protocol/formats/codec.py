@@ -10,11 +10,15 @@ naming what is wrong; nothing here crashes, allocates beyond `max_bytes`, or eva
   {"format": "veriloco.state.v1"}. Readable by any safetensors reader.
 - Canonical JSON: UTF-8, sorted keys, no whitespace, no floats (reals as decimal strings).
 - Audit manifest: canonical JSON, "format": "veriloco.audit.v2".
+
+torch is imported by the state-file functions, not with the module: a run config is canonical JSON,
+and `veriloco status` and `runs` read one without loading torch (issue 32).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
 import math
@@ -28,16 +32,16 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
-import torch
-
 from protocol import merkle
-from protocol.digest import DTYPE_CODES, tensor_bytes
+from protocol.digest import dtype_codes, tensor_bytes
 from protocol.errors import VerilocoError
 from protocol.formats.jsondepth import MAX_JSON_DEPTH, json_depth
 from protocol.store.unixfs import CidError, validate_cid
 from protocol.types import Address, Cid, Digest
 
 if TYPE_CHECKING:
+    import torch
+
     from protocol.store.backends import Store
 
 STATE_FORMAT = "veriloco.state.v1"
@@ -49,18 +53,30 @@ DEFAULT_MAX_JSON_BYTES = 16 << 20
 _MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit
 _MAX_NDIM = 8
 
-_ST_DTYPES: dict[torch.dtype, str] = {
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.float64: "F64",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.uint8: "U8",
-    torch.int8: "I8",
-}
-_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
-assert set(_ST_DTYPES) == set(DTYPE_CODES)
+
+@functools.cache
+def _st_dtypes() -> dict[torch.dtype, str]:
+    """safetensors' name of each dtype a state may hold (those the §2 digest has a code for)."""
+    import torch
+
+    names = {
+        torch.float32: "F32",
+        torch.float16: "F16",
+        torch.bfloat16: "BF16",
+        torch.float64: "F64",
+        torch.int64: "I64",
+        torch.int32: "I32",
+        torch.uint8: "U8",
+        torch.int8: "I8",
+    }
+    assert set(names) == set(dtype_codes())
+    return names
+
+
+@functools.cache
+def _st_names() -> dict[str, torch.dtype]:
+    return {v: k for k, v in _st_dtypes().items()}
+
 
 if sys.byteorder != "little":  # tensors are stored in native order below
     raise ImportError("veriloco formats need a little-endian machine")
@@ -87,7 +103,20 @@ def spec_of(state: Mapping[str, torch.Tensor]) -> dict[str, TensorSpec]:
     return {k: TensorSpec(t.dtype, tuple(t.shape)) for k, t in state.items()}
 
 
+def state_file_size(spec: Mapping[str, TensorSpec]) -> int:
+    """Bytes of the canonical state file of any state with ``spec``'s entries, without any data: the
+    header is laid out from shapes alone (meta tensors), so a cost model can price a file for a
+    model no machine here could hold."""
+    import torch
+
+    head, entries = _layout({n: torch.empty(s.shape, dtype=s.dtype, device="meta") for n, s in spec.items()})
+    return len(head) + sum(t.numel() * t.element_size() for _, t in entries)
+
+
 def _layout(state: Mapping[str, torch.Tensor]) -> tuple[bytes, list[tuple[str, torch.Tensor]]]:
+    import torch
+
+    st_dtypes = _st_dtypes()
     names = sorted(state, key=lambda n: n.encode())
     header: dict[str, Any] = {"__metadata__": STATE_METADATA}
     offset = 0
@@ -96,13 +125,13 @@ def _layout(state: Mapping[str, torch.Tensor]) -> tuple[bytes, list[tuple[str, t
         t = state[name]
         if not isinstance(t, torch.Tensor):
             raise FormatError(f"state entry {name!r} is {type(t).__name__}, not a tensor")
-        if t.dtype not in _ST_DTYPES:
+        if t.dtype not in st_dtypes:
             raise FormatError(f"state entry {name!r} has unsupported dtype {t.dtype}")
         if name == "__metadata__" or not name:
             raise FormatError(f"state entry name {name!r} is reserved")
         size = t.numel() * t.element_size()
         header[name] = {
-            "dtype": _ST_DTYPES[t.dtype],
+            "dtype": st_dtypes[t.dtype],
             "shape": list(t.shape),
             "data_offsets": [offset, offset + size],
         }
@@ -152,6 +181,8 @@ def _read_exact(f: BinaryIO, n: int, what: str) -> bytes:
 
 
 def _parse_header(raw: bytes, body_size: int) -> list[tuple[str, torch.dtype, tuple[int, ...], int, int]]:
+    import torch
+
     if json_depth(raw) > MAX_JSON_DEPTH:
         raise FormatError(f"state file header is nested deeper than {MAX_JSON_DEPTH} levels")
     try:
@@ -170,7 +201,7 @@ def _parse_header(raw: bytes, body_size: int) -> list[tuple[str, torch.dtype, tu
     for name, info in header.items():
         if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
             raise FormatError(f"state file entry {name!r} is malformed: {info!r}")
-        dtype = _ST_NAMES.get(info["dtype"]) if isinstance(info["dtype"], str) else None
+        dtype = _st_names().get(info["dtype"]) if isinstance(info["dtype"], str) else None
         if dtype is None:
             raise FormatError(f"state file entry {name!r} has unsupported dtype {info['dtype']!r}")
         shape, offs = info["shape"], info["data_offsets"]
@@ -205,6 +236,8 @@ def read_state(
 
     Each tensor is read straight into its own storage, so memory holds one copy of the state.
     """
+    import torch
+
     if size > max_bytes:
         raise FormatError(f"state file is {size} bytes, over the {max_bytes}-byte limit")
     if size < 8:
@@ -222,7 +255,7 @@ def read_state(
     for name, dtype, shape, begin, end in entries:
         if begin != pos:
             raise FormatError(f"state file entry {name!r} is not packed in key order (not canonical)")
-        meta_entries[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [begin, end]}
+        meta_entries[name] = {"dtype": _st_dtypes()[dtype], "shape": list(shape), "data_offsets": [begin, end]}
         pos = end
     if pos != body_size:
         raise FormatError(f"state file has {body_size - pos} trailing bytes after its tensors")

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from eth_utils import is_address, to_canonical_address, to_checksum_address
 
-from protocol.digest import DTYPE_CODES, keccak
+from protocol.digest import dtype_codes, keccak
 from protocol.errors import VerilocoError
 from protocol.types import Address, Digest, RunId
 
@@ -67,7 +67,7 @@ DEFAULT_MAX_BYTES = 1 << 30
 DEFAULT_MAX_ELEMENTS = 1 << 28  # 1 GiB of float32 output; pass `expected` to bound it by the model
 
 _FLOAT_DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float64}
-_DTYPE_BY_CODE = {code: dt for dt, code in DTYPE_CODES.items() if dt in _FLOAT_DTYPES}
+_DTYPE_BY_CODE = {code: dt for dt, code in dtype_codes().items() if dt in _FLOAT_DTYPES}
 _FP16_MIN_NORMAL = 2.0**-14
 _FP16_SAFE_MAX = 60000.0
 _BF16_SAFE_MAX = 3.0e38
@@ -262,7 +262,7 @@ def encode(records: Sequence[Record]) -> bytes:
     for r in ordered:
         raw = r.name.encode()
         head.append(struct.pack("<H", len(raw)) + raw)
-        head.append(struct.pack("<BB", DTYPE_CODES[r.dtype], len(r.shape)))
+        head.append(struct.pack("<BB", dtype_codes()[r.dtype], len(r.shape)))
         head.append(b"".join(struct.pack("<Q", d) for d in r.shape))
         head.append(struct.pack("<BBBBIIQ", r.kind, r.bits, r.scale_dtype, 0, r.group, r.rank, len(r.section)))
     return b"".join(head) + b"".join(r.section for r in ordered)
@@ -331,6 +331,18 @@ class _Reader:
 
     def unpack(self, fmt: str, what: str) -> tuple[int, ...]:
         return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))
+
+
+def encoded_size(entries: Sequence[tuple[str, tuple[int, ...], int, int, int, int]]) -> int:
+    """Bytes of the payload ``encode`` lays out for entries ``(name, shape, kind, bits, group, rank)``,
+    from the layout alone (no tensor): what a cost model prices for a model too large to encode."""
+    size = len(MAGIC) + 8
+    for name, shape, kind, bits, group, rank in entries:
+        m, n = (shape[0], math.prod(shape[1:])) if len(shape) >= 2 else (1, math.prod(shape))
+        scales = SCALE_NONE if bits == 32 else SCALE_FP16
+        size += 2 + len(name.encode()) + 2 + 8 * len(shape) + 20
+        size += _expected_length(name, kind, bits, scales, group if bits != 32 else 0, rank, m, n)
+    return size
 
 
 def _expected_length(name: str, kind: int, bits: int, scale_dtype: int, group: int, rank: int, m: int, n: int) -> int:

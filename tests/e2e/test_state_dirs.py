@@ -34,9 +34,10 @@ def test_a_second_devnet_does_not_reuse_the_first_ones_node_state(tmp_path: Path
         assert s["slashed"] == []
         assert s["final_eval_loss"] < s["initial_eval_loss"] - 0.3
 
-    # every node (2 trainers, 1 verifier) kept one directory per run, told apart by the creation block
+    # every node (2 trainers, 1 verifier, the coordinator for its lock) kept one directory per run,
+    # told apart by the creation block
     idents = [json.loads(p.read_text()) for p in sorted(nodes.glob("*/*/run-1-*/identity.json"))]
-    assert len(idents) == 6
+    assert len(idents) == 8 and len(list(nodes.glob("*/*/run-1-*/node.lock"))) == 8
     for role_dir in nodes.iterdir():
         runs = sorted(role_dir.glob("*/run-1-*"))
         assert len(runs) == 2, role_dir

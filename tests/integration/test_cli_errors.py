@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_TOML = (
-    "[data]\ncorpus_bytes = 200000\n[schedule]\nepochs = 1\n[audit]\nquorum = 1\n"
+    "[data]\ncorpus_bytes = 200000\n[schedule]\nepochs = 1\n[audit]\nquorum = 1\ntest_run = true\n"
     "[stakes]\ntrainer_wei = 1000\nverifier_wei = 1000\nmin_trainers = 1\nmax_trainers = 1\n"
     "[windows]\ncommit_s = 60\nreveal_s = 60\nresponse_s = 60\nverdict_s = 60\nfinalize_s = 60\nunbonding_s = 100\n"
 )
@@ -77,7 +77,7 @@ OFFLINE = [
     (["run"], "required"),
     (["leave", "--run", "-3"], "runs are numbered from 1"),
     (["withdraw"], "required"),
-    (["claim", "--rpc-url", "http://127.0.0.1:9", "--contract", "0xdead", "--account", "0"], "devnet file has 0 accounts"),
+    (["claim", "--rpc-url", "http://127.0.0.1:9", "--contract", "0xdead", "--account", "0"], "no devnet file at"),
     (["demo", "--preset", "huge"], "invalid choice"),
     (["demo", "--trainers", "0"], "at least 1"),
     (["demo", "--quorum", "0"], "at least 1"),
@@ -204,7 +204,7 @@ def test_account_new_refuses_cleanly(offline: Path, capsys: pytest.CaptureFixtur
 
 def test_nodes_refuse_a_run_pinned_to_other_hardware_before_staking(online: Path, devnet: Any,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    (online / "gpu.toml").write_text(RUN_TOML.replace("quorum = 1\n", 'quorum = 1\ndevice = "cuda:NVIDIA H200"\n'))
+    (online / "gpu.toml").write_text(RUN_TOML.replace("quorum = 1\ntest_run = true\n", 'quorum = 1\ntest_run = true\ndevice = "cuda:NVIDIA H200"\n'))
     code, out, err = cli(capsys, "run", "create", "--config", "gpu.toml", "--account", "0", "--json")
     assert code == 0, err
     rid = str(json.loads(out)["run_id"])

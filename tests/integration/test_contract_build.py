@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.chain.binding import ARTIFACT_PATH, artifact
+from protocol.chain.binding import ARTIFACT_PATH, COMPANIONS, artifact, blueprint, companion_code
 
 pytestmark = pytest.mark.integration
 
@@ -49,6 +49,22 @@ def test_artifact_records_compiler_and_evm_version() -> None:
     assert 0 < len(runtime) <= 24_576, "runtime code exceeds the EIP-170 limit: it would not deploy"
     names = {e["name"] for e in art["abi"] if e.get("type") == "function"}
     assert {"currentEpoch", "epochStatus", "createRun", "commit", "reveal", "respond", "finalize"} <= names
+
+
+def test_every_contract_keeps_2kb_of_room_under_the_code_limits() -> None:
+    """Issue 30: at least 2 KB under EIP-170 (24,576 bytes of runtime) in every contract and in each
+    companion's blueprint (0xFE + its creation code), and under EIP-3860 (49,152 bytes of initcode) in
+    Veriloco's creation code, so the next fix has room without another split."""
+    room = 2048
+    art = artifact()
+    assert len(art["bytecode"]) // 2 - 1 <= 49_152 - room
+    for name in ("Veriloco", *COMPANIONS):
+        built = json.loads((ROOT / "contracts" / "build" / f"{name}.json").read_text())
+        runtime = len(built["deployedBytecode"]) // 2 - 1
+        assert runtime <= 24_576 - room, f"{name}: {runtime} bytes of runtime leave less than 2 KB of room"
+        if name in COMPANIONS:
+            print_size = len(blueprint(companion_code(name)[1])) - 12  # what the blueprint holds as code
+            assert print_size <= 24_576 - room, f"{name}'s blueprint: {print_size} bytes"
 
 
 def test_read_interface_is_exactly_design_section_3() -> None:

@@ -58,7 +58,7 @@ def test_deploy_create_status(anvil: object, tmp_path: Path, capsys: pytest.Capt
 
     toml = tmp_path / "run.toml"
     toml.write_text(
-        "[data]\ncorpus_bytes = 200000\n[audit]\nquorum = 1\nfinal_check_bps = 10000\n"
+        "[data]\ncorpus_bytes = 200000\n[audit]\nquorum = 1\ntest_run = true\nfinal_check_bps = 10000\n"
         "[stakes]\ntrainer_wei = 1000\nverifier_wei = 1000\nmin_trainers = 1\n"
         "[windows]\ncommit_s = 60\nreveal_s = 60\nresponse_s = 60\nverdict_s = 60\nfinalize_s = 60\n"
     )

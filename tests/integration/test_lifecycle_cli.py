@@ -23,7 +23,7 @@ from tests.fixtures.cli import run_cli as cli
 pytestmark = pytest.mark.integration
 
 RUN_TOML = (
-    "[data]\ncorpus_bytes = 200000\n[schedule]\nepochs = 1\n[audit]\nquorum = 1\nsteps = 2\n"
+    "[data]\ncorpus_bytes = 200000\n[schedule]\nepochs = 1\n[audit]\nquorum = 1\ntest_run = true\nsteps = 2\n"
     "[stakes]\ntrainer_wei = 1000\nverifier_wei = 1000\nmin_trainers = 1\nmax_trainers = 1\n"
     "[windows]\ncommit_s = 60\nreveal_s = 60\nresponse_s = 60\nverdict_s = 60\nfinalize_s = 60\nunbonding_s = 100\n"
     "[rewards]\ntrainer_wei = 700\nverifier_wei = 30\npool_wei = 10000\n"
@@ -181,3 +181,19 @@ def test_a_keystore_signs_for_its_account(devnet: Any, tmp_path: Path, monkeypat
     assert out.startswith(f"nothing to claim: {made['address']} has no credits")
     (tmp_path / "wrong").write_text("guess\n")
     assert "wrong password" in refused(capsys, "claim", "--key", "node.json", "--password-file", "wrong")
+
+
+def test_a_run_with_fewer_verifiers_than_its_quorum_says_it_is_stalled(devnet: Any, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 30: a quorum-3 run with one verifier audits nothing; `status` and `runs` say so plainly."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VERILOCO_DEVNET", str(devnet.config.devnet_file))
+    (tmp_path / "run.toml").write_text(RUN_TOML.replace("quorum = 1\ntest_run = true\n", "quorum = 3\n"))
+    net = DevnetNet(devnet)
+    rid = json.loads(ok(capsys, "run", "create", "--config", "run.toml", "--account", "0", "--json"))["run_id"]
+    net.chain(5).join_verifier(rid)
+    out = ok(capsys, "status", "--run", str(rid))
+    assert "has 1 verifier(s) of its quorum 3: no epoch is audited" in out and "2 more join" in out, out
+    row = next(x for x in json.loads(ok(capsys, "runs", "--json"))["runs"] if x["run_id"] == rid)
+    assert row["state"] == "stalled"

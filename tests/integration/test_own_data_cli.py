@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sysconfig
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,17 +16,6 @@ from protocol.store.backends import LocalStore
 from veriloco.cli import main
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def anvil() -> Iterator[object]:
-    from devnet.anvil import Anvil, AnvilConfig
-
-    node = Anvil(AnvilConfig(accounts=2)).start()
-    try:
-        yield node
-    finally:
-        node.close()
 
 
 def test_run_create_with_a_prepared_corpus(anvil: object, tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -46,7 +34,7 @@ def test_run_create_with_a_prepared_corpus(anvil: object, tmp_path: Path, capsys
     assert main(["data", "prepare", *map(str, files), "--vocab", "400", "--out", str(tmp_path / "corpus")]) == 0
     made = json.loads(capsys.readouterr().out)
 
-    (tmp_path / "run.toml").write_text('[model]\npreset = "llama-tiny"\n[audit]\nquorum = 1\n')
+    (tmp_path / "run.toml").write_text('[model]\npreset = "llama-tiny"\n[audit]\nquorum = 1\ntest_run = true\n')
     store = ["--store", "local", "--store-dir", str(tmp_path / "store")]
     code = main(["run", "create", "--config", str(tmp_path / "run.toml"), "--corpus", str(tmp_path / "corpus"),
                  "--rpc-url", url, "--key", str(key), "--contract", address, *store, "--json"])

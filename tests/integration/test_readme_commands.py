@@ -121,6 +121,7 @@ COVERED: dict[str, list[str]] = {
          "tests/unit/test_convergence_bench.py::test_runs_in_parallel_processes_give_the_sequential_results"],
     "python benchmarks.convergence --dilocox --merge --out":
         ["tests/unit/test_convergence_bench.py::test_a_method_run_seed_by_seed_or_at_another_rank_pairs_against_one_baseline"],
+    "make headline": ["tests/unit/test_headline_bench.py::test_dry_run_prints_one_command_per_piece_and_the_merge"],
     "python benchmarks.convergence --render": ["tests/unit/test_convergence_bench.py::test_two_seed_run_writes_the_agreed_keys"],
     "python benchmarks.codec --h --out --preset --ranks --rounds": [f"{HERE}::test_benchmark_lines_parse_with_their_own_parsers"],
     "python benchmarks.gas --out": [f"{HERE}::test_benchmark_lines_parse_with_their_own_parsers"],
@@ -128,12 +129,15 @@ COVERED: dict[str, list[str]] = {
     "python benchmarks.store --out": [f"{HERE}::test_benchmark_lines_parse_with_their_own_parsers"],
     "python benchmarks.verification --out": [f"{HERE}::test_benchmark_lines_parse_with_their_own_parsers"],
     "python benchmarks.protocol --out": [f"{HERE}::test_benchmark_lines_parse_with_their_own_parsers"],
+    "python benchmarks.projection --md --out --validate": [f"{HERE}::test_benchmark_lines_parse_with_their_own_parsers",
+                                                          "tests/unit/test_projection_bench.py"],
     "python benchmarks.protocol --merge --out": ["tests/unit/test_protocol_bench.py::test_merge_writes_the_means_and_every_run"],
 }
 
 # The benchmarks whose full runs take hours on this machine; only their command lines are checked (above).
 PARSED_ONLY = {"python benchmarks.codec --h --out --preset --ranks --rounds", "python benchmarks.gas --out",
-               "python benchmarks.store --out", "python benchmarks.verification --out", "python benchmarks.protocol --out"}
+               "python benchmarks.store --out", "python benchmarks.verification --out", "python benchmarks.protocol --out",
+               "python benchmarks.projection --md --out --validate"}
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cfg = RunConfig(name="verified-globals").replace(
         data={"corpus_bytes": 200_000, "batch_size": 4, "seq_len": 32},
         schedule={"epochs": 3, "h_initial": 2, "h_min": 1, "h_max": 4},
-        audit={"steps": 1, "final_check_bps": 10_000, "quorum": 1},
+        audit={"steps": 1, "final_check_bps": 10_000, "quorum": 1, "test_run": True},
         stakes={"min_trainers": 1},
     )
     creator = net.chain(CREATOR)

@@ -14,6 +14,9 @@ aggregate times a factor (1e30: finite, but nobody can train on it) (docs/securi
 anything, so it can only commit a made-up (zero) replay witness (docs/security.md V3).
 `verifier --behaviour forgetful` judges honestly but keeps no copy of what it passes, so a payload
 its trainer withholds can only be judged by the availability committee (docs/security.md T17).
+`verifier --behaviour false-report` judges honestly, then reports every passing trainer as
+unavailable and votes "unavailable" on any committee it sits on: the one-verifier takeover of
+issue 30 (docs/security.md §14.1).
 The demo's CLI only knows the cheats of trainer/cheats.py, so the test swaps these commands in.
 """
 
@@ -128,21 +131,46 @@ class ForgetfulVerifier(VerifierNode):
         self.keeper = NoCopies(self.keeper.root, self.store)
 
 
+class FalseReporter(VerifierNode):
+    """Reports every passing trainer as unavailable (where it did not judge one, it used to be its whole
+    committee at V = q + 1), and lies on committees."""
+
+    def _judge_availability(self, e: int) -> None:
+        if self.chain.epoch_status(self.run_id, e).phase is Phase.AUDITING:
+            for t in passing_trainers(self.chain, self.run_id, e):
+                key = f"lie:{e}:{t}"
+                if key in self._said:
+                    continue
+                self._said.add(key)
+                try:
+                    self.chain.report_unavailable(self.run_id, e, t)
+                except ChainError as exc:
+                    self.log("false-report-refused", epoch=e, trainer=t, error=type(exc).__name__)
+                else:
+                    self.log("false-report", epoch=e, trainer=t)
+        super()._judge_availability(e)
+
+    def _fetch_reported(self, e: int, t: str) -> tuple[bool, str]:
+        return False, "lying"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="adversary_node", description=__doc__)
     p.add_argument("role", choices=["trainer", "coordinator", "verifier"])
     p.add_argument("--run", type=int, required=True)
     add_connection_args(p, workdir=True)
     add_log_args(p)  # accepts the demo's --log-format json; this program always writes JSON lines
-    p.add_argument("--behaviour", choices=sorted({*ADVERSARIES, *NODE_ADVERSARIES, "withhold", "lazy", "forgetful"}), default="forge-final")
+    p.add_argument("--behaviour", choices=sorted({*ADVERSARIES, *NODE_ADVERSARIES, "withhold", "lazy", "forgetful", "false-report"}),
+                   default="forge-final")
     p.add_argument("--scale", type=float, help="coordinator: finalize the true aggregate times this factor")
     args = p.parse_args(argv)
     s = resolve(args)
     chain = open_chain(s)
     if args.role == "verifier":
-        if args.behaviour not in ("lazy", "forgetful"):
-            p.error(f"verifier behaviour must be lazy or forgetful, got {args.behaviour}")
-        verifier = LazyVerifier if args.behaviour == "lazy" else ForgetfulVerifier
+        kinds = {"lazy": LazyVerifier, "forgetful": ForgetfulVerifier, "false-report": FalseReporter}
+        if args.behaviour not in kinds:
+            p.error(f"verifier behaviour must be one of {sorted(kinds)}, got {args.behaviour}")
+        verifier = kinds[args.behaviour]
         verifier(chain, open_store(s), args.run, s.workdir / f"verifier-{chain.sender}", log=json_logger("verifier")).run()
     elif args.role == "trainer" and args.behaviour in NODE_ADVERSARIES:
         NODE_ADVERSARIES[args.behaviour](chain, open_store(s), args.run, s.workdir / f"trainer-{chain.sender}",

@@ -216,9 +216,10 @@ def _verifier_slashes(r: Run, epoch: int) -> dict[str, str]:
 
 
 def test_a_lying_verifier_cannot_fail_an_honest_trainer_and_is_slashed(fresh: PyEvmNet) -> None:
-    """V1 with q = 3: the honest majority passes the victim; the liar, outvoted, loses stake and its
-    place in the verifier list (removed when the next audit is scheduled)."""
-    r = make_run(fresh, n_trainers=2, n_verifiers=3, quorum=3)
+    """V1 with q = 3 of 4 verifiers: the honest majority passes the victim; the liar, outvoted, loses
+    stake and its place in the verifier list (removed when the next audit is scheduled, which still
+    has its quorum of three)."""
+    r = make_run(fresh, n_trainers=2, n_verifiers=4, quorum=3)
     honest, victim = r.trainers
     r.open_epoch(0)
     r.judge(0, honest, [True, True, True])
@@ -240,7 +241,7 @@ def test_an_expired_epoch_still_slashes_the_outvoted_verifier(fresh: PyEvmNet) -
     """Nobody finalizes: the epoch expires unsettled, and the liar tries to leave first. Leaving waits
     (the list its votes index into is frozen until the epoch is settled), and scheduling the next
     audit settles the expired epoch before it touches the list: the liar is slashed, then removed."""
-    r = make_run(fresh, n_trainers=2, n_verifiers=3, quorum=3)
+    r = make_run(fresh, n_trainers=2, n_verifiers=4, quorum=3)
     honest, victim = r.trainers
     r.open_epoch(0)
     r.judge(0, honest, [True, True, True])
@@ -611,7 +612,7 @@ def test_finalize_cost_does_not_grow_with_departed_trainers(fresh: PyEvmNet) -> 
 def test_a_lazy_verifier_is_slashed_even_when_everyone_is_honest(fresh: PyEvmNet) -> None:
     """V3, q = 3: every trainer is honest and every vote is "pass", but one verifier posts a witness
     it did not compute (zero). The majority witness convicts it: slashed, no bounty, off the list."""
-    r = make_run(fresh, n_trainers=2, n_verifiers=3, quorum=3)
+    r = make_run(fresh, n_trainers=2, n_verifiers=4, quorum=3)
     a, b = r.trainers
     r.open_epoch(0)
     lazy = r.assigned(0, a)[1].sender

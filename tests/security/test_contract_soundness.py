@@ -384,6 +384,106 @@ def test_a_trainer_finalizer_cannot_withdraw_before_its_model_is_confirmed(fresh
     books(c)
 
 
+def test_a_finalizer_that_joined_after_the_epoch_opened_cannot_leave_before_it_is_judged(fresh: PyEvmNet) -> None:
+    """Issue 30 item 7: a trainer that joined after epoch 0 opened takes no part in it, so the old
+    withdraw check (epochs it took part in) skipped epoch 0; it finalized a wrong model, left and was
+    gone before the committee corrected it. Now the epoch it finalized holds its stake until judged."""
+    r = make_run(fresh, n_trainers=2, n_verifiers=2, quorum=2, unbonding_delay=50)
+    rid, c = r.run_id, r.coord
+    for t in r.trainers:
+        t.commit(0)  # epoch 0 opens
+    late = Trainer(fresh.chain(TRAINERS[2]), rid)
+    late.chain.join_trainer(rid)
+    assert c.member(rid, late.address).join_epoch == 1
+    for t in r.trainers:
+        t.reveal(0)
+    for t in r.trainers:
+        t.respond(0)
+    r.judge_all(0)
+    until(fresh, c.epoch_times(rid, 0).finalize_deadline - WINDOW // 2)
+    late.chain.finalize(rid, 0, "bafkreiwrong", WRONG, [t.address for t in r.trainers])
+    late.chain.leave(rid)
+    fresh.advance(50)
+    with pytest.raises(ce.EpochNotSettled) as ns:
+        late.chain.withdraw(rid)
+    assert ns.value.epoch == 0
+    confirmed = r.attest(0, MODEL)[-1]
+    assert [(e["corrected"], e["slashed"]) for e in ev(confirmed, "ModelConfirmed")] == [(True, STAKE // 2)]
+    assert ev(late.chain.withdraw(rid), "Withdrawn")[0]["amount"] == STAKE // 2
+    books(c)
+
+
+def test_a_verdict_commitment_left_unrevealed_is_slashed(fresh: PyEvmNet) -> None:
+    """Issue 30 item 6: a verifier that commits and then waits to see the others' reveals (revealing
+    only when it agrees) holds finalize up until the verdict deadline, and is slashed then (burned)."""
+    r = make_run(fresh, n_trainers=2, n_verifiers=3, quorum=3, test_run=False)
+    rid, c = r.run_id, r.coord
+    r.open_epoch(0)
+    for t in r.trainers:
+        r.judge(0, t, [True] * 3)
+    silent = r.verifiers[2].sender
+    r.reveal_verdicts(0, reveal=frozenset(v.sender for v in r.verifiers[:2]))
+    assert all(c.submission(rid, 0, t.address).passed for t in r.trainers)  # decided without it
+    with pytest.raises(ce.NotReady):
+        c.finalize(rid, 0, "bafkreimodel", MODEL, [t.address for t in r.trainers])
+    times = c.epoch_times(rid, 0)
+    until(fresh, times.verdict_deadline)
+    with pytest.raises(ce.DeadlinePassed):  # too late to reveal now
+        r.verifier(silent).submit_verdicts(rid, 0, [], bytes(32), "bafkreievidence")
+    res = c.finalize(rid, 0, "bafkreimodel", MODEL, [t.address for t in r.trainers])
+    zero = "0x" + "00" * 20
+    assert [(e["verifier"], e["trainer"]) for e in ev(res, "VerifierSlashed")] == [(silent, zero)]
+    assert c.member(rid, silent).stake == VSTAKE // 2 and c.total_burned() == VSTAKE // 2
+    assert ev(res, "Slashed") == []
+    books(c)
+
+
+# ---------------------------------------------------------------- the quorum (issue 30 item 3)
+
+
+def test_create_run_refuses_a_quorum_below_three_unless_it_is_a_test_run(fresh: PyEvmNet) -> None:
+    c = fresh.chain(COORD)
+    for q in (1, 2):
+        with pytest.raises(ce.InvalidParams) as ip:
+            c.create_run(params(c.sender, quorum=q, test_run=False))
+        assert "testRun" in str(ip.value.reason)
+    rid = c.create_run(params(c.sender, quorum=1, test_run=True))
+    assert c.run_info(rid).params.test_run and c.run_info(rid).params.quorum == 1
+    assert not c.run_info(c.create_run(params(c.sender, quorum=3, test_run=False))).params.test_run
+
+
+def test_an_epoch_with_fewer_verifiers_than_its_quorum_is_never_audited_and_slashes_nobody(fresh: PyEvmNet) -> None:
+    """A quorum-3 run with one verifier: the audit waits (TooFewVerifiers), no trainer can respond, no
+    model can be finalized, and the epoch aborts at its deadline with nobody slashed. Two more
+    verifiers join: the next epoch audits with its full quorum."""
+    r = make_run(fresh, n_trainers=2, n_verifiers=1, quorum=3, test_run=False)
+    rid, c = r.run_id, r.coord
+    for t in r.trainers:
+        t.commit(0)
+    for t in r.trainers:
+        t.reveal(0)
+    with pytest.raises(ce.TooFewVerifiers) as tf:
+        c.start_audit(rid, 0)
+    assert (tf.value.have, tf.value.need) == (1, 3)
+    with pytest.raises(ce.TooFewVerifiers):  # the client fixes the seed first: it says why it cannot
+        r.trainers[0].respond(0)
+    with pytest.raises(ce.TooFewVerifiers):
+        c.finalize(rid, 0, "bafkreimodel", MODEL, [])
+    until(fresh, c.epoch_times(rid, 0).finalize_deadline + 1)
+    assert c.epoch_status(rid, 0).phase == Phase.ABORTED and c.epoch_status(rid, 0).failed == 0
+    res = c.settle(rid, 0)
+    assert ev(res, "Slashed") == [] and ev(res, "VerifierSlashed") == []
+    for i in VERIFIERS[1:3]:
+        fresh.chain(i).join_verifier(rid)
+    r.verifiers.extend(fresh.chain(i) for i in VERIFIERS[1:3])
+    r.open_epoch(1)
+    assert len(c.assignment(rid, 1, r.trainers[0].address).verifiers) == 3
+    r.judge_all(1)
+    assert r.finalize(1, r.trainers) == {}
+    assert all(c.member(rid, t.address).stake == STAKE for t in r.trainers)
+    books(c)
+
+
 def test_a_trainer_slashed_by_a_late_settle_cannot_pass_its_next_epoch_to_a_newcomer(fresh: PyEvmNet) -> None:
     """Epoch 0 expires unsettled; epoch 1 is already auditing when scheduling its seed settles epoch
     0 and slashes the no-reveal trainer (leaveEpoch 1). It is not taken out of epoch 1 (no longer

@@ -19,7 +19,7 @@ from protocol.formats.payload import wrap
 from protocol.leaf import block_count
 from protocol.shard_audit import covers_merge, decode_manifest, encode_manifest
 from protocol.store.backends import LocalStore
-from tests.security.test_shard_audits import CFG, CORPUS, G0, ME, RANK, SLOT, H
+from tests.security.test_shard_audits import CFG, CORPUS, G0, ME, RANK, SLOT, H, PlantedBlock
 from tests.security.test_shard_audits import SPEC as DELAYED
 from trainer.checkpoints import EpochDir
 from trainer.delay import StartRule
@@ -172,3 +172,13 @@ def test_a_first_merge_before_step_zero_is_audited_like_any_merge(tmp_path: Path
     late = Run(tmp_path / "late", LocalEngine(SPEC, every=2), run_spec=first0)
     bad = late.judge(1, _covering_seed(late, 1))
     assert any("steps 0->2" in b for b in bad) and not any(b.startswith("start") for b in bad), bad
+
+
+def test_a_buffer_planted_at_a_continued_start_fails_the_start_check_under_merge(tmp_path: Path) -> None:
+    """Issue 30 under the merge rule (its start file has no first-leaf parameters): a buffer planted
+    in any one block at epoch 1's start fails epoch 1's start check, for every seed."""
+    block = N - 2
+    run = Run(tmp_path, PlantedBlock(block, SPEC, every=2))
+    for seed in SEEDS[:3]:
+        bad = run.judge(1, seed)
+        assert bad == [f"start: block(s) [{block}] of leaf 0 are not the start rule's (parameters or error buffer)"], bad

@@ -14,7 +14,10 @@ A second network has a coordinator that finalizes the true aggregate times 1e30 
 training on it gives `loss is nan`). Every node recomputes the model itself (coordinator/build.py
 `VerifiedGlobals`) and the committee corrects it on-chain, so the honest trainers train on the true
 model, nobody but the coordinator is slashed, and every epoch finalizes.
-A third network runs a trainer with a planted epoch-0 start state (T16) next to two honest ones.
+A third network runs a trainer with a planted epoch-0 start state (T16) next to two honest ones; a
+fourth one whose first continued start (epoch 1) carries a changed error buffer in one block (issue
+30: every block of a continued start is checked). A fifth network has quorum 3 but one verifier: no
+epoch is audited, each aborts at its deadline, nobody is slashed, and the run says it is stalled.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from protocol.digest import state_digest
 from protocol.leaf import block_count
 from protocol.model import preset
 from protocol.run import open_run
+from tests.fixtures.cli import run_cli
 from tests.fixtures.network import run_network, skip_to_verifier_finalize, skip_unrevealed
 from veriloco.netdemo import Control, DemoOptions
 
@@ -197,9 +201,10 @@ def test_a_planted_start_state_is_slashed_in_epoch_0(tmp_path: Path, monkeypatch
 
 
 def test_a_lazy_verifier_is_slashed_when_everyone_else_is_honest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """V3 as a network: two honest trainers, three verifiers at quorum 3, one of which passes everyone
-    without fetching or replaying anything. Its verdicts agree with the honest ones, but its replay
-    witness cannot: it is slashed (and removed) in epoch 0, every epoch finalizes, nobody else pays."""
+    """V3 as a network: two honest trainers, four verifiers at quorum 3 (so that the run keeps its
+    quorum once the liar is gone), one of which passes everyone without fetching or replaying anything.
+    Its verdicts agree with the honest ones, but its replay witness cannot: it is slashed (and
+    removed) in the first epoch it is drawn for a trainer, every epoch finalizes, nobody else pays."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     swap = _swapper({"verifier2": ["--behaviour", "lazy"]})
     seen: dict[str, Any] = {}
@@ -207,25 +212,131 @@ def test_a_lazy_verifier_is_slashed_when_everyone_else_is_honest(tmp_path: Path,
     def inspect(chain: Chain, store: Any, run_id: int) -> None:
         seen["verifier_slashes"] = [(e.args["verifier"], e.args["epoch"]) for e in chain.events(["VerifierSlashed"], run_id=run_id)]
         seen["trainer_slashes"] = [e.args["trainer"] for e in chain.events(["Slashed"], run_id=run_id)]
-        seen["stakes"] = {a: chain.member(run_id, a).stake for a in chain.participants(run_id)[1]}
         seen["list"] = chain.participants(run_id)[1]
-        seen["witnesses"] = {(e.args["epoch"], e.args["verifier"]): bytes(e.args["witness"])
+        seen["trainers"] = {e.args["trainer"] for e in chain.events(["TrainerJoined"], run_id=run_id)}
+        seen["witnesses"] = {(e.args["epoch"], e.args["verifier"], e.args["trainer"]): bytes(e.args["witness"])
                              for e in chain.events(["VerdictSubmitted"], run_id=run_id)}
 
     def note_and_swap(control: Control) -> None:
         seen.setdefault("lazy", control.node("verifier2").address)
         swap(control)
 
-    opts = DemoOptions(trainers=2, verifiers=3, quorum=3, epochs=2, steps=4, workdir=tmp_path / "demo", timeout_s=480)
+    opts = DemoOptions(trainers=2, verifiers=4, quorum=3, epochs=2, steps=4, workdir=tmp_path / "demo", timeout_s=480)
     s, log = run_network(opts, inspect=inspect, on_tick=note_and_swap)
-    slashed_verifiers = {v for v, _ in seen["verifier_slashes"]}
     assert s["epochs_finalized"] == 2, log
     assert seen["trainer_slashes"] == [], log
-    assert len(slashed_verifiers) == 1 and {e for _, e in seen["verifier_slashes"]} == {0}, seen["verifier_slashes"]
-    (liar,) = slashed_verifiers
-    assert liar == seen["lazy"]
-    assert s["slashed"] == [liar]
-    assert seen["witnesses"][(0, liar)] == bytes(32)  # it had nothing else to show
-    assert liar not in seen["list"]  # removed when epoch 1's audit was scheduled
-    honest = [w for (e, v), w in seen["witnesses"].items() if e == 0 and v != liar]
+    lazy = seen["lazy"]
+    judged = sorted({e for (e, v, t) in seen["witnesses"] if v == lazy and t in seen["trainers"]})
+    if not judged:  # drawn for no trainer in either epoch (1 in 256): it did no harm and is not slashed
+        assert seen["verifier_slashes"] == [] and s["slashed"] == [], log
+        return
+    first = judged[0]
+    # one VerifierSlashed per trainer it misjudged, all in that epoch
+    assert {v for v, _ in seen["verifier_slashes"]} == {lazy} and {e for _, e in seen["verifier_slashes"]} == {first}
+    assert s["slashed"] == [lazy]
+    assert all(w == bytes(32) for (_, v, _), w in seen["witnesses"].items() if v == lazy)  # it had nothing to show
+    if first == 0:
+        assert lazy not in seen["list"]  # removed when epoch 1's audit was scheduled
+    honest = [w for (e, v, t), w in seen["witnesses"].items() if e == first and v != lazy and t in seen["trainers"]]
     assert honest and all(w != bytes(32) for w in honest)
+
+
+def test_a_buffer_planted_at_the_first_continued_start_is_slashed_in_that_epoch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30 as a network: one trainer (trainer/adversaries.py `planted-carry`) trains epoch 0
+    honestly, then at its continued start of epoch 1 changes the carried error buffer of one block
+    (the last), and otherwise trains, encodes and answers honestly. Every block's carried buffer is
+    recomputed at every continued start (docs/protocol.md §5.3 check 5), so its epoch-1 audit fails
+    on the start check alone, by all three verifiers of quorum 3: it is slashed in epoch 1 and not
+    aggregated there; every epoch finalizes and nobody honest is slashed."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    epochs = 3
+    swap = _swapper({"trainer0": ["--behaviour", "planted-carry"]})
+    seen: dict[str, Any] = {}
+
+    def inspect(chain: Chain, store: Any, run_id: int) -> None:
+        seen["slashes"] = [(e.args["trainer"], e.args["epoch"], e.args["reason"])
+                           for e in chain.events(["Slashed"], run_id=run_id)]
+        seen["verifier_slashes"] = chain.events(["VerifierSlashed"], run_id=run_id)
+        seen["included"] = {e: set(passing_trainers(chain, run_id, e)) for e in range(epochs)}
+        seen["continued1"] = {ev.args["trainer"]: bool(shard_audit.decode_manifest(
+            store.get(ev.args["manifestCid"]), block_count(preset("tiny")), max_bytes=1 << 20).previous)
+                              for ev in chain.events(["Responded"], run_id=run_id, epoch=1)}
+
+    opts = DemoOptions(trainers=3, verifiers=3, quorum=3, epochs=epochs, steps=4, workdir=tmp_path / "demo", timeout_s=600)
+    s, log = run_network(opts, inspect=inspect, on_tick=swap)
+    (planter,) = s["cheaters"]
+    assert s["epochs_finalized"] == epochs, log
+    assert s["slashed"] == [planter] and seen["verifier_slashes"] == [], log  # no honest trainer, no verifier
+    assert (planter, 1, FAILED_AUDIT) in seen["slashes"] and all(e >= 1 for _, e, _ in seen["slashes"]), seen["slashes"]
+    assert planter in seen["included"][0] and len(seen["included"][0]) == 3  # honest in epoch 0
+    assert all(planter not in seen["included"][e] and len(seen["included"][e]) == 2 for e in (1, 2))  # slashed, removed
+    assert len(seen["continued1"]) == 3 and all(seen["continued1"].values())  # epoch 1 continued epoch 0, planter too
+    last = block_count(preset("tiny")) - 1
+    planted = _events(opts.workdir / "logs" / "trainer0.jsonl", "planting")
+    assert [(ev["epoch"], ev["block"]) for ev in planted] == [(1, last)]
+    verified = [ev for i in range(opts.verifiers) for ev in _events(opts.workdir / "logs" / f"verifier{i}.jsonl", "verified")
+                if ev["trainer"] == planter and ev["epoch"] == 1]
+    assert len(verified) == opts.quorum, verified  # V = q: every verifier judged it
+    for ev in verified:  # the start check alone, naming the planted block
+        assert not ev["passed"] and len(ev["failed"]) == 1, ev
+        assert ev["failed"][0].startswith("start:") and f"block(s) [{last}]" in ev["failed"][0], ev
+
+
+def test_a_quorum_three_run_with_one_verifier_audits_no_epoch_and_slashes_nobody(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 30 as a network: a run of quorum 3 with a single verifier. The contract refuses to
+    schedule any audit (TooFewVerifiers), so no trainer is asked to respond and nobody judges: each
+    epoch aborts unaudited at its deadline with nobody slashed, the nodes say why
+    (`too-few-verifiers`), and `veriloco status` and `runs` call the run stalled while it runs.
+    The demo refuses --verifiers below --quorum, so the test asks it for one verifier at quorum 1
+    and has it publish the test's own run config, with quorum 3 (run_demo's `config`)."""
+    epochs = 2
+    opts = DemoOptions(trainers=2, verifiers=1, quorum=1, epochs=epochs, steps=4, windows_s=10,
+                       workdir=tmp_path / "demo", timeout_s=300)
+    config = opts.config().replace(audit={"quorum": 3, "test_run": False})
+    devnet = str(opts.workdir / "devnet" / "devnet.json")
+    asked: dict[str, Any] = {}
+
+    def ask(control: Control) -> None:
+        """Once an epoch waits in its audit phase: what the CLI says about the run."""
+        if asked or control.chain.epoch_status(control.run_id, 0).phase is not Phase.AUDITING:
+            return
+        for cmd in (["status", "--run", str(control.run_id)], ["runs"]):
+            code, out, err = run_cli(capsys, *cmd, "--json", "--devnet", devnet)
+            assert code == 0, err
+            asked[cmd[0]] = json.loads(out)
+
+    seen: dict[str, Any] = {}
+
+    def inspect(chain: Chain, store: Any, run_id: int) -> None:
+        seen["slashed"] = chain.events(["Slashed", "VerifierSlashed"], run_id=run_id)
+        seen["audits"] = chain.events(["AuditScheduled", "AuditStarted", "Responded", "VerdictSubmitted"], run_id=run_id)
+        seen["phases"] = [chain.epoch_status(run_id, e).phase for e in range(epochs)]
+        seen["revealed"] = [(chain.epoch_status(run_id, e).committed, chain.epoch_status(run_id, e).revealed)
+                            for e in range(epochs)]
+        seen["quorum"] = chain.run_info(run_id).params.quorum
+
+    s, log = run_network(opts, inspect=inspect, on_tick=ask, config=config)
+    assert seen["quorum"] == 3 and s["verifiers"] == 1
+    assert seen["phases"] == [Phase.ABORTED] * epochs, log
+    # the trainers did their part (a trainer that started too late for a commit window sits that epoch out)
+    assert all(0 < revealed == committed for committed, revealed in seen["revealed"]), (seen["revealed"], log)
+    assert seen["audits"] == [] and s["verdicts"] == {"pass": 0, "fail": 0}, log
+    assert seen["slashed"] == [] and s["slashed"] == [] and s["epochs_finalized"] == 0, log
+    assert asked["status"]["run_state"] == "stalled" and "1 verifier(s) of its quorum 3" in asked["status"]["run_summary"]
+    assert [r["state"] for r in asked["runs"]["runs"]] == ["stalled"]
+    logs = opts.workdir / "logs"
+    for name in ("verifier0", "trainer0", "trainer1", "coordinator0"):
+        warned = [ev for ev in _events(logs / f"{name}.jsonl", "too-few-verifiers") if "epoch" not in ev]
+        assert len(warned) == 1 and "of its quorum 3: no epoch is audited" in warned[0]["detail"], name
+    for i in range(opts.trainers):
+        # its tries to start each epoch's audit are refused: said once per epoch, as a warning, not an error
+        refused = [ev for ev in _events(logs / f"trainer{i}.jsonl", "too-few-verifiers") if "epoch" in ev]
+        assert sorted(ev["epoch"] for ev in refused) == list(range(epochs)), refused
+        assert all("TooFewVerifiers" in ev["detail"] for ev in refused)
+        errors = [ev["error"] for ev in _events(logs / f"trainer{i}.jsonl", "error")]
+        # a try sent as the epoch aborted finds it aborted (phase 5)
+        assert all(e.startswith("WrongPhase:") and "actual=5" in e for e in errors), errors

@@ -171,3 +171,48 @@ def test_a_payload_nobody_can_produce_is_judged_unavailable_and_left_out(
     votes = [ev for i in range(opts.verifiers) for ev in _events(logs / f"verifier{i}.jsonl")
              if ev.get("event") == "availability-voted"]
     assert [(ev["epoch"], ev["available"]) for ev in votes] == [(e, False) for e in sorted(withheld)], log
+
+
+def test_one_verifier_of_four_cannot_take_over_the_run_by_reporting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 30 item 1, whole network: quorum 3, four verifiers, one of them (adversary_node
+    `false-report`) reports every passing, honest trainer as unavailable. With V = q + 1 no
+    committee of q independent verifiers exists: every report is refused, nobody is slashed, every
+    epoch finalizes with every trainer, and the reporter gains nothing."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    attacker = "verifier3"
+    held = {"swapped": False, "paused": False}
+
+    def tick(control: Control) -> None:
+        if not held["swapped"]:
+            n = control.node(attacker)
+            control.kill(attacker)
+            n.cmd = [sys.executable, "-m", "tests.security.adversary_node", *n.cmd[3:], "--behaviour", "false-report"]
+            n.cheat = "false-report"
+            control.restart(attacker)
+            held["swapped"] = True
+        # hold the coordinator while an auditing epoch has passing trainers the attacker has not tried
+        # yet, so the attack runs in every epoch whatever the machine's load
+        tried = {ev["epoch"] for ev in control.node(attacker).events if str(ev.get("event", "")).startswith("false-report")}
+        pending = any(e not in tried and control.chain.epoch_status(control.run_id, e).phase is Phase.AUDITING
+                      and passing_trainers(control.chain, control.run_id, e) for e in range(EPOCHS))
+        if pending != held["paused"]:
+            os.kill(control.node("coordinator0").proc.pid, signal.SIGSTOP if pending else signal.SIGCONT)
+            held["paused"] = pending
+
+    seen: dict[str, Any] = {}
+
+    def inspect(chain: Chain, store: Any, run_id: int) -> None:
+        seen["slashed"] = chain.events(["Slashed"], run_id=run_id) + chain.events(["VerifierSlashed"], run_id=run_id)
+        seen["reported"] = chain.events(["AvailabilityReported"], run_id=run_id)
+        seen["included"] = [len(passing_trainers(chain, run_id, e)) for e in range(EPOCHS)]
+        seen["attacker"] = chain.participants(run_id)[1]
+
+    opts = DemoOptions(trainers=3, verifiers=4, quorum=3, epochs=EPOCHS, steps=4, workdir=tmp_path / "demo", timeout_s=600)
+    s, log = run_network(opts, inspect=inspect, on_tick=tick)
+    refused = [ev for ev in _events(opts.workdir / "logs" / f"{attacker}.jsonl") if ev.get("event") == "false-report-refused"]
+    assert {ev["epoch"] for ev in refused} == set(range(EPOCHS)), log  # the attack ran in every epoch
+    assert {ev["error"] for ev in refused} == {"TooFewVerifiers"}, log  # and was refused
+    assert seen["reported"] == [] and seen["slashed"] == [] and s["slashed"] == [], log
+    assert s["epochs_finalized"] == EPOCHS and seen["included"] == [3] * EPOCHS, log
+    assert len(seen["attacker"]) == 4  # nobody was removed
+

@@ -49,7 +49,7 @@ class Log:
         return [f for e, f in self.lines if e == name]
 
 
-def _passed_and_deleted(tmp_path: Path, verifiers: int = 1, **coordinator_kw: Any) -> dict[str, Any]:
+def _passed_and_deleted(tmp_path: Path, verifiers: int = 1, committed: Any = None, **coordinator_kw: Any) -> dict[str, Any]:
     """Epoch 0 in AUDITING: the trainer passed its audit, then deleted its payload from the store.
 
     With two verifiers (quorum 1) the one the seed assigns is `verifier`, the other `bystander`:
@@ -60,7 +60,7 @@ def _passed_and_deleted(tmp_path: Path, verifiers: int = 1, **coordinator_kw: An
     cfg = RunConfig(name="availability").replace(
         data={"corpus_bytes": 200_000, "batch_size": 4, "seq_len": 32},
         schedule={"epochs": 1, "h_initial": 4, "h_min": 2, "h_max": 8},
-        audit={"steps": 2, "final_check_bps": 10_000, "quorum": 1},
+        audit={"steps": 2, "final_check_bps": 10_000, "quorum": 1, "test_run": True},
         stakes={"min_trainers": 1},
     )
     run_id, cfg = publish_run(net.chain(COORDINATOR), store, cfg)
@@ -99,9 +99,11 @@ def _passed_and_deleted(tmp_path: Path, verifiers: int = 1, **coordinator_kw: An
         node.ctx, node.spec = ctx, spec  # what run() sets up before its loop
         node.schedule = Schedule(node.chain, store, ctx, spec)
         nodes.append((node, log))
-    for _ in range(2):  # judge and commit, then reveal once every verifier has committed
+    for round_ in range(2):  # judge and commit, then reveal once every verifier has committed
         for node, _log in nodes:
             node._audit_epoch(0)
+        if round_ == 0 and committed is not None:
+            committed(nodes)
     nodes.sort(key=lambda n: n[0].me not in a.verifiers)  # the assigned verifier first
     (verifier, vlog), others = nodes[0], nodes[1:]
     assert [v["passed"] for v in vlog.events("verified")] == [True], vlog.lines
@@ -114,7 +116,7 @@ def _passed_and_deleted(tmp_path: Path, verifiers: int = 1, **coordinator_kw: An
     coordinator.globals = VerifiedGlobals(coordinator.chain, store, ctx)  # what run() sets up too
     return {"net": net, "store": store, "run_id": run_id, "trainer": me, "payload": Cid(payload),
             "verifier": verifier, "vlog": vlog, "coordinator": coordinator, "clog": clog, "cfg": cfg,
-            "bystander": others[0] if others else None, "publication": pub}
+            "bystander": others[0] if others else None, "others": others, "publication": pub}
 
 
 def test_the_verifier_puts_the_payload_back_and_the_epoch_finalizes(tmp_path: Path) -> None:
@@ -187,6 +189,8 @@ def _reported(tmp_path: Path, attack: str) -> dict[str, Any]:
     reports = chain.events(["AvailabilityReported"], run_id=run_id)
     assert [(r.args["trainer"], r.args["reporter"]) for r in reports] == [(w["trainer"], coordinator.chain.sender)]
     assert [r["trainer"] for r in w["clog"].events("reported-unavailable")] == [w["trainer"]]
+    assert chain.availability(run_id, 0, w["trainer"]).committee == []  # drawn once the report's block is past
+    w["net"].advance(1)
     a = chain.availability(run_id, 0, w["trainer"])
     bystander, _ = w["bystander"]
     assert a.committee == [bystander.me] and a.decision is None  # the verifier that did not vouch for it
@@ -230,9 +234,10 @@ def test_a_payload_that_was_only_slow_costs_the_reporter(tmp_path: Path) -> None
 
 
 def test_past_the_coordinators_window_a_verifier_reports_and_finalizes(tmp_path: Path) -> None:
-    """Liveness without the coordinator: it never runs here; the verifier that did not pass the
-    trainer reports the payload past the coordinator's half of the window, votes, and finalizes."""
-    w = _passed_and_deleted(tmp_path, verifiers=2)
+    """Liveness without the coordinator: it never runs here; a verifier that did not pass the
+    trainer reports the payload past the coordinator's half of the window, the third verifier (the
+    committee: neither the assigned one nor the reporter) votes, and the reporter finalizes."""
+    w = _passed_and_deleted(tmp_path, verifiers=3)
     chain, run_id = w["net"].chain(COORDINATOR), w["run_id"]
     w["verifier"].keeper.release(0)
     bystander, blog = w["bystander"]
@@ -244,8 +249,52 @@ def test_past_the_coordinators_window_a_verifier_reports_and_finalizes(tmp_path:
     bystander._finalize_for_a_silent_coordinator(0)  # reports once
     assert [ev.args["reporter"] for ev in chain.events(["AvailabilityReported"], run_id=run_id)] == [bystander.me]
     assert len(blog.events("reported-unavailable")) == 1
-    bystander._judge_availability(0)
+    w["net"].advance(1)  # the committee is drawn from the report block's hash
+    for node, _ in w["others"]:
+        node._judge_availability(0)
     assert chain.availability(run_id, 0, w["trainer"]).decision is False
     bystander._finalize_for_a_silent_coordinator(0)
     assert chain.events(["EpochFinalized"], run_id=run_id, epoch=0)[0].args["included"] == 0
     assert [(e.args["trainer"], e.args["reason"]) for e in chain.events(["Slashed"], run_id=run_id)] == [(w["trainer"], 4)]
+
+
+def test_a_pass_voter_puts_a_reported_payload_back_and_nobody_is_slashed(tmp_path: Path) -> None:
+    """Issue 30: the report was true when made (the trainer withdrew its payload); the verifier that
+    passed it still keeps a copy, puts it back and says so on chain; the committee then fetches it,
+    decides "available", and neither the reporter nor anyone else is slashed."""
+    w = _passed_and_deleted(tmp_path, verifiers=2)
+    coordinator, chain, run_id, store = w["coordinator"], w["net"].chain(COORDINATOR), w["run_id"], w["store"]
+    assert not store.has(w["payload"])
+    coordinator.chain.report_unavailable(run_id, 0, w["trainer"])
+    w["net"].advance(1)
+    w["verifier"]._judge_availability(0)
+    assert [p["trainer"] for p in w["vlog"].events("payload-put-back")] == [w["trainer"]]
+    assert store.has(w["payload"])
+    bystander, blog = w["bystander"]
+    bystander._judge_availability(0)
+    assert [(v["trainer"], v["available"]) for v in blog.events("availability-voted")] == [(w["trainer"], True)]
+    assert chain.availability(run_id, 0, w["trainer"]).decision is True
+    assert chain.events(["Slashed"], run_id=run_id) == []
+    assert coordinator._try_finalize(0)
+    assert chain.events(["EpochFinalized"], run_id=run_id, epoch=0)[0].args["included"] == 1
+
+
+def test_evidence_is_published_only_after_the_reveal(tmp_path: Path) -> None:
+    """Issue 30 item 6: a verifier's evidence (its pass or fail per trainer) used to be in the store
+    from judging time, so a verifier yet to commit could read it and copy. Now the reveal names it and
+    the store gets it only once the reveal is mined; an empty verdict list is revealed too."""
+    seen: dict[str, Any] = {}
+
+    def committed(nodes: list[tuple[VerifierNode, Log]]) -> None:
+        batches = [node._done()["verdicts:0"] for node, _ in nodes]
+        seen["before"] = [(b["evidence"], nodes[0][0].store.has(b["evidence"]), bool(b.get("revealed"))) for b in batches]
+
+    w = _passed_and_deleted(tmp_path, verifiers=2, committed=committed)
+    chain, run_id, store = w["net"].chain(COORDINATOR), w["run_id"], w["store"]
+    # the first committed before reveals opened: unpublished; the last one's commit opened them, so it
+    # revealed (and published) at once
+    assert [(has, rev) for _, has, rev in seen["before"]] == [(False, False), (True, True)]
+    revealed = {ev.args["verifier"]: ev.args["evidenceCid"] for ev in chain.events(["VerdictsRevealed"], run_id=run_id, epoch=0)}
+    assert set(revealed) == {w["verifier"].me, w["bystander"][0].me}  # the one with nothing assigned too
+    assert sorted(revealed.values()) == sorted(cid for cid, _, _ in seen["before"])
+    assert all(store.has(cid) for cid in revealed.values())

@@ -13,19 +13,20 @@ import torch
 
 from protocol.chain.audit import challenged_steps
 from protocol.data import Corpus
-from protocol.formats.codec import load_state, save_state
+from protocol.formats.codec import load_state
 from protocol.formats.payload import wrap
-from protocol.leaf import StepLeaf, block_count
+from protocol.leaf import StepLeaf, block_count, block_names
 from protocol.model import init_params, preset
-from protocol.shard_audit import decode_manifest, encode_manifest
+from protocol.shard_audit import decode_manifest, drawn_block, encode_manifest
 from protocol.store.backends import LocalStore
 from protocol.types import Address
+from trainer.adversaries import plant_error_buffer
 from trainer.blockstep import blockwise_step
 from trainer.checkpoints import EpochDir
 from trainer.compress import CompressionConfig
 from trainer.delay import StartRule
 from trainer.engine import LocalEngine
-from trainer.inner import PARAM, InnerConfig, configure_determinism
+from trainer.inner import EF, PARAM, InnerConfig, configure_determinism
 from trainer.round import RoundSpec, compress_seed, epoch_batch
 from trainer.shard_response import shard_response
 from verifier.shard import Chained, audit_findings
@@ -105,16 +106,20 @@ def test_an_honest_trainer_passes_every_shard_check(honest: Run, seed: bytes) ->
 
 
 def test_audit_bytes_are_a_block_not_a_state(honest: Run) -> None:
-    sizes: list[int] = []
+    """Challenge and final files hold one block; the start file of a continued start holds e-1's
+    transition of every block, 12 of a state's 16 bytes per parameter (docs/security.md §11)."""
+    sizes: dict[str, int] = {}
 
     def publish(data: bytes):
-        sizes.append(len(data))
-        return honest.store.put(data)
+        cid = honest.store.put(data)
+        sizes[cid] = len(data)
+        return cid
 
-    honest.answer(1, SEEDS[0], publish)
-    state_bytes = len(save_state(honest.engine.block_state(honest.dirs[1], 0, 0, ("param/",)))) * 0 + 16 * sum(
-        t.numel() for t in G0.values())
-    assert max(sizes) < state_bytes / 2
+    m, _ = honest.answer(1, SEEDS[0], publish)
+    n_params = sum(t.numel() for t in G0.values())
+    state_bytes = 16 * n_params
+    assert max(v for c, v in sizes.items() if c != m.start_cid) < state_bytes / 2
+    assert 12 * n_params < sizes[m.start_cid] < 12 * n_params * 1.1
 
 
 def test_a_tampered_shard_file_fails_the_segment(honest: Run) -> None:
@@ -203,3 +208,59 @@ def test_a_wrong_start_is_caught_by_digest_alone(tmp_path: Path) -> None:
     bad = _failed(run.judge(0, SEEDS[0], m, steps))
     assert any(b.startswith("start:") for b in bad), bad
     assert isinstance(StepLeaf.decode(run.preimages[0][0], block_count(CFG)), StepLeaf)
+
+
+def _plant_block(state, block: int):
+    """``state`` with the error buffer of audit block ``block`` alone planted (trainer.adversaries)."""
+    names = {EF + n for n in block_names(CFG)[block]}
+    planted = plant_error_buffer(state)
+    return {k: planted[k] if k in names else v for k, v in state.items()}
+
+
+class PlantedBlock(LocalEngine):
+    """Issue 30: continues epoch 0 into epoch 1 with one block's carried error buffer planted, then
+    trains, encodes and answers honestly from that state. Every segment and the final check replay
+    from the planted state, and the buffer carries into every later epoch."""
+
+    def __init__(self, block: int, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.block = block
+
+    def start(self, d, g, prev):
+        s = super().start(d, g, prev)
+        return _plant_block(s, self.block) if d.epoch == 1 else s
+
+
+@pytest.mark.parametrize("seed", SEEDS[:2])
+def test_a_buffer_planted_at_a_continued_start_fails_that_epochs_start_check(tmp_path: Path, seed: bytes) -> None:
+    """The plant is in a block the former one-block start check (label "start-shard") would not have
+    drawn: the start check now recomputes every block, so epoch 1 fails on it and on nothing else."""
+    n = block_count(CFG)
+    block = (drawn_block(seed, ME, "start-shard", 0, n) + 1) % n
+    run = Run(tmp_path, PlantedBlock(block, SPEC, every=2))
+    m0, steps0 = run.answer(0, seed)
+    assert not _failed(run.judge(0, seed, m0, steps0))  # epoch 0 is honest
+    m, steps = run.answer(1, seed)
+    bad = _failed(run.judge(1, seed, m, steps))
+    assert bad == [f"start: block(s) [{block}] of leaf 0 are not the start rule's (parameters or error buffer)"], bad
+
+
+class MidEpochPlant(LocalEngine):
+    """Plants block 3's error buffer after step 2 of epoch 0 and commits it from there on (a cheater's
+    committer hashes the buffer it holds); encodes epoch 0 and continues into epoch 1 from it."""
+
+    def step(self, d, k, batch):
+        if d.epoch == 0 and k == 2:
+            self.state = _plant_block(self.state, 3)
+            self.committer._ef = {}  # type: ignore[union-attr]
+        return super().step(d, k, batch)
+
+
+def test_a_buffer_changed_inside_an_epoch_fails_its_final_check_and_the_next_start(tmp_path: Path) -> None:
+    """Leaves 0 and L-1 must carry the same buffer digests for every block, whatever segments are drawn."""
+    run = Run(tmp_path, MidEpochPlant(SPEC, every=2))
+    seed = SEEDS[0]
+    m, steps = run.answer(0, seed)
+    assert any(b.startswith("final block") and "changed inside the epoch" in b for b in _failed(run.judge(0, seed, m, steps)))
+    m, steps = run.answer(1, seed)
+    assert any(b.startswith("start:") and "inside epoch e-1" in b for b in _failed(run.judge(1, seed, m, steps)))

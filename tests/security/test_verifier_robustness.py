@@ -83,7 +83,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cfg = RunConfig(name="security").replace(
         data={"corpus_bytes": 200_000, "batch_size": 4, "seq_len": 32},
         schedule={"epochs": 1, "h_initial": 4, "h_min": 2, "h_max": 8},
-        audit={"steps": 2, "final_check_bps": 10_000, "quorum": 1},
+        audit={"steps": 2, "final_check_bps": 10_000, "quorum": 1, "test_run": True},
         stakes={"min_trainers": 1},
     )
     creator = net.chain(CREATOR)

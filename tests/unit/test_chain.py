@@ -174,8 +174,8 @@ def test_challenged_steps_reject_a_trace_without_steps() -> None:
 def test_run_params_roundtrip_through_abi_tuple() -> None:
     p = RunParams(config_cid="bafyc", config_digest=keccak(b"c"), init_model_cid="bafym",
                   init_model_digest=keccak(b"m"), coordinator=ADDR[0].lower(), quorum=3,
-                  trainer_reward=7, verifier_reward=5)
+                  trainer_reward=7, verifier_reward=5, test_run=True)
     t = p.to_abi()
-    assert t[4] == ADDR[0] and len(t) == 22 and t[-2:] == (7, 5)
+    assert t[4] == ADDR[0] and len(t) == 23 and t[-3:] == (7, 5, True)
     back = RunParams.from_abi(t)
     assert back == RunParams(**{**p.__dict__, "coordinator": ADDR[0]})

@@ -128,3 +128,17 @@ def test_shard_audits_need_exact_mode_and_dividing_microbatches() -> None:
     with pytest.raises(ConfigError, match="inner.microbatches must divide"):
         RunConfig().replace(inner={"microbatches": 3})
     assert b"unit" not in RunConfig().to_json() and b"microbatches" not in RunConfig().to_json()  # old digests hold
+
+
+def test_outer_aggregate_is_new_and_checked() -> None:
+    """outer.aggregate / outer.trim stay out of the canonical JSON at their defaults ("mean", 1), so
+    every published config keeps its digest; set, they round-trip and are checked."""
+    raw = RunConfig().to_json()
+    assert b'"aggregate"' not in raw and b'"trim"' not in raw
+    cfg = RunConfig().replace(outer={"aggregate": "trimmed", "trim": 2})
+    assert b'"aggregate":"trimmed"' in cfg.to_json() and from_json(cfg.to_json()) == cfg
+    assert cfg.digest() != RunConfig().digest() != RunConfig().replace(outer={"aggregate": "median"}).digest()
+    with pytest.raises(ConfigError, match="outer.aggregate must be one of mean, trimmed, median"):
+        RunConfig().replace(outer={"aggregate": "krum"})
+    with pytest.raises(ConfigError, match="outer.trim must be at least 1"):
+        RunConfig().replace(outer={"trim": 0})

@@ -283,6 +283,26 @@ def test_a_method_run_seed_by_seed_or_at_another_rank_pairs_against_one_baseline
             main(bad)
 
 
+def test_a_robust_aggregate_runs_as_a_method_suffix_and_joins_the_baseline(tmp_path: Path) -> None:
+    """``<method>_trimmed`` runs that method with outer.aggregate = "trimmed" (the convergence cost of
+    the robust rule, docs/results-steering.md); its results join a baseline run like any method, at
+    another rank as ``<method>_trimmed_r<rank>``, and the recorded outer settings leave the rule out."""
+    common = ["--preset", "ci", "--eval-rows", "8", "--steps", "4", "--h", "2", "--quiet", "--merge-step", "1",
+              "--seeds", "3"]
+    base, t, x = (str(tmp_path / f"{n}.json") for n in ("base", "t", "x"))
+    assert main([*common, "--methods", "allreduce,fixed_rank_merge_b1", "--out", base]) == 0
+    assert main([*common, "--rank", "16", "--methods", "fixed_rank_merge_b1_trimmed", "--out", t]) == 0
+    part = json.loads(Path(t).read_text())
+    assert "aggregate" not in part["config"]["outer"] and "trim" not in part["config"]["outer"]
+    assert "outer aggregate trimmed" in part["per_seed"][0]["methods"]["fixed_rank_merge_b1_trimmed"]["description"]
+    assert main(["--merge", t, base, "--out", x]) == 0
+    assert list(json.loads(Path(x).read_text())["methods"]) == [
+        "allreduce", "fixed_rank_merge_b1", "fixed_rank_merge_b1_trimmed_r16"]
+    for bad in ("allreduce_trimmed", "fixed_rank_merge_b1_krum"):
+        with pytest.raises(SystemExit):
+            main([*common, "--methods", bad, "--out", str(tmp_path / "n.json")])
+
+
 def test_runs_in_parallel_processes_give_the_sequential_results(tmp_path: Path) -> None:
     """--jobs trains each (seed, method, setting) in its own process; single-threaded runs are
     deterministic, so every loss and curve matches the one-process run to the last digit."""

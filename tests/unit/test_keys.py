@@ -67,3 +67,13 @@ def test_plain_key_files_and_broken_keystores(tmp_path: Path, capsys: pytest.Cap
         pw.write_text("x")
         with pytest.raises(VerilocoError, match=phrase):
             _key_of(tmp_path / "k.json", pw)
+
+
+def test_a_devnet_account_outside_a_devnet_folder_names_the_folder_not_the_count(tmp_path: Path,
+                                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Operators who start a node from the wrong folder were told "the devnet file has 0 accounts (0..-1)"."""
+    args = argparse.Namespace(key=None, password_file=None, rpc_url=None, devnet=None, contract=None, account=1)
+    with pytest.raises(VerilocoError, match=r"no devnet file at .*devnet.json.*--devnet FILE.*--key FILE"):
+        resolve(args, need_key=True, need_contract=False)
+    code, _, err = _cli(capsys, "status", "--run", "1", "--account", "1")
+    assert code == 2 and "no devnet file" in err and "0..-1" not in err, err

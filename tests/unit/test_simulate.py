@@ -22,6 +22,7 @@ from veriloco.simulate import (
     loss_at_time,
     markdown_table,
     methods,
+    resolve_method,
     ring_allreduce_bytes,
     run_method,
     simulated_seconds,
@@ -228,6 +229,20 @@ def test_unknown_method_and_bad_config_are_errors(corpus: Corpus) -> None:
         run_method("gossip", CFG, corpus)
     with pytest.raises(SimulationError):
         SimConfig(model=TOY, steps=0)
+
+
+def test_a_robust_aggregate_is_a_method_suffix(corpus: Corpus) -> None:
+    """``<local method>_trimmed`` / ``_median`` run the method with that outer aggregate: at 2 workers
+    nothing is dropped (the mean itself, bit for bit), at 3 it differs."""
+    table = methods()
+    m = resolve_method("fixed_rank_trimmed", table)
+    assert m is not None and m.aggregate == "trimmed" and m.compression == table["fixed_rank"].compression
+    assert resolve_method("diloco_median", table).aggregate == "median"  # type: ignore[union-attr]
+    assert resolve_method("allreduce_trimmed", table) is None and resolve_method("gossip_median", table) is None
+    assert resolve_method("fixed_rank_trimmed_trimmed", table) is None
+    assert run_method("fixed_rank_trimmed", CFG, corpus).curve == run_method("fixed_rank", CFG, corpus).curve
+    three = replace(CFG, trainers=3, steps=4)
+    assert run_method("fixed_rank_median", three, corpus).curve != run_method("fixed_rank", three, corpus).curve
 
 
 def test_demo_command_prints_the_table_and_writes_a_report(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]

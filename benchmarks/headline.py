@@ -1,0 +1,305 @@
+"""One command per headline results file: its ``benchmarks/convergence.py`` runs, then their ``--merge``.
+
+A headline such as ``benchmarks/results/convergence-small.json`` took many runs (one per method and
+seed, at 30 to 45 minutes each on the project's 2-core box) and a merge; the plan below holds them as
+data, so the file can be remade from scratch without reading its ``command`` list, and the plan is
+checked against the committed file (tests/unit/test_headline_bench.py). Runs ("pieces") write into a
+work folder and are resumable: a piece whose JSON is there and complete (its seeds, methods and
+settings) is skipped, so an interrupted or partial run (``--only``, ``--piece``) picks up where it
+stopped. The merge runs once every piece is done; it takes seconds.
+
+    .venv/bin/python benchmarks/headline.py convergence-small --dry-run   # the plan, what is done
+    .venv/bin/python benchmarks/headline.py convergence-small --jobs 2    # the runs, then the merge
+    make headline H=convergence-small
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+CONVERGENCE = "benchmarks/convergence.py"  # relative to ROOT, so results record it as the committed files do
+# Flags that do not change a run's results: a piece recorded with other values is still the same piece.
+NOT_RESULTS = frozenset({"--out", "--jobs", "--quiet"})
+NOT_RUN = "not run"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One ``benchmarks/convergence.py`` run: ``methods`` on ``seeds`` at the settings ``flags``,
+    written to ``<work>/<name>.json``."""
+
+    name: str
+    seeds: tuple[int, ...]
+    methods: tuple[str, ...]
+    flags: tuple[str, ...]
+
+    def args(self, out: str) -> list[str]:
+        return [CONVERGENCE, *self.flags, "--seeds", ",".join(map(str, self.seeds)),
+                "--methods", ",".join(self.methods), "--out", out]
+
+
+@dataclass(frozen=True)
+class Headline:
+    """A results file ``benchmarks/results/<name>.json``: its pieces, then one ``--merge`` of them in
+    this order (the first piece of each seed must have AllReduce: the others pair against it)."""
+
+    name: str
+    pieces: tuple[Piece, ...]
+    dilocox: str | None = None  # --dilocox: the method the targets and the projection read
+    keep: tuple[str, ...] = ()  # --keep: the methods the merged file keeps (empty: all)
+
+    def merge_args(self, inputs: Sequence[str], out: str) -> list[str]:
+        return [CONVERGENCE, "--merge", *inputs,
+                *(["--dilocox", self.dilocox] if self.dilocox else []),
+                *(["--keep", ",".join(self.keep)] if self.keep else []), "--out", out]
+
+
+def with_flag(flags: tuple[str, ...], flag: str, value: str) -> tuple[str, ...]:
+    """``flags`` with ``flag``'s value replaced (appended when absent)."""
+    if flag not in flags:
+        return (*flags, flag, value)
+    i = flags.index(flag)
+    return (*flags[: i + 1], value, *flags[i + 2:])
+
+
+def flag_values(args: Sequence[str]) -> dict[str, str]:
+    """``--flag value`` pairs of a command line ("" for a flag without a value), the script dropped."""
+    out: dict[str, str] = {}
+    for i, a in enumerate(args):
+        if a.startswith("--"):
+            nxt = args[i + 1] if i + 1 < len(args) else "--"
+            out[a] = "" if nxt.startswith("--") else nxt
+    return out
+
+
+def result_flags(args: Sequence[str]) -> dict[str, str]:
+    return {k: v for k, v in flag_values(args).items() if k not in NOT_RESULTS}
+
+
+def per_run(seeds: Iterable[int], runs: Sequence[tuple[str, tuple[str, ...]]]) -> tuple[Piece, ...]:
+    """One piece per method and seed (seed by seed, AllReduce first), named ``s<seed>-<method>``
+    plus ``-r<rank>`` where a run overrides the first run's rank: each fits one core for one run."""
+    base = flag_values(runs[0][1]).get("--rank")
+    out = []
+    for s in seeds:
+        for method, flags in runs:
+            rank = flag_values(flags).get("--rank")
+            out.append(Piece(f"s{s}-{method}" + (f"-r{rank}" if rank != base else ""), (s,), (method,), flags))
+    return tuple(out)
+
+
+# convergence-small.json (README "Training"): batch 128, AdamW 5e-4, rank 64, merge step 1, 512 eval rows;
+# the shipped DiLoCoX (examples/small.toml) is fixed_rank_merge_b1 at rank 128, joined as ..._r128.
+SMALL = ("--preset", "small", "--batch-size", "128", "--inner-lr", "5e-4", "--rank", "64",
+         "--merge-step", "1", "--eval-rows", "512")
+# convergence-tiny.json (`make bench`): the tiny preset at outer 0.7 / 0.5, the outer sweep beside it.
+TINY = ("--preset", "tiny", "--eval-rows", "512", "--outer-lr", "0.7", "--outer-momentum", "0.5",
+        "--sweep-outer", "1.0:0.0,1.0:0.3,1.2:0.0")
+
+HEADLINES: dict[str, Headline] = {
+    h.name: h
+    for h in (
+        Headline(
+            "convergence-small",
+            per_run((0, 1, 2), [(m, SMALL) for m in ("allreduce", "diloco", "fixed_rank_merge", "fixed_rank_merge_b1")]
+                    + [("fixed_rank_merge_b1", with_flag(SMALL, "--rank", "128"))]),
+            dilocox="fixed_rank_merge_b1_r128",
+        ),
+        # the outer sweep pairs against AllReduce within a run: one piece per seed, every method in it
+        Headline("convergence-tiny",
+                 tuple(Piece(f"s{s}", (s,), ("allreduce", "diloco", "dilocox"), TINY) for s in (0, 1, 2))),
+    )
+}
+
+
+def incomplete(piece: Piece, data: Any) -> str | None:
+    """Why ``data`` (a piece's JSON) is not the piece's finished output; None when it is."""
+    if not isinstance(data, dict) or data.get("benchmark") != "convergence" or "per_seed" not in data:
+        return "not a convergence run"
+    cmd = data.get("command")
+    if not isinstance(cmd, str):
+        return "a merged file, not one run"
+    ours, theirs = result_flags(piece.args("")), result_flags(cmd.split()[1:])
+    diff = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+    if diff:
+        return "ran with other settings: " + ", ".join(f"{k} {theirs.get(k)!r} (plan: {ours.get(k)!r})" for k in diff)
+    seeds = [s.get("seed") for s in data["per_seed"]]
+    if seeds != list(piece.seeds):
+        return f"has seeds {seeds}, not {list(piece.seeds)}"
+    for s in data["per_seed"]:
+        if set(s.get("methods", {})) != set(piece.methods):
+            return f"seed {s['seed']} has methods {sorted(s.get('methods', {}))}"
+    return None
+
+
+def piece_state(piece: Piece, path: Path) -> str | None:
+    """None when ``path`` holds the piece's finished output, else why not."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return NOT_RUN
+    except (OSError, ValueError) as exc:
+        return f"unreadable ({exc})"
+    return incomplete(piece, data)
+
+
+def _rel(p: Path) -> str:
+    """``p`` relative to the repository root where it lies under it (the commands run from there)."""
+    p = p.resolve() if p.is_absolute() else (Path.cwd() / p).resolve()
+    return p.relative_to(ROOT).as_posix() if p.is_relative_to(ROOT) else str(p)
+
+
+def _show(args: Sequence[str]) -> str:
+    exe = Path(sys.executable)
+    shown = os.path.relpath(exe, ROOT) if exe.is_relative_to(ROOT) else str(exe)
+    return shlex.join([shown, *args])
+
+
+def _say(msg: str) -> None:
+    print(f"headline: {msg}", file=sys.stderr, flush=True)
+
+
+def _launch(args: Sequence[str], log: Path) -> int:
+    """Run ``args`` with this Python from the repository root, its output into ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as f:
+        proc = subprocess.run([sys.executable, *args], check=False, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+    return proc.returncode
+
+
+def _tail(log: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def run(h: Headline, work: Path, out: Path, selected: Sequence[int], jobs: int, rerun_hint: Callable[[int], str],
+        launch: Callable[[Sequence[str], Path], int] | None = None) -> int:
+    """Run the ``selected`` pieces (indexes into ``h.pieces``) not yet done, up to ``jobs`` at once, then
+    the merge if every piece is done. A failed piece stops new starts; the others keep their outputs."""
+    launch = launch or _launch
+    paths = [work / f"{p.name}.json" for p in h.pieces]
+    n = len(h.pieces)
+    todo, why_run = [], {}
+    for i in selected:
+        why = piece_state(h.pieces[i], paths[i])
+        if why is None:
+            _say(f"piece {i + 1}/{n} ({h.pieces[i].name}): done, skipped")
+        else:
+            todo.append(i)
+            why_run[i] = "" if why == NOT_RUN else f" again ({why})"
+    stop = threading.Event()
+    failed: list[tuple[int, int]] = []
+
+    def one(i: int) -> None:
+        if stop.is_set():
+            return
+        p, log = h.pieces[i], paths[i].with_suffix(".log")
+        _say(f"piece {i + 1}/{n} ({p.name}): running{why_run[i]}, log {_rel(log)}")
+        t0 = time.monotonic()
+        rc = launch(p.args(_rel(paths[i])), log)
+        why = None if rc else piece_state(p, paths[i])
+        if rc or why:
+            stop.set()
+            failed.append((i, rc))
+            _say(f"piece {i + 1}/{n} ({p.name}) FAILED (exit {rc}{', ' + why if why else ''}); "
+                 f"last lines of {_rel(log)}:\n{_tail(log)}")
+        else:
+            _say(f"piece {i + 1}/{n} ({p.name}): done in {(time.monotonic() - t0) / 60:.1f} min")
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        list(pool.map(one, todo))
+    if failed:
+        for i, _ in sorted(failed):
+            _say(f"rerun piece {i + 1} alone: {rerun_hint(i + 1)}")
+        skipped = [i for i in todo if i not in {j for j, _ in failed} and piece_state(h.pieces[i], paths[i])]
+        if skipped:
+            _say(f"not started after the failure: pieces {', '.join(str(i + 1) for i in skipped)}")
+        return 1
+    left = [i + 1 for i in range(n) if piece_state(h.pieces[i], paths[i])]
+    if left:
+        _say(f"{len(left)} of {n} pieces still to run ({', '.join(map(str, left))}); the merge waits for them")
+        return 0
+    args = h.merge_args([_rel(p) for p in paths], _rel(out))
+    log = work / "merge.log"
+    _say(f"merging {n} pieces into {_rel(out)}")
+    if launch(args, log):
+        _say(f"the merge FAILED; last lines of {_rel(log)}:\n{_tail(log)}\nrerun it: {_show(args)}")
+        return 1
+    _say(f"wrote {_rel(out)} (the tables: {_show([CONVERGENCE, '--render', _rel(out)])})")
+    return 0
+
+
+def dry_run(h: Headline, work: Path, out: Path, selected: Sequence[int]) -> str:
+    """The plan, one command per line, each with whether its piece is done."""
+    paths = [work / f"{p.name}.json" for p in h.pieces]
+    states = [piece_state(p, path) for p, path in zip(h.pieces, paths)]
+    done = sum(s is None for s in states)
+    lines = [f"# {h.name}: {len(h.pieces)} pieces ({done} done), then their merge into {_rel(out)}; "
+             + f"work folder {_rel(work)}"]
+    for i in selected:
+        lines.append(f"{_show(h.pieces[i].args(_rel(paths[i])))}  # piece {i + 1}: "
+                     + ("done" if states[i] is None else "to run" if states[i] == NOT_RUN else f"to run: {states[i]}"))
+    lines.append(f"{_show(h.merge_args([_rel(p) for p in paths], _rel(out)))}  # merge: "
+                 + ("ready" if all(s is None for s in states) else "once every piece is done"))
+    return "\n".join(lines)
+
+
+def _ints(spec: str) -> set[int]:
+    try:
+        return {int(x) for x in spec.split(",") if x.strip()}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"comma-separated integers, got {spec!r}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("headline", help="a results file's name: " + ", ".join(HEADLINES))
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and which pieces are done, run nothing")
+    ap.add_argument("--jobs", type=int, default=1, help="pieces run at once, one process each (default 1); "
+                    "results do not depend on it, measured step times do")
+    ap.add_argument("--only", type=_ints, metavar="SEEDS", help="run only the pieces on these seeds (e.g. 0,2)")
+    ap.add_argument("--piece", type=_ints, metavar="N", help="run only these pieces (numbers from --dry-run)")
+    ap.add_argument("--work", type=Path, help="folder for the pieces' JSON and logs (default .veriloco/headline/NAME)")
+    ap.add_argument("--out", type=Path, help="the merged file (default benchmarks/results/NAME.json)")
+    a = ap.parse_args(argv)
+    name = a.headline.removesuffix(".json").rsplit("/", 1)[-1]
+    h = HEADLINES.get(name)
+    if h is None:
+        ap.error(f"unknown headline {a.headline!r}; known: {', '.join(HEADLINES)}")
+    if a.jobs < 1:
+        ap.error(f"--jobs must be positive, got {a.jobs}")
+    n = len(h.pieces)
+    bad = sorted(i for i in a.piece or () if not 1 <= i <= n)
+    if bad:
+        ap.error(f"--piece {bad}: {name} has pieces 1 to {n} (see --dry-run)")
+    selected = [i for i, p in enumerate(h.pieces)
+                if (a.piece is None or i + 1 in a.piece) and (a.only is None or set(p.seeds) & a.only)]
+    if not selected:
+        ap.error(f"no piece of {name} matches --only {sorted(a.only or ())} --piece {sorted(a.piece or ())}")
+    work = a.work or ROOT / ".veriloco" / "headline" / name
+    out = a.out or ROOT / "benchmarks" / "results" / f"{name}.json"
+    if a.dry_run:
+        print(dry_run(h, work, out, selected))
+        return 0
+    extra = [*(["--work", _rel(work)] if a.work else []), *(["--out", _rel(out)] if a.out else [])]
+    return run(h, work, out, selected, a.jobs,
+               lambda i: _show(["benchmarks/headline.py", name, "--piece", str(i), *extra]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

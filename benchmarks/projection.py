@@ -1,0 +1,380 @@
+"""What verification costs at the token counts users train with: a cost model from the code's own shapes.
+
+    .venv/bin/python benchmarks/projection.py --out benchmarks/results/projection.json --md docs/results-projection.md
+    .venv/bin/python benchmarks/projection.py --render benchmarks/results/projection.json
+
+Issue 31: a shard challenge ships one block's boundary tensors for the whole batch and a trainer logs
+every step's boundaries, so both grow with the tokens per step while the model, the payload and
+AllReduce do not. This prices today's audits (`audit.unit = "shard"`, docs/protocol.md §5.3) for a
+model, batch, H, K and q without training anything: every file size is the canonical file the code
+would write (`protocol.formats.codec.state_file_size` of `protocol.shard_audit.challenge_spec`,
+`transition_spec` and `start_spec`; the manifest encoded by `protocol.shard_audit.build_manifest` over
+placeholder leaves; the payload by `trainer.compress.payload_size`), for each audit block of the
+model (`protocol.leaf.block_names`), averaged over the uniformly drawn block. Measured inputs: none;
+the shapes are the code's. Assumed: nothing about hardware for the byte figures. The compute figures
+are FLOP ratios (`6 · parameters · tokens` per training step, the same per replayed block-token, plus
+attention), not seconds: a model of work, not a measurement.
+
+Per trainer and epoch, at the steady state of a long run (a continued start, the final check drawn
+as often as `final_check_bps` says):
+
+- sent: the wrapped payload, the manifest, `s` challenge files (one block, `r` steps: the block's
+  parameters and moments, `2 r` boundary tensors of the whole batch; under the merge rule, when the
+  segment covers the merge step, the block's start parameters too), the final check's transition
+  file and the continued start's start file (every parameter and error buffer);
+- received: the other K − 1 payloads (a trainer rebuilds G_e from the payloads);
+- each byte once: AllReduce (a ring over fp32 gradients, `2 (K − 1) / K · 4 P` per step, H steps)
+  over sent + received; per verifier fetch: the audit answer counted once per judging verifier (q);
+- the boundary log: what a trainer keeps until the epoch is answered (every step's boundaries).
+
+`--validate JSON` compares the model with a measured network run (`benchmarks/protocol.py` results:
+each scenario's preset, H, K, batch and policy) and reports model / measured for every byte figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from protocol.formats.codec import TensorSpec, state_file_size
+from protocol.leaf import BlockEntry, StepLeaf, block_count, block_names
+from protocol.model import PRESETS, GPTConfig, param_shapes
+from protocol.shard_audit import (
+    build_manifest,
+    challenge_spec,
+    encode_manifest,
+    start_spec,
+    transition_spec,
+)
+from protocol.types import Address, Cid
+from trainer.compress import CompressionConfig, payload_size
+from veriloco.simulate import ring_allreduce_bytes
+
+# Models beyond the presets, as shapes only (meta tensors: nothing is allocated). The 7B is Llama-2's
+# shape; the 107B is Qwen1.5-110B's (the DiLoCoX paper trained a 107B modification of it), without
+# its attention biases: about 111B parameters here.
+SHAPES: dict[str, GPTConfig] = {
+    "small": PRESETS["small"],
+    "gpt2-124m": PRESETS["gpt2-124m"],
+    "llama-1b": PRESETS["llama-1b"],
+    "llama-7b": GPTConfig(n_layer=32, n_head=32, d_model=4096, seq_len=4096, vocab_size=32000, arch="llama", d_ff=11008),
+    "qwen-107b": GPTConfig(n_layer=80, n_head=64, d_model=8192, seq_len=4096, vocab_size=152064, arch="llama",
+                           n_kv_head=8, d_ff=49152),
+}
+WRAP_BYTES = 74  # protocol.formats.payload.wrap: magic, version, run id, epoch, address, length
+CID = Cid("QmPpqKocqm3WSUSVrTS4wCUXJW1eFQKgbszWH5HvLdLKBf")  # any CIDv0 (what `ipfs add` names)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row: a model at a batch, H, K, q and the audit policy (examples/small.toml's by default)."""
+
+    model: str
+    rows: int  # sequences per trainer and step
+    seq_len: int
+    H: int
+    K: int
+    q: int = 3
+    s: int = 4  # audit.steps: challenges per trainer and epoch
+    r: int = 8  # audit.segment: steps per challenge
+    final_check: float = 1.0  # final_check_bps / 10,000
+    merge: bool = True  # the merge rule (schedule.merge_step): start files carry no start parameters
+    rank: int = 128
+    bits: int = 4
+    group_size: int = 64
+    element_bytes: int = 4  # 2: every tensor file in bf16 (the 107B row; the code writes fp32 today)
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * self.seq_len
+
+
+def _as(spec: Mapping[str, TensorSpec], element_bytes: int) -> dict[str, TensorSpec]:
+    if element_bytes == 4:
+        return dict(spec)
+    return {n: TensorSpec(torch.bfloat16, s.shape) if s.dtype == torch.float32 else s for n, s in spec.items()}
+
+
+def _manifest_bytes(n_blocks: int, H: int, s: int, r: int, final: bool) -> int:
+    """The manifest of a continued start with ``s`` distinct segments (spread over the trace) and the
+    final check, over placeholder leaves of the model's preimage size: its bytes do not depend on the
+    digests' values."""
+    entry = BlockEntry()
+    leaves = [StepLeaf(k, 0, (entry,) * n_blocks).encode() for k in range(H + 1)]
+    seg = max(1, min(r, H))
+    starts = sorted({(j * (H // max(1, s))) // seg * seg for j in range(s)})
+    challenges = [(a, min(a + seg, H), j % n_blocks) for j, a in enumerate(starts)]
+    m = build_manifest(run_id=1, epoch=1, trainer=Address("0x" + "11" * 20), preimages=leaves, segment=seg,
+                       challenges=challenges, cid_of_challenge=lambda *_: CID, final_block=0 if final else -1,
+                       cid_of_final=lambda _: CID, previous=leaves, cid_of_start=lambda: CID, n_blocks=n_blocks)
+    return len(encode_manifest(m, n_blocks))
+
+
+def flops_per_token(cfg: GPTConfig, names: Sequence[str] | None = None) -> float:
+    """Training FLOPs per token (forward and backward) of the model, or of the parameters ``names``:
+    6 per weight outside the embedding tables (a lookup), plus the attention scores and values,
+    12 · d_model · seq_len per attention layer (counted for ``names`` holding an ``attn_proj``)."""
+    shapes = param_shapes(cfg)
+    chosen = list(shapes) if names is None else list(names)
+    dense = 6.0 * sum(math.prod(shapes[n]) for n in chosen if not n.startswith(("wte.", "wpe.")))
+    attn_layers = sum(1 for n in chosen if n.endswith(".attn_proj.weight"))
+    return dense + 12.0 * cfg.d_model * cfg.seq_len * attn_layers
+
+
+def project(st: Setting) -> dict[str, Any]:
+    """Every byte and FLOP figure of one setting (docs/protocol.md §5.3's files; see the module doc)."""
+    cfg = SHAPES[st.model]
+    cfg = replace(cfg, seq_len=st.seq_len) if st.seq_len != cfg.seq_len else cfg
+    shapes = param_shapes(cfg)
+    blocks = block_names(cfg)
+    B = block_count(cfg)
+    P = sum(math.prod(s) for s in shapes.values())
+    w = st.element_bytes
+    act = (st.rows, st.seq_len, cfg.d_model)
+    seg = min(st.r, st.H)
+    challenge, final, log_step, block_p = [], [], 0, []
+    for b, names in enumerate(blocks):
+        spec = challenge_spec(shapes, names, b, B, 0, seg, act, merge=False)
+        plain = state_file_size(_as(spec, w))
+        merged = state_file_size(_as(challenge_spec(shapes, names, b, B, 0, seg, act, merge=True), w))
+        cover = min(1.0, seg / st.H) if st.merge else 0.0  # a segment covers the merge step
+        challenge.append(plain + cover * (merged - plain))
+        final.append(state_file_size(_as(transition_spec(shapes, names), w)))
+        log_step += (int(b > 0) + int(b < B - 1)) * math.prod(act) * w  # one step's in/gout of this block
+        block_p.append(sum(math.prod(shapes[n]) for n in names))
+    per_challenge = sum(challenge) / B
+    per_final = sum(final) / B
+    start = state_file_size(_as(start_spec(shapes, st.merge), w))
+    manifest = _manifest_bytes(B, st.H, st.s, seg, st.final_check > 0)
+    comp = CompressionConfig(bits=st.bits, group_size=st.group_size, rank_initial=st.rank, rank_min=st.rank, rank_max=st.rank)
+    payload = WRAP_BYTES + payload_size(shapes, st.rank, comp)
+    answer = manifest + st.s * per_challenge + st.final_check * per_final + start
+    sent = payload + answer
+    received = (st.K - 1) * payload
+    allreduce = ring_allreduce_bytes(w * P, st.K) * st.H
+    state = 3 * w * P  # parameters and the two AdamW moments
+    train = flops_per_token(cfg) * st.tokens * st.H
+    replay = sum(flops_per_token(cfg, names) for names in blocks) / B * st.tokens * seg * st.s
+    return {
+        "setting": asdict(st),
+        "tokens_per_step": st.tokens,
+        "params": P,
+        "blocks": B,
+        "block_params_mean": sum(block_p) / B,
+        "block_params_max": max(block_p),
+        "payload_bytes": payload,
+        "manifest_bytes": manifest,
+        "audit_bytes_per_challenge": round(per_challenge),
+        "final_check_bytes": round(per_final),
+        "start_file_bytes": start,
+        "audit_answer_bytes_per_epoch": round(answer),
+        "boundary_bytes_per_challenge": round(seg * log_step / B),
+        "bytes_sent_per_trainer_per_epoch": round(sent),
+        "bytes_received_per_trainer_per_epoch": round(received),
+        "allreduce_bytes_per_trainer_per_epoch": allreduce,
+        "traffic_reduction_vs_allreduce": round(allreduce / (sent + received), 2) if st.K > 1 else None,
+        "traffic_reduction_per_verifier_fetch": round(allreduce / (payload + st.q * answer + received), 2) if st.K > 1 else None,
+        "boundary_log_bytes_per_epoch": log_step * st.H,
+        "training_state_bytes": state,
+        "answer_memory_fraction_of_state": round(log_step * st.H / state, 3),
+        "verifier_replay_flops_fraction": round(st.q * replay / train, 5),
+    }
+
+
+def validate(workdir: Path) -> dict[str, Any]:
+    """Model against measurement for one kept network run (``benchmarks/protocol.py --keep``): every
+    audit answer a trainer sent, priced by the same specs for the segments, blocks, final block and
+    start file its manifest names, against the bytes the trainer logged (``responded.audit_bytes``:
+    its files and manifest), and each file against its size in the run's store."""
+    from protocol.config import from_json
+    from protocol.shard_audit import covers_merge, decode_manifest
+    from protocol.store.backends import LocalStore
+    from trainer.delay import StartRule
+    from trainer.round import RoundSpec
+
+    summary = json.loads((workdir / "bench-summary.json").read_text())
+    store = LocalStore(workdir / "devnet" / "store")
+    spec = RoundSpec.from_config(from_json(store.get(summary["config_cid"])))
+    cfg = spec.model
+    shapes, blocks, B = param_shapes(cfg), block_names(cfg), block_count(cfg)
+    act = (spec.batch_size, spec.seq_len, cfg.d_model)
+    step_log = sum((int(b > 0) + int(b < B - 1)) * math.prod(act) * 4 for b in range(B))
+    answers, files, logs = [], [], []
+    for log in sorted((workdir / "logs").glob("trainer*.jsonl")):
+        for line in log.read_text().splitlines():
+            ev = json.loads(line) if line.startswith("{") else {}
+            if ev.get("event") == "trained" and ev.get("boundary_log_bytes"):
+                logs.append(step_log * ev["steps"] / ev["boundary_log_bytes"])
+            if ev.get("event") != "responded":
+                continue
+            raw = store.get(ev["manifest"])
+            m = decode_manifest(raw, B, max_bytes=1 << 26)
+            parts = [(c.cid, challenge_spec(shapes, blocks[c.block], c.block, B, c.start, c.end, act,
+                                            covers_merge(c.start, c.end, spec.merge_step_in(m.epoch)))) for c in m.challenges]
+            if m.final.block >= 0:
+                parts.append((m.final.cid, transition_spec(shapes, blocks[m.final.block])))
+            if m.previous:
+                parts.append((m.start_cid, start_spec(shapes, spec.rule is StartRule.MERGE)))
+            modelled = len(raw) + sum(state_file_size(sp) for _, sp in parts)
+            answers.append({"trainer": log.stem, "epoch": m.epoch, "modelled": modelled, "measured": ev["audit_bytes"],
+                            "ratio": round(modelled / ev["audit_bytes"], 4)})
+            files += [state_file_size(sp) / store.path_of(Cid(cid)).stat().st_size for cid, sp in parts]
+    total_m, total_x = sum(a["modelled"] for a in answers), sum(a["measured"] for a in answers)
+    return {"workdir": str(workdir), "tokens_per_step": spec.batch_size * spec.seq_len, "d_model": cfg.d_model,
+            "answers": answers, "audit_bytes_modelled_over_measured": round(total_m / total_x, 4) if total_x else None,
+            "files_checked": len(files), "file_ratio_min": min(files, default=None), "file_ratio_max": max(files, default=None),
+            # the boundary log's tensor bytes (the model) over what the trainer logged (its files' headers included)
+            "boundary_log_ratio_min": round(min(logs), 4) if logs else None, "boundary_log_ratio_max": round(max(logs), 4) if logs else None}
+
+
+def project_group_unit(st: Setting, group_tokens: int = 4096, checks: int = 1) -> dict[str, Any]:
+    """The token-bounded unit of docs/audit-scaling.md §3 (a design, not built): one step of one block,
+    a state leaf every step, ``checks`` groups of ``group_tokens`` replayed. A challenge ships the
+    block's state and its accumulated gradient (AdamW replayed exactly), and per checked group the
+    partial sum before it and its boundaries; the final check and the start file are today's. Bytes
+    hashed per step are priced per training FLOP (the hardware's hash rate decides the fraction)."""
+    cfg = SHAPES[st.model]
+    cfg = replace(cfg, seq_len=st.seq_len) if st.seq_len != cfg.seq_len else cfg
+    shapes, blocks, B = param_shapes(cfg), block_names(cfg), block_count(cfg)
+    P = sum(math.prod(s) for s in shapes.values())
+    w, d = st.element_bytes, cfg.d_model
+    u = min(group_tokens, st.tokens)
+    G = math.ceil(st.tokens / u)
+    pb = [sum(math.prod(shapes[n]) for n in names) for names in blocks]
+    per_block = [(4 * p + checks * ((1 - 1 / G) * p + 2 * u * d)) * w for p in pb]
+    per_challenge = sum(per_block) / B
+    today = project(st)
+    answer = today["manifest_bytes"] + st.s * per_challenge + st.final_check * today["final_check_bytes"] + today["start_file_bytes"]
+    sent, received = today["payload_bytes"] + answer, today["bytes_received_per_trainer_per_epoch"]
+    allreduce = today["allreduce_bytes_per_trainer_per_epoch"]
+    hashed = 3 * P * w + P * w * (1 + G) + 2 * (B - 1) * st.tokens * d * w  # state, totals and partial sums, group boundaries
+    return {
+        "setting": asdict(st), "tokens_per_step": st.tokens, "group_tokens": u, "groups": G, "checks": checks,
+        "audit_bytes_per_challenge": round(per_challenge),
+        "traffic_reduction_vs_allreduce": round(allreduce / (sent + received), 2) if st.K > 1 else None,
+        "traffic_reduction_per_verifier_fetch": round(allreduce / (today["payload_bytes"] + st.q * answer + received), 2) if st.K > 1 else None,
+        "hashed_bytes_per_training_flop": hashed / (flops_per_token(cfg) * st.tokens),
+        "detect_one_group_forgery_per_epoch": min(1.0, st.s * checks / (st.H * B * G)),
+    }
+
+
+HALF_M = 1 << 19  # 524,288 tokens per step: "the batches people train with" (issue 31)
+
+
+def grid() -> list[Setting]:
+    """Today's network benchmark, `small` at its context and 8x that batch, examples/small.toml's batch,
+    then 0.5M tokens per step for
+    every model at H = 256 (and 500, the DiLoCoX paper's) and K = 4 and 64; the 107B in bf16."""
+    rows: list[Setting] = [
+        Setting("small", 8, 64, 256, 2),  # the network benchmark's setting (benchmarks/protocol.py)
+        Setting("small", 8, 128, 256, 4),  # its own context
+        Setting("small", 64, 128, 256, 4),  # 8x that batch
+        Setting("small", 128, 64, 256, 4),  # examples/small.toml: 128 rows of 64 tokens
+        Setting("gpt2-124m", 8, 1024, 64, 4),
+    ]
+    for model in ("gpt2-124m", "llama-1b", "llama-7b", "qwen-107b"):
+        seq = min(SHAPES[model].seq_len, 4096)
+        for H in (256, 500):
+            for K in (4, 64):
+                rows.append(Setting(model, HALF_M // seq, seq, H, K, element_bytes=2 if model == "qwen-107b" else 4))
+    return rows
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:,.2f} GB" if x >= 1e8 else f"{x / 1e6:,.1f} MB"
+
+
+def render(doc: dict[str, Any]) -> str:
+    lines = [
+        "# Verification cost by batch size: today's shard audits, projected from the code's shapes",
+        "",
+        "Generated by `benchmarks/projection.py` (do not edit by hand; rerun the command). Every byte figure",
+        "is the size of the file the code would write for that model, batch and policy (no training, no",
+        "hardware assumption); the replay figure is a FLOP ratio. See the script's docstring for the terms.",
+        "",
+        "```",
+        doc["command"],
+        "```",
+        "",
+        "| model | params | tokens / step | H | K | boundary log / epoch | log / state | per challenge (boundaries) | start file | answer / epoch | vs AllReduce, each byte once | per verifier fetch | replay FLOPs / training |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in doc["rows"]:
+        st = r["setting"]
+        lines.append(
+            f"| {st['model']}{' (bf16)' if st['element_bytes'] == 2 else ''} | {r['params'] / 1e6:,.1f}M | {r['tokens_per_step']:,} "
+            f"| {st['H']} | {st['K']} | {_gb(r['boundary_log_bytes_per_epoch'])} | {r['answer_memory_fraction_of_state']:,.1f} "
+            f"| {_gb(r['audit_bytes_per_challenge'])} ({_gb(r['boundary_bytes_per_challenge'])}) | {_gb(r['start_file_bytes'])} "
+            f"| {_gb(r['audit_answer_bytes_per_epoch'])} | {r['traffic_reduction_vs_allreduce']:,.1f}x "
+            f"| {r['traffic_reduction_per_verifier_fetch']:,.1f}x | {r['verifier_replay_flops_fraction']:.4f} |")
+    st0 = doc["rows"][0]["setting"]
+    lines += ["", (f"Policy in every row: s = {st0['s']} challenges of r = {st0['r']} steps, quorum {st0['q']}, the final "
+              "check drawn every epoch, the merge rule, rank 128 at 4 bits (examples/small.toml).")]
+    if doc.get("group_unit_design"):
+        lines += ["", "The token-bounded unit of `docs/audit-scaling.md` §3, **a design, not built**, at the same settings",
+                  "(one step of one block, a state leaf every step, one group of 4,096 tokens replayed per challenge;",
+                  "the final check and the start file as today). Hashed bytes are per training FLOP: the fraction of a",
+                  "step is that times the FLOP rate over the hash rate, which is the hardware's.", "",
+                  "| model | tokens / step | H | K | groups | per challenge | vs AllReduce, each byte once | per verifier fetch | hashed bytes / FLOP | one-group forgery caught / epoch |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for g in doc["group_unit_design"]:
+            st = g["setting"]
+            lines.append(f"| {st['model']} | {g['tokens_per_step']:,} | {st['H']} | {st['K']} | {g['groups']} | {_gb(g['audit_bytes_per_challenge'])} "
+                         f"| {g['traffic_reduction_vs_allreduce']:,.1f}x | {g['traffic_reduction_per_verifier_fetch']:,.1f}x "
+                         f"| {g['hashed_bytes_per_training_flop']:.2e} | {g['detect_one_group_forgery_per_epoch']:.2e} |")
+    if doc.get("validation"):
+        lines += ["", "Validation against measured network runs (`benchmarks/protocol.py --keep`): every audit answer the",
+                  "trainers sent, priced by the model for the segments, blocks and files its manifest names, over the bytes",
+                  "the trainer logged; every file over its size in the run's store; the boundary log over what was logged.", "",
+                  "| run | tokens / step | answers | answer bytes, model / measured | files (model / store) | boundary log, model / measured |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for v in doc["validation"]:
+            lines.append(f"| `{Path(v['workdir']).name}` | {v['tokens_per_step']:,} | {len(v['answers'])} "
+                         f"| {v['audit_bytes_modelled_over_measured']:.4f} | {v['files_checked']}: {v['file_ratio_min']:.4f} to {v['file_ratio_max']:.4f} "
+                         f"| {v['boundary_log_ratio_min']} to {v['boundary_log_ratio_max']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--out", type=Path, help="results JSON to write")
+    ap.add_argument("--md", type=Path, help="write the Markdown table here too")
+    ap.add_argument("--render", type=Path, metavar="JSON", help="print (and with --md write) the Markdown of a results file")
+    ap.add_argument("--validate", type=Path, nargs="+", default=[], metavar="DIR",
+                    help="kept network runs (benchmarks/protocol.py --keep DIR): model / measured for their audit answers")
+    a = ap.parse_args(argv)
+    if a.render is not None:
+        doc = json.loads(a.render.read_text())
+    else:
+        if a.out is None:
+            ap.error("--out is required (or --render)")
+        rows: list[dict[str, Any]] = []
+        groups: list[dict[str, Any]] = []
+        for st in grid():
+            print(f"projecting {st.model} at {st.tokens:,} tokens, H {st.H}, K {st.K}", file=sys.stderr)
+            rows.append(project(st))
+            groups.append(project_group_unit(st))
+        doc = {"benchmark": "projection", "command": " ".join(["benchmarks/projection.py", *(argv if argv is not None else sys.argv[1:])]),
+               "python": platform.python_version(), "torch": torch.__version__, "rows": rows, "group_unit_design": groups,
+               "validation": [validate(d) for d in a.validate]}
+        a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    md = render(doc)
+    if a.md is not None:
+        a.md.write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

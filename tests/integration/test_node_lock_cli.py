@@ -1,0 +1,125 @@
+"""One node per key and state folder through the CLI (issue 30): a second `veriloco trainer` with the
+first one's key and --workdir is refused and told its PID; a SIGKILLed node blocks no restart.
+
+A real `veriloco trainer` process on a py-evm devnet holds the lock; a second trainer process, and a
+verifier and the coordinator whose folders this test locks itself, must answer with one line on
+stderr and exit status 2 before they stake anything (as processes: one that wrongly starts is killed
+at a deadline instead of running on in the test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eth_account import Account
+
+from protocol.chain.binding import Chain
+from protocol.nodelock import LOCK_FILE, lock_node
+from tests.fixtures.cli import run_cli
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_TOML = (
+    "[data]\ncorpus_bytes = 200000\n[schedule]\nepochs = 1\n[audit]\nquorum = 1\ntest_run = true\nsteps = 2\n"
+    "[stakes]\ntrainer_wei = 1000\nverifier_wei = 1000\nmin_trainers = 1\nmax_trainers = 2\n"
+    "[windows]\ncommit_s = 600\nreveal_s = 600\nresponse_s = 600\nverdict_s = 600\nfinalize_s = 600\n"
+    "unbonding_s = 100\n"
+)
+
+
+@pytest.fixture(scope="module")
+def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from devnet.launch import start_devnet
+
+    with start_devnet(state_dir=tmp_path_factory.mktemp("devnet"), accounts=4) as net:
+        yield net
+
+
+def veriloco(*argv: str, **kw: Any) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "veriloco.cli", *argv], cwd=ROOT, env=env, **kw)
+
+
+def refused(proc: subprocess.Popen[bytes], role: str, timeout: float = 120) -> str:
+    """The one line a node refused with (exit status 2); a node that started instead is killed."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"the second {role} started instead of refusing") from None
+    text = err.decode()
+    assert proc.returncode == 2 and len(text.strip().splitlines()) == 1, (text, out)
+    assert text.startswith(f"veriloco {role}: error: "), text
+    return text.strip()
+
+
+def wait_for_lock(workdir: Path, proc: subprocess.Popen[bytes], log: Path, timeout: float = 120) -> Path:
+    """The lock file once `proc` has written its PID into it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()
+        for path in workdir.glob(f"trainer-*/*/run-*/{LOCK_FILE}"):
+            if path.read_text().strip() == str(proc.pid):
+                return path
+        time.sleep(0.2)
+    raise AssertionError(f"the trainer took no lock within {timeout} s: {log.read_text()}")
+
+
+def test_the_same_key_twice_is_refused_and_a_killed_node_blocks_no_restart(
+        devnet: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VERILOCO_DEVNET", str(devnet.config.devnet_file))
+    (tmp_path / "run.toml").write_text(RUN_TOML)
+    code, out, err = run_cli(capsys, "run", "create", "--config", "run.toml", "--account", "0", "--json")
+    assert code == 0, err
+    r = str(json.loads(out)["run_id"])
+    keys = [a.key for a in devnet.info.accounts]
+    addr = [Account.from_key(k).address for k in keys]
+    chain = Chain(devnet.info.rpc_url, devnet.info.contract)
+    workdir = tmp_path / "nodes"
+    node = ["--run", r, "--devnet", str(devnet.config.devnet_file), "--workdir", str(workdir)]
+
+    log = tmp_path / "trainer1.jsonl"
+    with open(log, "wb") as out_file:
+        first = veriloco("trainer", *node, "--account", "1", "--log-format", "json",
+                         stdout=out_file, stderr=subprocess.STDOUT)
+    try:
+        path = wait_for_lock(workdir, first, log)
+        assert path.parent.parent.parent == workdir / f"trainer-{addr[1]}"
+        second = veriloco("trainer", *node, "--account", "1", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        line = refused(second, "trainer")
+        assert f"PID {first.pid} holds {path}" in line and f"kill {first.pid}" in line and "--workdir" in line
+        assert first.poll() is None  # the first one runs on, undisturbed
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=60)
+
+    # the file still names the dead trainer; its restart takes the lock all the same
+    assert path.read_text().strip() == str(first.pid)
+    with lock_node(chain, int(r), workdir / f"trainer-{addr[1]}") as lock:
+        assert lock.path == path and path.read_text().strip() == str(os.getpid())
+
+    # the verifier and the coordinator lock their own folders, as early: before they stake
+    others = {"verifier": 2, "coordinator": 0}
+    locks = [lock_node(chain, int(r), workdir / f"{role}-{addr[a]}") for role, a in others.items()]
+    try:
+        procs = {role: veriloco(role, *node, "--account", str(a), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                 for role, a in others.items()}
+        for role, a in others.items():
+            line = refused(procs[role], role)
+            assert f"PID {os.getpid()} holds {workdir / f'{role}-{addr[a]}'}" in line
+            assert chain.member(int(r), addr[a]).role == 0  # nothing staked
+    finally:
+        for lock in locks:
+            lock.release()

@@ -1,0 +1,325 @@
+"""benchmarks/headline.py: each plan names the settings its committed results file records, and the runner
+resumes, merges and reports failures as it says."""
+
+import dataclasses
+import json
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.convergence import PRESETS_BENCH, parse_outer
+from benchmarks.headline import (
+    CONVERGENCE,
+    HEADLINES,
+    Headline,
+    Piece,
+    flag_values,
+    per_run,
+    result_flags,
+    run,
+    with_flag,
+)
+from benchmarks.headline import main as headline_main
+from veriloco.simulate import methods, resolve_method
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+# what a run's flags mean apart from the method and seed: compared as values (5e-4 == 0.0005)
+IDENTITY = ("--seeds", "--methods")
+
+
+def committed(name: str) -> dict[str, Any]:
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
+def _value(v: str) -> object:
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
+def settings(args: Sequence[str]) -> frozenset[tuple[str, object]]:
+    return frozenset((k, _value(v)) for k, v in result_flags(args).items() if k not in IDENTITY)
+
+
+def joined_name(method: str, rank: int, base_rank: int) -> str:
+    """The method's name once merged (benchmarks/convergence.py ``_method_name``): a compressed method
+    run at another rank than the baseline's carries it."""
+    m = resolve_method(method, methods())
+    return f"{method}_r{rank}" if rank != base_rank and m is not None and m.compression is not None else method
+
+
+def runs(commands: Sequence[Sequence[str]], base_rank: int, preset_rank: int) -> dict[tuple[int, str], set[Any]]:
+    """(seed, merged method name) -> the settings of every command that ran it."""
+    out: dict[tuple[int, str], set[Any]] = {}
+    for args in commands:
+        f = result_flags(args)
+        rank = int(f.get("--rank", preset_rank))
+        for seed in (int(x) for x in f["--seeds"].split(",")):
+            for m in f["--methods"].split(","):
+                out.setdefault((seed, joined_name(m, rank, base_rank)), set()).add(settings(args))
+    return out
+
+
+def effective(args: Sequence[str]) -> dict[str, Any]:
+    """A run's settings as its results file's ``config`` records them (flag, else the preset's or the default)."""
+    f = result_flags(args)
+    p = PRESETS_BENCH[f["--preset"]]
+    return {
+        "batch_size": int(f.get("--batch-size", p.batch_size)),
+        "inner_lr": float(f.get("--inner-lr", p.lr)),
+        "rank_initial": int(f.get("--rank", p.rank)),
+        "steps_per_worker": int(f.get("--steps", p.steps)),
+        "h_initial": int(f.get("--h", p.h)),
+        "trainers": int(f.get("--trainers", 4)),
+        "eval_rows": int(f.get("--eval-rows", 512)),
+        "outer": (float(f.get("--outer-lr", 1.0)), float(f.get("--outer-momentum", 0.0))),
+        "merge_step": int(f.get("--merge-step", 1)),
+    }
+
+
+def recorded(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "batch_size": cfg["batch_size"], "inner_lr": cfg["inner"]["lr"], "rank_initial": cfg["rank_initial"],
+        "steps_per_worker": cfg["steps_per_worker"], "h_initial": cfg["h_initial"], "trainers": cfg["trainers"],
+        "eval_rows": cfg["eval_rows"], "outer": (cfg["outer"]["lr"], cfg["outer"]["momentum"]),
+        "merge_step": cfg.get("merge_step", 1),
+    }
+
+
+def plan_args(h: Headline) -> list[list[str]]:
+    return [p.args("x")[1:] for p in h.pieces]
+
+
+def config_mismatches(h: Headline, data: dict[str, Any]) -> list[str]:
+    """What the plan's baseline pieces (those with AllReduce) would record differently in ``config``,
+    and whether every seed's merged methods are the committed ones."""
+    bad = []
+    base = [p for p in h.pieces if "allreduce" in p.methods]
+    for p in base:
+        args = p.args("x")[1:]
+        if result_flags(args)["--preset"] != data["preset"]:
+            bad.append(f"{p.name}: preset {result_flags(args)['--preset']} != {data['preset']}")
+        got, want = effective(args), recorded(data["config"])
+        bad += [f"{p.name}: {k} {got[k]} != {want[k]}" for k in want if got[k] != want[k]]
+    seeds = {s for p in h.pieces for s in p.seeds}
+    if sorted(seeds) != data["seeds"]:
+        bad.append(f"seeds {sorted(seeds)} != {data['seeds']}")
+    for s in data["per_seed"]:
+        ranks = [effective(p.args("x")[1:])["rank_initial"] for p in base if s["seed"] in p.seeds]
+        if len(ranks) != 1:
+            bad.append(f"seed {s['seed']}: {len(ranks)} baseline pieces")
+            continue
+        got_m = [joined_name(m, effective(p.args("x")[1:])["rank_initial"], ranks[0])
+                 for p in h.pieces if s["seed"] in p.seeds for m in p.methods]
+        if got_m != list(s["methods"]):
+            bad.append(f"seed {s['seed']}: methods {got_m} != {list(s['methods'])}")
+    return bad
+
+
+def small_mismatches(h: Headline) -> list[str]:
+    """Every way the plan departs from committed convergence-small.json: its config, the recorded
+    command that ran each (seed, method), its merged_from inputs' roles and its DiLoCoX."""
+    data = committed("convergence-small")
+    bad = config_mismatches(h, data)
+    base_rank, preset_rank = data["config"]["rank_initial"], PRESETS_BENCH["small"].rank
+    rec = runs([shlex.split(c)[1:] for c in data["command"]], base_rank, preset_rank)
+    ours = runs(plan_args(h), base_rank, preset_rank)
+    final = {(s["seed"], m) for s in data["per_seed"] for m in s["methods"]}
+    if set(ours) != final:
+        bad.append(f"runs {sorted(set(ours) ^ final)} differ from the committed methods per seed")
+    for key in sorted(final & set(ours)):
+        if len(rec[key]) != 1:
+            bad.append(f"{key}: the committed commands ran it at {len(rec[key])} settings")
+        elif ours[key] != rec[key]:
+            diff = sorted(next(iter(ours[key])) ^ next(iter(rec[key])))
+            bad.append(f"{key}: settings differ: {diff}")
+    # merged_from: which input gave each (seed, method), at which rank, and with the baseline or joined to it
+    roles: dict[tuple[int, str], tuple[int, bool]] = {}
+    for path in data["merged_from"]:
+        part = json.loads((ROOT / path).read_text())
+        for s in part["per_seed"]:
+            for m in s["methods"]:
+                name = joined_name(m, part["config"]["rank_initial"], base_rank)
+                roles.setdefault((s["seed"], name), (part["config"]["rank_initial"], "unpaired" not in part))
+    for p in h.pieces:
+        rank = effective(p.args("x")[1:])["rank_initial"]
+        for s in p.seeds:
+            for m in p.methods:
+                key = (s, joined_name(m, rank, base_rank))
+                if key not in roles:
+                    bad.append(f"{key}: no merged_from input has it")
+                    continue
+                r, paired = roles[key]
+                if r != rank:
+                    bad.append(f"{key}: rank {rank}, the committed input's {r}")
+                if not paired and "allreduce" in p.methods:  # the other way is a split: a method run on its own
+                    bad.append(f"{key}: joined to the baseline in the committed merge, run with it here")
+    firsts = {s: next(p for p in h.pieces if s in p.seeds) for s in data["seeds"]}
+    bad += [f"seed {s}: its first piece {p.name} has no AllReduce (the merge pairs against it)"
+            for s, p in firsts.items() if "allreduce" not in p.methods]
+    if h.dilocox != data.get("dilocox_choice"):
+        bad.append(f"--dilocox {h.dilocox} != {data.get('dilocox_choice')}")
+    if h.keep and set(h.keep) | {"allreduce"} != set(data["methods"]):
+        bad.append(f"--keep {h.keep} drops committed methods")
+    return bad
+
+
+def test_small_plan_is_the_committed_headline() -> None:
+    assert small_mismatches(HEADLINES["convergence-small"]) == []
+
+
+def _rerank(h: Headline, old: str, new: str) -> Headline:
+    pieces = tuple(dataclasses.replace(p, flags=with_flag(p.flags, "--rank", new))
+                   if dict(zip(p.flags, p.flags[1:])).get("--rank") == old else p for p in h.pieces)
+    return dataclasses.replace(h, pieces=pieces)
+
+
+def _reflag(h: Headline, flag: str, value: str, only: str = "") -> Headline:
+    return dataclasses.replace(h, pieces=tuple(
+        dataclasses.replace(p, flags=with_flag(p.flags, flag, value)) if only in ("", p.name) else p
+        for p in h.pieces))
+
+
+@pytest.mark.parametrize("change, says", [
+    pytest.param(lambda h: _rerank(h, "128", "96"), "fixed_rank_merge_b1_r96", id="shipped-rank"),
+    pytest.param(lambda h: _rerank(h, "64", "32"), "--rank", id="baseline-rank"),
+    pytest.param(lambda h: _reflag(h, "--batch-size", "64", "s1-diloco"), "(1, 'diloco'): settings differ",
+                 id="one-run-batch-size"),
+    pytest.param(lambda h: _reflag(h, "--eval-rows", "256"), "eval_rows 256", id="eval-rows"),
+    pytest.param(lambda h: dataclasses.replace(h, pieces=h.pieces[:-1]), "(2, 'fixed_rank_merge_b1_r128')",
+                 id="missing-run"),
+    pytest.param(lambda h: dataclasses.replace(h, dilocox="fixed_rank_merge_b1"), "--dilocox", id="dilocox"),
+    pytest.param(lambda h: dataclasses.replace(h, pieces=h.pieces[1:]),
+                 "seed 0: its first piece s0-diloco has no AllReduce", id="baseline-not-first"),
+])  # fmt: skip
+def test_a_plan_off_the_committed_file_fails(change: Any, says: str) -> None:
+    bad = small_mismatches(change(HEADLINES["convergence-small"]))
+    assert any(says in b for b in bad), bad
+
+
+def test_tiny_plan_is_the_committed_headline() -> None:
+    """convergence-tiny.json's recorded command lacks the outer 0.7 / 0.5 its config holds (it was run
+    when they were the default), so the plan is checked against the config and the sweep it has."""
+    h, data = HEADLINES["convergence-tiny"], committed("convergence-tiny")
+    assert config_mismatches(h, data) == []
+    sweeps = {tuple(parse_outer(result_flags(a)["--sweep-outer"])) for a in plan_args(h)}
+    assert sweeps == {tuple(parse_outer(",".join(data["per_seed"][0]["sweep"])))}
+    assert h.dilocox is None and data.get("dilocox_method") is None and not h.keep
+    wrong = dataclasses.replace(h, pieces=tuple(dataclasses.replace(p, flags=with_flag(p.flags, "--outer-lr", "1.0"))
+                                                for p in h.pieces))
+    assert any("outer (1.0, 0.5) != (0.7, 0.5)" in b for b in config_mismatches(wrong, data))
+
+
+def test_dry_run_prints_one_command_per_piece_and_the_merge(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    h = HEADLINES["convergence-small"]
+    assert headline_main(["convergence-small.json", "--dry-run", "--work", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 + len(h.pieces) + 1 and lines[0].startswith("# convergence-small: 15 pieces (0 done)")
+    assert all(" benchmarks/convergence.py --preset small " in x and x.endswith(f"# piece {i}: to run")
+               for i, x in enumerate(lines[1:-1], 1))
+    assert " --merge " in lines[-1] and "--dilocox fixed_rank_merge_b1_r128" in lines[-1]
+    assert headline_main(["convergence-small", "--dry-run", "--only", "2", "--work", str(tmp_path)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1 + 5 + 1
+
+
+def test_unknown_headline_and_pieces_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        headline_main(["convergence-huge", "--dry-run"])
+    assert e.value.code == 2 and "known: convergence-small" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        headline_main(["convergence-small", "--piece", "16", "--dry-run"])
+    assert "pieces 1 to 15" in capsys.readouterr().err
+
+
+def fake(calls: list[list[str]], fail: str = "") -> Any:
+    """A launcher that writes what convergence.py would (a run's seeds, methods and command, or the merge)."""
+
+    def launch(args: Sequence[str], log: Path) -> int:
+        calls.append(list(args))
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("progress\nboom\n" if fail and fail in args else "ok\n")
+        if fail and fail in args:
+            return 3
+        f = flag_values(args)
+        out = ROOT / f["--out"] if not Path(f["--out"]).is_absolute() else Path(f["--out"])
+        seeds = [int(x) for x in f.get("--seeds", "0").split(",")]
+        per_seed = [{"seed": s, "methods": {m: {} for m in f.get("--methods", "").split(",")}} for s in seeds]
+        out.write_text(json.dumps({"benchmark": "convergence", "command": " ".join(args), "per_seed": per_seed}))
+        return 0
+
+    return launch
+
+
+TOY = Headline("toy", per_run((0, 1), [("allreduce", ("--preset", "ci")), ("diloco", ("--preset", "ci"))]),
+               dilocox="diloco")
+
+
+def test_pieces_resume_and_the_merge_waits_for_all(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    calls: list[list[str]] = []
+    work, out = tmp_path / "w", tmp_path / "toy.json"
+    assert run(TOY, work, out, [0, 1], 1, str, fake(calls)) == 0  # seed 0 only: no merge yet
+    assert [c[c.index("--methods") + 1] for c in calls] == ["allreduce", "diloco"] and not out.exists()
+    assert "2 of 4 pieces still to run (3, 4); the merge waits" in capsys.readouterr().err
+    (work / "s1-allreduce.json").write_text("{trunc")  # a piece killed while writing reruns
+    calls.clear()
+    assert run(TOY, work, out, range(4), 2, str, fake(calls)) == 0
+    assert sorted(c[c.index("--out") + 1].rsplit("/", 1)[-1] for c in calls[:-1]) == ["s1-allreduce.json",
+                                                                                       "s1-diloco.json"]
+    assert calls[-1][:2] == [CONVERGENCE, "--merge"] and calls[-1][-4:] == ["--dilocox", "diloco", "--out", str(out.resolve())]
+    assert [Path(x).name for x in calls[-1][2:6]] == ["s0-allreduce.json", "s0-diloco.json", "s1-allreduce.json",
+                                                      "s1-diloco.json"]
+    err = capsys.readouterr().err
+    assert "piece 1/4 (s0-allreduce): done, skipped" in err and f"wrote {out.resolve()}" in err
+    stale = json.loads((work / "s0-diloco.json").read_text())  # another plan's run is not this piece
+    stale["command"] = stale["command"].replace("--preset ci", "--preset tiny")
+    (work / "s0-diloco.json").write_text(json.dumps(stale))
+    calls.clear()
+    assert run(TOY, work, out, range(4), 1, str, fake(calls)) == 0
+    assert len(calls) == 2 and "s0-diloco.json" in calls[0][-1]
+
+
+def test_a_failed_piece_is_named_with_its_rerun_and_stops_new_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[list[str]] = []
+    rc = run(TOY, tmp_path, tmp_path / "toy.json", range(4), 1, lambda i: f"RERUN --piece {i}",
+             fake(calls, fail="diloco"))
+    assert rc == 1 and len(calls) == 2 and not (tmp_path / "toy.json").exists()
+    err = capsys.readouterr().err
+    assert "piece 2/4 (s0-diloco) FAILED (exit 3)" in err and "boom" in err
+    assert "rerun piece 2 alone: RERUN --piece 2" in err and "not started after the failure: pieces 3, 4" in err
+    assert (tmp_path / "s0-allreduce.json").exists()  # kept: the rerun skips it
+
+
+@pytest.mark.slow
+def test_a_toy_plan_runs_end_to_end_and_joins_its_ranks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The real convergence.py (ci preset, 4 steps): per-run pieces of two seeds, one at another rank,
+    merge into the file a single paired run of them all would name."""
+    ci = ("--preset", "ci", "--eval-rows", "8", "--steps", "4", "--h", "2", "--rank", "8", "--merge-step", "1")
+    h = Headline("toy", per_run((3, 4), [("allreduce", ci), ("fixed_rank_merge_b1", ci),
+                                         ("fixed_rank_merge_b1", with_flag(ci, "--rank", "16"))]),
+                 dilocox="fixed_rank_merge_b1_r16")
+    out = tmp_path / "toy.json"
+    assert run(h, tmp_path / "w", out, range(len(h.pieces)), 2, str) == 0
+    r = json.loads(out.read_text())
+    assert [s["seed"] for s in r["per_seed"]] == [3, 4] and r["dilocox_method"] == "fixed_rank_merge_b1_r16"
+    assert all(list(s["methods"]) == ["allreduce", "fixed_rank_merge_b1", "fixed_rank_merge_b1_r16"]
+               for s in r["per_seed"])
+    assert r["config"]["rank_initial"] == 8 and len(r["merged_from"]) == 6
+    calls: list[list[str]] = []
+    assert run(h, tmp_path / "w", out, range(len(h.pieces)), 1, str, fake(calls)) == 0
+    assert [c[1] for c in calls] == ["--merge"]  # every piece done: only the merge reruns
+
+
+def test_piece_args_are_a_convergence_command() -> None:
+    p = Piece("s0", (0, 1), ("allreduce", "diloco"), ("--preset", "ci"))
+    assert p.args("o.json") == [CONVERGENCE, "--preset", "ci", "--seeds", "0,1", "--methods", "allreduce,diloco",
+                                "--out", "o.json"]
+    assert with_flag(("--rank", "8", "--h", "2"), "--rank", "16") == ("--rank", "16", "--h", "2")

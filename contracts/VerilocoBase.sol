@@ -131,6 +131,12 @@ abstract contract VerilocoBase is VerilocoAudit {
     uint8 public constant SLASH_UNAVAILABLE = 4; // its payload could not be fetched (docs/protocol.md §10.2)
     uint8 public constant SLASH_FALSE_REPORT = 5; // reported an available payload as unavailable
 
+    /// @notice Kinds carried by Credited: a passed trainer's reward, a verifier's reward for its
+    ///         majority verdicts, and a bounty (a share of the stake slashed from `source`).
+    uint8 internal constant CREDIT_TRAINER_REWARD = 1;
+    uint8 internal constant CREDIT_VERDICT_REWARD = 2;
+    uint8 internal constant CREDIT_BOUNTY = 3;
+
     bytes32 public constant COMMIT_TAG = keccak256("veriloco.commit.v1");
     bytes32 public constant AUDIT_TAG = keccak256("veriloco.audit.v1");
     bytes32 public constant VERDICT_TAG = keccak256("veriloco.verdict.v1");
@@ -350,6 +356,10 @@ abstract contract VerilocoBase is VerilocoAudit {
     event Withdrawn(uint256 indexed runId, address indexed account, uint256 amount);
     /// @notice An account claimed its credits (bounties).
     event Claimed(address indexed account, uint256 amount);
+    /// @notice `account`'s credits grew by `amount` for `kind` (CREDIT_*): one event per credit, so an
+    ///         account's earnings are readable from the logs alone; `source` is the slashed account a
+    ///         bounty came from (zero for rewards).
+    event Credited(uint256 indexed runId, uint256 indexed epoch, address indexed account, uint256 amount, uint8 kind, address source);
 
     // ------------------------------------------------------------------ modifiers
 
@@ -851,6 +861,7 @@ abstract contract VerilocoBase is VerilocoAudit {
         if (passed && po.trainerShare != 0) {
             credits[t] += po.trainerShare;
             po.nTrainers += 1;
+            emit Credited(runId, epoch, t, po.trainerShare, CREDIT_TRAINER_REWARD, address(0));
         }
         if (against == 0 && wrong == 0 && !failed && (idle == 0 || po.votes.length == 0)) return (0, 0);
         uint256[] memory idx = _assigned(ep.seed, t, q, ep.verifierCount);
@@ -859,7 +870,7 @@ abstract contract VerilocoBase is VerilocoAudit {
         if (failed) {
             uint256 amount = _slashOne(runId, epoch, r, t, SLASH_FAILED_AUDIT);
             slashed += amount;
-            if (fails & ~wrong != 0) paid = _pay(list, idx, fails & ~wrong, amount); // no bounty without the work
+            if (fails & ~wrong != 0) paid = _pay(runId, epoch, list, idx, fails & ~wrong, amount, t); // no bounty without the work
         }
     }
 
@@ -915,6 +926,7 @@ abstract contract VerilocoBase is VerilocoAudit {
             if (due == 0) continue;
             credits[list[i]] += due;
             paid += due;
+            emit Credited(runId, epoch, list[i], due, CREDIT_VERDICT_REWARD, address(0));
         }
         r.pool = po.pool - paid;
         totalPools -= paid;
@@ -922,14 +934,19 @@ abstract contract VerilocoBase is VerilocoAudit {
         emit RewardsPaid(runId, epoch, po.nTrainers, po.nVotes, paid, po.pool - paid);
     }
 
-    /// @dev Credit `amount` in equal shares to the committee members (list[idx[j]]) set in `mask`;
-    ///      returns what was credited (the rounding remainder is burned by _settlePayout).
-    function _pay(address[] storage list, uint256[] memory idx, uint16 mask, uint256 amount) internal returns (uint256 paid) {
+    /// @dev Credit `amount`, slashed from `source`, in equal shares to the committee members
+    ///      (list[idx[j]]) set in `mask`; returns what was credited (the rounding remainder is burned by
+    ///      _settlePayout).
+    function _pay(uint256 runId, uint256 epoch, address[] storage list, uint256[] memory idx, uint16 mask, uint256 amount, address source)
+        internal
+        returns (uint256 paid)
+    {
         uint256 share = amount / _popcount16(mask);
         for (uint256 j = 0; mask != 0; j++) {
             if (mask & 1 == 1) {
                 credits[list[idx[j]]] += share;
                 paid += share;
+                emit Credited(runId, epoch, list[idx[j]], share, CREDIT_BOUNTY, source);
             }
             mask >>= 1;
         }

@@ -240,7 +240,7 @@ contract VerilocoModule is VerilocoBase {
             }
             if (fm.role == ROLE_TRAINER) emit TrainerLeft(runId, ep.finalizer, r.nextEpoch);
         }
-        _settlePayout(amount, _pay(list, idx, uint16(votes), amount));
+        _settlePayout(amount, _pay(runId, epoch, list, idx, uint16(votes), amount, ep.finalizer));
         _confirm(runId, epoch, ep, true, amount);
     }
 
@@ -317,14 +317,14 @@ contract VerilocoModule is VerilocoBase {
             slashed = (uint256(rm.stake) * r.p.slashBps) / BPS;
             rm.stake -= uint96(slashed);
             emit Slashed(runId, epoch, reporter, slashed, SLASH_FALSE_REPORT);
-            return _settlePayout(slashed, q > 1 ? _pay(list, com, side, slashed) : 0);
+            return _settlePayout(slashed, q > 1 ? _pay(runId, epoch, list, com, side, slashed, reporter) : 0);
         }
         // nobody can produce it: out of the epoch; its stake to the voters; its pass voters broke their keep duty
         _setLane(runId, epoch, slotPlusOne[runId][trainer] - 1, (lane & ~(uint256(0xFF) << 24)) | (uint256(SUB_UNAVAILABLE) << 24));
         ep.passed -= 1;
         ep.failedVerdicts += 1;
         slashed = _slashOne(runId, epoch, r, trainer, SLASH_UNAVAILABLE);
-        uint256 paid = q > 1 ? _pay(list, com, side, slashed) : 0;
+        uint256 paid = q > 1 ? _pay(runId, epoch, list, com, side, slashed, trainer) : 0;
         slashed += _slashVerifiers(runId, epoch, r, list, idx, trainer, uint16(lane >> 32));
         _settlePayout(slashed, paid);
     }

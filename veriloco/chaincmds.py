@@ -20,7 +20,7 @@ from typing import Any
 
 from eth_account import Account
 
-from protocol.chain.binding import Chain, ChainEvent, Phase, RunInfo, connect, deploy
+from protocol.chain.binding import SLASH_REASONS, Chain, ChainEvent, Phase, RunInfo, connect, deploy
 from protocol.config import ScheduleSection, from_json
 from protocol.errors import VerilocoError
 from protocol.membership import verifier_shortfall
@@ -31,7 +31,6 @@ from veriloco.argtypes import run_id as run_id_arg
 from veriloco.settings import Settings, add_connection_args, open_store, resolve
 
 STATE_NAMES = {0: "-", 1: "committed", 2: "revealed", 3: "responded", 4: "unavailable"}
-SLASH_REASONS = {1: "no reveal", 2: "no response", 3: "failed audit", 4: "payload unavailable", 5: "false availability report"}
 
 
 class StatusError(VerilocoError):

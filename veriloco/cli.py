@@ -33,6 +33,8 @@ COMMAND_TABLE: dict[str, tuple[str, str]] = {
     "leave": ("veriloco.lifecycle", "leave a run: stop taking part; the stake starts unbonding"),
     "withdraw": ("veriloco.lifecycle", "withdraw a run's stake once it has unbonded after `leave`"),
     "claim": ("veriloco.lifecycle", "claim this account's credits (rewards and bounties) from the contract"),
+    "earnings": ("veriloco.earnings", "every reward, bounty and slash of an account, from the contract's events, with totals"),
+    "doctor": ("veriloco.doctor", "check this machine, the chain, the key and the store before running a node"),
     "account": ("veriloco.keys", "make signing keys"),
     "simulate": ("veriloco.simcmd", "simulate K trainers in one process (no chain) and compare AllReduce, DiLoCo and DiLoCoX"),
     "data": ("veriloco.datacmd", "turn your own text or token files into a run corpus"),

@@ -71,9 +71,9 @@ from protocol.fees import replacement as fee_replacement
 from protocol.types import Address, Cid, Digest, RunId, Wei
 
 __all__ = [
-    "ARTIFACT_PATH", "Assignment", "AuditResponse", "Chain", "ChainError", "ChainEvent", "ChainUnavailable",
-    "ContractRevert", "EpochStatus", "EpochTimes", "EventStream", "MemberInfo", "Phase", "RunInfo",
-    "RunParams", "SubmissionInfo", "TxResult", "artifact", "assigned_verifiers", "audit_seed",
+    "ARTIFACT_PATH", "CREDIT_KINDS", "SLASH_REASONS", "Assignment", "AuditResponse", "Chain", "ChainError",
+    "ChainEvent", "ChainUnavailable", "ContractRevert", "EpochStatus", "EpochTimes", "EventStream", "MemberInfo",
+    "Phase", "RunInfo", "RunParams", "SubmissionInfo", "TxResult", "artifact", "assigned_verifiers", "audit_seed",
     "build_response", "challenged_steps", "commitment", "connect", "decode_revert", "deploy", "final_check",
     "pair_proof", "response_indices", "revert_data", "verify_pair", "verify_response",
 ]
@@ -87,6 +87,10 @@ ARTIFACT_PATH = _BUILD / "Veriloco.json"
 # first) and run on its storage by DELEGATECALL.
 COMPANIONS = ("VerilocoModule", "VerilocoViews")
 NEVER_EPOCH = 2**32 - 1
+# Slashed's `reason` (the contract's SLASH_* constants) and Credited's `kind` (CREDIT_*), by name
+SLASH_REASONS = {1: "no reveal", 2: "no response", 3: "failed audit", 4: "payload unavailable",
+                 5: "false availability report"}
+CREDIT_KINDS = {1: "trainer reward", 2: "verdict reward", 3: "bounty"}
 _T = TypeVar("_T")
 
 

@@ -14,10 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from eth_account import Account
 
-from protocol.chain.binding import Chain
-from tests.fixtures.chain import Run, Trainer
+from tests.fixtures.chain import DevnetNet, Run, Trainer
 from tests.fixtures.cli import run_cli as cli
 
 pytestmark = pytest.mark.integration
@@ -28,26 +26,6 @@ RUN_TOML = (
     "[windows]\ncommit_s = 60\nreveal_s = 60\nresponse_s = 60\nverdict_s = 60\nfinalize_s = 60\nunbonding_s = 100\n"
     "[rewards]\ntrainer_wei = 700\nverifier_wei = 30\npool_wei = 10000\n"
 )
-
-
-class DevnetNet:
-    """The devnet seen the way tests/fixtures/chain.py's helpers expect a net: accounts, chain(i), advance(s)."""
-
-    def __init__(self, devnet: Any) -> None:
-        self.info = devnet.info
-        self.keys = [a.key for a in self.info.accounts]
-        self.accounts = [Account.from_key(k).address for k in self.keys]
-        self._chains: dict[int, Chain] = {}
-
-    def chain(self, i: int) -> Chain:
-        if i not in self._chains:
-            self._chains[i] = Chain(self.info.rpc_url, self.info.contract, self.keys[i])
-        return self._chains[i]
-
-    def advance(self, seconds: int) -> None:
-        w3 = self.chain(0).w3
-        w3.provider.make_request("evm_increaseTime", [seconds])  # type: ignore[arg-type]
-        w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,9 @@
-"""The one piece of packaging pyproject.toml cannot express: the committed contract artifacts.
+"""The one piece of packaging pyproject.toml cannot express: folders shipped under another name.
 
 `contracts/build.mjs` writes contracts/build/*.json; the wheel ships that directory as the package
-`protocol.contracts`, so an installed veriloco deploys and checks the same build as a checkout.
+`protocol.contracts`, so an installed veriloco deploys and checks the same build as a checkout. The
+example run configs (examples/*.toml) ship as `veriloco.examples`, which `veriloco run init` writes
+out (veriloco/runinit.py), so a pip-only user has a commented config to start from.
 Everything else (metadata, dependencies, package data) is in pyproject.toml.
 """
 
@@ -11,6 +13,7 @@ setup(
     packages=[
         *find_packages(include=["veriloco*", "devnet*", "protocol*", "trainer*", "verifier*", "coordinator*"]),
         "protocol.contracts",
+        "veriloco.examples",
     ],
-    package_dir={"protocol.contracts": "contracts/build"},
+    package_dir={"protocol.contracts": "contracts/build", "veriloco.examples": "examples"},
 )

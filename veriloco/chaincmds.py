@@ -1,6 +1,7 @@
 """`veriloco deploy`, `run create`, `runs` and `status`: the contract from the command line.
 
     veriloco deploy --rpc-url URL --key FILE [--json]      deploy the committed Veriloco build
+    veriloco run init [--out run.toml] [--force]           write the commented example config (veriloco/runinit.py)
     veriloco run create --config run.toml [...]            publish the run's config + G_0, create it
     veriloco runs [--json]                                 every run of the contract and its state
     veriloco status --run ID [--epoch N] [--json]          round status, as the contract derives it
@@ -28,6 +29,7 @@ from protocol.statedir import check_run
 from veriloco.argtypes import address
 from veriloco.argtypes import epoch as epoch_arg
 from veriloco.argtypes import run_id as run_id_arg
+from veriloco.runinit import register_init
 from veriloco.settings import Settings, add_connection_args, open_store, resolve
 
 STATE_NAMES = {0: "-", 1: "committed", 2: "revealed", 3: "responded", 4: "unavailable"}
@@ -43,8 +45,9 @@ def register(sub: Any) -> None:
     d.add_argument("--json", action="store_true", help="print a JSON object instead of the address")
     d.set_defaults(func=cmd_deploy)
 
-    r = sub.add_parser("run", help="create runs on the contract")
+    r = sub.add_parser("run", help="write an example run config (init), create a run on the contract (create)")
     rsub = r.add_subparsers(dest="run_command", required=True, metavar="SUBCOMMAND")
+    register_init(rsub)
     c = rsub.add_parser("create", help="publish a run's config and initial model, then create it on-chain")
     c.add_argument("--config", type=Path, required=True, help="run.toml (missing keys take the defaults)")
     c.add_argument("--coordinator", type=address, help="coordinator address (default: the signing account)")

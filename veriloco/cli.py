@@ -27,7 +27,7 @@ COMMAND_TABLE: dict[str, tuple[str, str]] = {
     "coordinator": ("veriloco.nodes", "run the coordinator node: aggregate verified pseudo-gradients, finalize epochs"),
     "demo": ("veriloco.netdemo", "run a whole verifiable training network on this machine"),
     "deploy": ("veriloco.chaincmds", "deploy the Veriloco contract to any EVM JSON-RPC endpoint"),
-    "run": ("veriloco.chaincmds", "create runs on the contract"),
+    "run": ("veriloco.chaincmds", "write an example run config (init), create a run on the contract (create)"),
     "runs": ("veriloco.chaincmds", "list the runs of a contract with their state"),
     "status": ("veriloco.chaincmds", "query a run's round status from the contract"),
     "leave": ("veriloco.lifecycle", "leave a run: stop taking part; the stake starts unbonding"),

@@ -77,3 +77,7 @@ def test_wheel_installs_in_a_fresh_venv_and_runs_the_demo(tmp_path: Path) -> Non
     assert summary["epochs_finalized"] == summary["epochs"] == 1, out[-3000:]
     assert (work / "report" / "loss.png").stat().st_size > 0
     assert "Warning" not in out, f"a dependency's warning reached the user:\n{out}"
+
+    # a pip-only user's starting config: the commented example, from the wheel's own copy (issue 32)
+    _run([venv / "bin" / "veriloco", "run", "init", "--out", "run.toml"], work, 300)
+    assert (work / "run.toml").read_text() == (ROOT / "examples" / "run.toml").read_text()

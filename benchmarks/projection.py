@@ -3,9 +3,11 @@
     .venv/bin/python benchmarks/projection.py --out benchmarks/results/projection.json --md docs/results-projection.md
     .venv/bin/python benchmarks/projection.py --render benchmarks/results/projection.json
 
-Issue 31: a shard challenge ships one block's boundary tensors for the whole batch and a trainer logs
-every step's boundaries, so both grow with the tokens per step while the model, the payload and
-AllReduce do not. This prices today's audits (`audit.unit = "shard"`, docs/protocol.md §5.3) for a
+Issue 31: a shard challenge used to ship one block's boundary tensors for the whole batch; since leaf
+v4 it opens one group (micro-batch) of U tokens per step, plus the block's running gradient sum around
+it, so a challenge is bounded by U and the model, not the batch. A trainer still logs every step's
+boundaries to answer cheaply (that log grows with the batch). This prices today's audits
+(`audit.unit = "shard"`, docs/protocol.md §5.3) for a
 model, batch, H, K and q without training anything: every file size is the canonical file the code
 would write (`protocol.formats.codec.state_file_size` of `protocol.shard_audit.challenge_spec`,
 `transition_spec` and `start_spec`; the manifest encoded by `protocol.shard_audit.build_manifest` over
@@ -19,8 +21,9 @@ Per trainer and epoch, at the steady state of a long run (a continued start, the
 as often as `final_check_bps` says):
 
 - sent: the wrapped payload, the manifest, `s` challenge files (one block, `r` steps: the block's
-  parameters and moments, `2 r` boundary tensors of the whole batch; under the merge rule, when the
-  segment covers the merge step, the block's start parameters too), the final check's transition
+  parameters and moments, `2 r` boundary tensors of one group of U tokens, and with M > 1 groups two
+  block-sized sums per step; under the merge rule, when the segment covers the merge step, the
+  block's start parameters too), the final check's transition
   file and the continued start's start file (every parameter and error buffer);
 - received: the other K − 1 payloads (a trainer rebuilds G_e from the payloads);
 - each byte once: AllReduce (a ring over fp32 gradients, `2 (K − 1) / K · 4 P` per step, H steps)
@@ -48,12 +51,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from protocol.formats.codec import TensorSpec, state_file_size
-from protocol.leaf import BlockEntry, StepLeaf, block_count, block_names
+from protocol.leaf import BlockEntry, GroupLeaf, StepLeaf, block_count, block_names, group_root
 from protocol.model import PRESETS, GPTConfig, param_shapes
 from protocol.shard_audit import (
     build_manifest,
     challenge_spec,
     encode_manifest,
+    open_groups,
     start_spec,
     transition_spec,
 )
@@ -72,6 +76,7 @@ SHAPES: dict[str, GPTConfig] = {
     "qwen-107b": GPTConfig(n_layer=80, n_head=64, d_model=8192, seq_len=4096, vocab_size=152064, arch="llama",
                            n_kv_head=8, d_ff=49152),
 }
+SEGMENT_TOKENS = 8192
 WRAP_BYTES = 74  # protocol.formats.payload.wrap: magic, version, run id, epoch, address, length
 CID = Cid("QmPpqKocqm3WSUSVrTS4wCUXJW1eFQKgbszWH5HvLdLKBf")  # any CIDv0 (what `ipfs add` names)
 
@@ -87,17 +92,34 @@ class Setting:
     K: int
     q: int = 3
     s: int = 4  # audit.steps: challenges per trainer and epoch
-    r: int = 8  # audit.segment: steps per challenge
+    r: int = 0  # audit.segment: steps per challenge; 0: SEGMENT_TOKENS // tokens, within 1..8
     final_check: float = 1.0  # final_check_bps / 10,000
     merge: bool = True  # the merge rule (schedule.merge_step): start files carry no start parameters
     rank: int = 128
     bits: int = 4
     group_size: int = 64
     element_bytes: int = 4  # 2: every tensor file in bf16 (the 107B row; the code writes fp32 today)
+    group_tokens: int = 4096  # U: tokens per group (inner.microbatches = rows · seq_len / U)
 
     @property
     def tokens(self) -> int:
         return self.rows * self.seq_len
+
+    @property
+    def segment(self) -> int:
+        """r: a segment spans about SEGMENT_TOKENS tokens (8 steps at 1,024 tokens, 1 step past 8,192), so
+        the state hashed every r steps costs the same fraction of a step at any batch, and a
+        challenge's total sums (one block-sized tensor per step when M > 1) stay few."""
+        return self.r or max(1, min(8, SEGMENT_TOKENS // self.tokens))
+
+    @property
+    def group_rows(self) -> int:
+        return max(1, min(self.rows, self.group_tokens // self.seq_len))
+
+    @property
+    def micro(self) -> int:
+        """M, the groups of a step: inner.microbatches at U tokens per group."""
+        return max(1, self.rows // self.group_rows)
 
 
 def _as(spec: Mapping[str, TensorSpec], element_bytes: int) -> dict[str, TensorSpec]:
@@ -106,17 +128,24 @@ def _as(spec: Mapping[str, TensorSpec], element_bytes: int) -> dict[str, TensorS
     return {n: TensorSpec(torch.bfloat16, s.shape) if s.dtype == torch.float32 else s for n, s in spec.items()}
 
 
-def _manifest_bytes(n_blocks: int, H: int, s: int, r: int, final: bool) -> int:
-    """The manifest of a continued start with ``s`` distinct segments (spread over the trace) and the
-    final check, over placeholder leaves of the model's preimage size: its bytes do not depend on the
-    digests' values."""
-    entry = BlockEntry()
-    leaves = [StepLeaf(k, 0, (entry,) * n_blocks).encode() for k in range(H + 1)]
+def _manifest_bytes(n_blocks: int, H: int, s: int, r: int, final: bool, micro: int) -> int:
+    """The manifest of a continued start with ``s`` distinct segments (spread over the trace), each
+    opening group M−1 of a middle block at every step (the most openings), and the final check, over
+    placeholder leaves of the model's preimage size: its bytes do not depend on the digests' values."""
+    groups = [GroupLeaf()] * micro
+    root = group_root(groups)
+    leaves = [StepLeaf(k, 0, (BlockEntry(groups=root),) * n_blocks).encode() for k in range(H + 1)]
     seg = max(1, min(r, H))
     starts = sorted({(j * (H // max(1, s))) // seg * seg for j in range(s)})
-    challenges = [(a, min(a + seg, H), j % n_blocks) for j, a in enumerate(starts)]
+    b = min(n_blocks - 2, max(1, n_blocks // 2))
+    challenges = [(a, min(a + seg, H), b) for a in starts]
+    every = {k: dict.fromkeys(range(n_blocks), groups) for k in range(H)}
+
+    def opened(a: int, e: int, blk: int) -> tuple[Cid, tuple]:
+        return CID, open_groups(every, a, e, blk, [micro - 1] * (e - a), n_blocks)
+
     m = build_manifest(run_id=1, epoch=1, trainer=Address("0x" + "11" * 20), preimages=leaves, segment=seg,
-                       challenges=challenges, cid_of_challenge=lambda *_: CID, final_block=0 if final else -1,
+                       groups=micro, challenges=challenges, cid_of_challenge=opened, final_block=0 if final else -1,
                        cid_of_final=lambda _: CID, previous=leaves, cid_of_start=lambda: CID, n_blocks=n_blocks)
     return len(encode_manifest(m, n_blocks))
 
@@ -142,21 +171,24 @@ def project(st: Setting) -> dict[str, Any]:
     P = sum(math.prod(s) for s in shapes.values())
     w = st.element_bytes
     act = (st.rows, st.seq_len, cfg.d_model)
-    seg = min(st.r, st.H)
-    challenge, final, log_step, block_p = [], [], 0, []
+    group = (st.group_rows, st.seq_len, cfg.d_model)
+    M = st.micro
+    seg = min(st.segment, st.H)
+    challenge, final, log_step, block_p, bound_step = [], [], 0, [], 0
     for b, names in enumerate(blocks):
-        spec = challenge_spec(shapes, names, b, B, 0, seg, act, merge=False)
+        spec = challenge_spec(shapes, names, b, B, 0, seg, group, merge=False, micro=M)
         plain = state_file_size(_as(spec, w))
-        merged = state_file_size(_as(challenge_spec(shapes, names, b, B, 0, seg, act, merge=True), w))
+        merged = state_file_size(_as(challenge_spec(shapes, names, b, B, 0, seg, group, merge=True, micro=M), w))
         cover = min(1.0, seg / st.H) if st.merge else 0.0  # a segment covers the merge step
         challenge.append(plain + cover * (merged - plain))
         final.append(state_file_size(_as(transition_spec(shapes, names), w)))
         log_step += (int(b > 0) + int(b < B - 1)) * math.prod(act) * w  # one step's in/gout of this block
+        bound_step += (int(b > 0) + int(b < B - 1)) * math.prod(group) * w  # of one group
         block_p.append(sum(math.prod(shapes[n]) for n in names))
     per_challenge = sum(challenge) / B
     per_final = sum(final) / B
     start = state_file_size(_as(start_spec(shapes, st.merge), w))
-    manifest = _manifest_bytes(B, st.H, st.s, seg, st.final_check > 0)
+    manifest = _manifest_bytes(B, st.H, st.s, seg, st.final_check > 0, M)
     comp = CompressionConfig(bits=st.bits, group_size=st.group_size, rank_initial=st.rank, rank_min=st.rank, rank_max=st.rank)
     payload = WRAP_BYTES + payload_size(shapes, st.rank, comp)
     answer = manifest + st.s * per_challenge + st.final_check * per_final + start
@@ -165,10 +197,16 @@ def project(st: Setting) -> dict[str, Any]:
     allreduce = ring_allreduce_bytes(w * P, st.K) * st.H
     state = 3 * w * P  # parameters and the two AdamW moments
     train = flops_per_token(cfg) * st.tokens * st.H
-    replay = sum(flops_per_token(cfg, names) for names in blocks) / B * st.tokens * seg * st.s
+    replay = sum(flops_per_token(cfg, names) for names in blocks) / B * (st.tokens / M) * seg * st.s
+    # per step: every block's boundaries (whole batch), M − 1 running sums of every block, and the
+    # state (parameters, moments) at every r-th leaf
+    hashed = 2 * (B - 1) * st.tokens * cfg.d_model * w + (M - 1) * P * w + 3 * P * w / seg
     return {
         "setting": asdict(st),
         "tokens_per_step": st.tokens,
+        "K": st.K,
+        "groups": M,
+        "group_tokens": st.tokens // M,
         "params": P,
         "blocks": B,
         "block_params_mean": sum(block_p) / B,
@@ -179,7 +217,7 @@ def project(st: Setting) -> dict[str, Any]:
         "final_check_bytes": round(per_final),
         "start_file_bytes": start,
         "audit_answer_bytes_per_epoch": round(answer),
-        "boundary_bytes_per_challenge": round(seg * log_step / B),
+        "boundary_bytes_per_challenge": round(seg * bound_step / B),
         "bytes_sent_per_trainer_per_epoch": round(sent),
         "bytes_received_per_trainer_per_epoch": round(received),
         "allreduce_bytes_per_trainer_per_epoch": allreduce,
@@ -189,6 +227,8 @@ def project(st: Setting) -> dict[str, Any]:
         "training_state_bytes": state,
         "answer_memory_fraction_of_state": round(log_step * st.H / state, 3),
         "verifier_replay_flops_fraction": round(st.q * replay / train, 5),
+        "hashed_bytes_per_training_flop": hashed / (flops_per_token(cfg) * st.tokens),
+        "detect_one_group_forgery_per_epoch": min(1.0, st.s * seg / (st.H * B * M)),
     }
 
 
@@ -209,6 +249,7 @@ def validate(workdir: Path) -> dict[str, Any]:
     cfg = spec.model
     shapes, blocks, B = param_shapes(cfg), block_names(cfg), block_count(cfg)
     act = (spec.batch_size, spec.seq_len, cfg.d_model)
+    group = (spec.batch_size // spec.microbatches, spec.seq_len, cfg.d_model)
     step_log = sum((int(b > 0) + int(b < B - 1)) * math.prod(act) * 4 for b in range(B))
     answers, files, logs = [], [], []
     for log in sorted((workdir / "logs").glob("trainer*.jsonl")):
@@ -220,8 +261,9 @@ def validate(workdir: Path) -> dict[str, Any]:
                 continue
             raw = store.get(ev["manifest"])
             m = decode_manifest(raw, B, max_bytes=1 << 26)
-            parts = [(c.cid, challenge_spec(shapes, blocks[c.block], c.block, B, c.start, c.end, act,
-                                            covers_merge(c.start, c.end, spec.merge_step_in(m.epoch)))) for c in m.challenges]
+            parts = [(c.cid, challenge_spec(shapes, blocks[c.block], c.block, B, c.start, c.end, group,
+                                            covers_merge(c.start, c.end, spec.merge_step_in(m.epoch)), spec.microbatches))
+                     for c in m.challenges]
             if m.final.block >= 0:
                 parts.append((m.final.cid, transition_spec(shapes, blocks[m.final.block])))
             if m.previous:
@@ -236,37 +278,6 @@ def validate(workdir: Path) -> dict[str, Any]:
             "files_checked": len(files), "file_ratio_min": min(files, default=None), "file_ratio_max": max(files, default=None),
             # the boundary log's tensor bytes (the model) over what the trainer logged (its files' headers included)
             "boundary_log_ratio_min": round(min(logs), 4) if logs else None, "boundary_log_ratio_max": round(max(logs), 4) if logs else None}
-
-
-def project_group_unit(st: Setting, group_tokens: int = 4096, checks: int = 1) -> dict[str, Any]:
-    """The token-bounded unit of docs/audit-scaling.md §3 (a design, not built): one step of one block,
-    a state leaf every step, ``checks`` groups of ``group_tokens`` replayed. A challenge ships the
-    block's state and its accumulated gradient (AdamW replayed exactly), and per checked group the
-    partial sum before it and its boundaries; the final check and the start file are today's. Bytes
-    hashed per step are priced per training FLOP (the hardware's hash rate decides the fraction)."""
-    cfg = SHAPES[st.model]
-    cfg = replace(cfg, seq_len=st.seq_len) if st.seq_len != cfg.seq_len else cfg
-    shapes, blocks, B = param_shapes(cfg), block_names(cfg), block_count(cfg)
-    P = sum(math.prod(s) for s in shapes.values())
-    w, d = st.element_bytes, cfg.d_model
-    u = min(group_tokens, st.tokens)
-    G = math.ceil(st.tokens / u)
-    pb = [sum(math.prod(shapes[n]) for n in names) for names in blocks]
-    per_block = [(4 * p + checks * ((1 - 1 / G) * p + 2 * u * d)) * w for p in pb]
-    per_challenge = sum(per_block) / B
-    today = project(st)
-    answer = today["manifest_bytes"] + st.s * per_challenge + st.final_check * today["final_check_bytes"] + today["start_file_bytes"]
-    sent, received = today["payload_bytes"] + answer, today["bytes_received_per_trainer_per_epoch"]
-    allreduce = today["allreduce_bytes_per_trainer_per_epoch"]
-    hashed = 3 * P * w + P * w * (1 + G) + 2 * (B - 1) * st.tokens * d * w  # state, totals and partial sums, group boundaries
-    return {
-        "setting": asdict(st), "tokens_per_step": st.tokens, "group_tokens": u, "groups": G, "checks": checks,
-        "audit_bytes_per_challenge": round(per_challenge),
-        "traffic_reduction_vs_allreduce": round(allreduce / (sent + received), 2) if st.K > 1 else None,
-        "traffic_reduction_per_verifier_fetch": round(allreduce / (today["payload_bytes"] + st.q * answer + received), 2) if st.K > 1 else None,
-        "hashed_bytes_per_training_flop": hashed / (flops_per_token(cfg) * st.tokens),
-        "detect_one_group_forgery_per_epoch": min(1.0, st.s * checks / (st.H * B * G)),
-    }
 
 
 HALF_M = 1 << 19  # 524,288 tokens per step: "the batches people train with" (issue 31)
@@ -307,32 +318,27 @@ def render(doc: dict[str, Any]) -> str:
         doc["command"],
         "```",
         "",
-        "| model | params | tokens / step | H | K | boundary log / epoch | log / state | per challenge (boundaries) | start file | answer / epoch | vs AllReduce, each byte once | per verifier fetch | replay FLOPs / training |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | params | tokens / step | H | K | groups M (tokens) | r | boundary log / epoch | log / state | per challenge (boundaries) | start file | answer / epoch | vs AllReduce, each byte once | per verifier fetch | replay FLOPs / training | hashed bytes / training FLOP | one-group forgery caught / epoch |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in doc["rows"]:
         st = r["setting"]
+        seg = st["r"] or max(1, min(8, SEGMENT_TOKENS // r["tokens_per_step"]))
         lines.append(
             f"| {st['model']}{' (bf16)' if st['element_bytes'] == 2 else ''} | {r['params'] / 1e6:,.1f}M | {r['tokens_per_step']:,} "
-            f"| {st['H']} | {st['K']} | {_gb(r['boundary_log_bytes_per_epoch'])} | {r['answer_memory_fraction_of_state']:,.1f} "
+            f"| {st['H']} | {st['K']} | {r['groups']} ({r['group_tokens']:,}) | {seg} "
+            f"| {_gb(r['boundary_log_bytes_per_epoch'])} | {r['answer_memory_fraction_of_state']:,.1f} "
             f"| {_gb(r['audit_bytes_per_challenge'])} ({_gb(r['boundary_bytes_per_challenge'])}) | {_gb(r['start_file_bytes'])} "
             f"| {_gb(r['audit_answer_bytes_per_epoch'])} | {r['traffic_reduction_vs_allreduce']:,.1f}x "
-            f"| {r['traffic_reduction_per_verifier_fetch']:,.1f}x | {r['verifier_replay_flops_fraction']:.4f} |")
+            f"| {r['traffic_reduction_per_verifier_fetch']:,.1f}x | {r['verifier_replay_flops_fraction']:.4f} "
+            f"| {r['hashed_bytes_per_training_flop']:.2e} | {r['detect_one_group_forgery_per_epoch']:.1e} |")
     st0 = doc["rows"][0]["setting"]
-    lines += ["", (f"Policy in every row: s = {st0['s']} challenges of r = {st0['r']} steps, quorum {st0['q']}, the final "
-              "check drawn every epoch, the merge rule, rank 128 at 4 bits (examples/small.toml).")]
-    if doc.get("group_unit_design"):
-        lines += ["", "The token-bounded unit of `docs/audit-scaling.md` §3, **a design, not built**, at the same settings",
-                  "(one step of one block, a state leaf every step, one group of 4,096 tokens replayed per challenge;",
-                  "the final check and the start file as today). Hashed bytes are per training FLOP: the fraction of a",
-                  "step is that times the FLOP rate over the hash rate, which is the hardware's.", "",
-                  "| model | tokens / step | H | K | groups | per challenge | vs AllReduce, each byte once | per verifier fetch | hashed bytes / FLOP | one-group forgery caught / epoch |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for g in doc["group_unit_design"]:
-            st = g["setting"]
-            lines.append(f"| {st['model']} | {g['tokens_per_step']:,} | {st['H']} | {st['K']} | {g['groups']} | {_gb(g['audit_bytes_per_challenge'])} "
-                         f"| {g['traffic_reduction_vs_allreduce']:,.1f}x | {g['traffic_reduction_per_verifier_fetch']:,.1f}x "
-                         f"| {g['hashed_bytes_per_training_flop']:.2e} | {g['detect_one_group_forgery_per_epoch']:.2e} |")
+    lines += ["", (f"Policy in every row: s = {st0['s']} challenges, each of r steps (a segment spans about "
+              f"{SEGMENT_TOKENS:,} tokens: r = 8 at 1,024 tokens per step, 1 past 8,192), one group of up to "
+              f"{st0['group_tokens']:,} tokens opened per step, quorum {st0['q']}, the final check drawn every epoch, "
+              "the merge rule, rank 128 at 4 bits (examples/small.toml). Hashed bytes per training FLOP: every "
+              "block's boundaries, M − 1 running gradient sums and the state every r steps; the fraction of a step "
+              "is that times the FLOP rate over the hash rate, which is the hardware's.")]
     if doc.get("validation"):
         lines += ["", "Validation against measured network runs (`benchmarks/protocol.py --keep`): every audit answer the",
                   "trainers sent, priced by the model for the segments, blocks and files its manifest names, over the bytes",
@@ -360,13 +366,11 @@ def main(argv: list[str] | None = None) -> int:
         if a.out is None:
             ap.error("--out is required (or --render)")
         rows: list[dict[str, Any]] = []
-        groups: list[dict[str, Any]] = []
         for st in grid():
             print(f"projecting {st.model} at {st.tokens:,} tokens, H {st.H}, K {st.K}", file=sys.stderr)
             rows.append(project(st))
-            groups.append(project_group_unit(st))
         doc = {"benchmark": "projection", "command": " ".join(["benchmarks/projection.py", *(argv if argv is not None else sys.argv[1:])]),
-               "python": platform.python_version(), "torch": torch.__version__, "rows": rows, "group_unit_design": groups,
+               "python": platform.python_version(), "torch": torch.__version__, "rows": rows,
                "validation": [validate(d) for d in a.validate]}
         a.out.write_text(json.dumps(doc, indent=1) + "\n")
     md = render(doc)

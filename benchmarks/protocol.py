@@ -120,6 +120,26 @@ def measure(opts: DemoOptions, audit_mode: str) -> dict[str, Any]:
     return {**analyze(opts, audit_mode, summary), "wall_seconds": round(time.time() - t0, 1)}
 
 
+def challenge_bytes(opts: DemoOptions, trainer_logs: list[list[dict[str, Any]]]) -> int | None:
+    """The mean size of the challenge files the trainers' shard answers named (from the run's store)."""
+    from protocol.leaf import block_count
+    from protocol.shard_audit import decode_manifest
+    from protocol.store.backends import LocalStore
+
+    store = LocalStore(opts.workdir / "devnet" / "store")
+    n = block_count(preset(opts.preset))
+    sizes = []
+    for evs in trainer_logs:
+        for ev in evs:
+            if ev["event"] == "responded" and ev.get("manifest"):
+                try:
+                    m = decode_manifest(store.get(ev["manifest"]), n, max_bytes=1 << 26)
+                except Exception:  # noqa: BLE001 - a whole-state answer has no challenge files
+                    continue
+                sizes += [store.path_of(c.cid).stat().st_size for c in m.challenges]
+    return round(statistics.mean(sizes)) if sizes else None
+
+
 def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict[str, Any]:
     """The scenario's figures from the logs under opts.workdir and the demo's summary."""
     config = config_of(opts, audit_mode)
@@ -187,6 +207,8 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
         "K": k,
         "tokens_per_step": config.data.batch_size * config.data.seq_len,
         "batch_size": config.data.batch_size,
+        "groups": config.inner.microbatches,
+        "audit_bytes_per_challenge": challenge_bytes(opts, trainer_logs),
         # what a trainer keeps to answer its audit (the boundary log) over its training state (parameters, moments)
         "answer_memory_fraction_of_state": round(log_bytes / n / epochs / (12 * n_params(cfg)), 3),
         "verifiers": opts.verifiers,
@@ -288,6 +310,9 @@ def main() -> int:
     ap.add_argument("--stages", type=int, default=1)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[8], metavar="ROWS",
                     help="rows per trainer and step, side by side (the demo's 64 tokens each); default 8")
+    ap.add_argument("--group-rows", type=non_negative, default=0, metavar="ROWS",
+                    help="rows per group (micro-batch): a shard challenge opens one group per step; 0 (default): the whole batch")
+    ap.add_argument("--segment", type=int, default=8, help="steps per shard challenge (audit.segment); default 8")
     ap.add_argument("--merge-steps", type=non_negative, nargs="+", default=[0], metavar="M",
                     help="start rules to run side by side: 0 is the one-step delay, M > 0 the merge rule at step M")
     ap.add_argument("--keep", type=Path, default=None, help="keep each scenario's demo directory (logs) under this folder")
@@ -312,7 +337,8 @@ def main() -> int:
     if args.analyze:
         opts = DemoOptions(trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=name,
                            steps=hs[0], workdir=args.analyze, stages=args.stages, audit=MODES[args.modes[0]],
-                           merge_step=args.merge_steps[0], batch_size=args.batch_sizes[0])
+                           merge_step=args.merge_steps[0], batch_size=args.batch_sizes[0], group_rows=args.group_rows,
+                           segment=args.segment)
         saved = args.analyze / "bench-summary.json"
         if saved.exists():
             summary = json.loads(saved.read_text())
@@ -330,11 +356,13 @@ def main() -> int:
     for h, mode, m, rows in itertools.product(hs, args.modes, args.merge_steps, args.batch_sizes):
         with tempfile.TemporaryDirectory(prefix="veriloco-bench-") as tmp:
             # windows long enough for an epoch of steps; the contract advances as soon as everyone has acted
-            tag = f"{name}-h{h}-{mode}" + (f"-merge{m}" if m else "") + (f"-b{rows}" if rows != 8 else "")
+            tag = f"{name}-h{h}-{mode}" + (f"-merge{m}" if m else "") + (f"-b{rows}" if rows != 8 else "") + (
+                f"-g{args.group_rows}" if args.group_rows else "")
             opts = DemoOptions(trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=name,
                                steps=h, workdir=(args.keep / tag) if args.keep else Path(tmp),
                                stages=args.stages, audit=MODES[mode], windows_s=3600, timeout_s=6 * 3600,
-                               checkpoint_every=CHECKPOINT_EVERY, merge_step=m, batch_size=rows)
+                               checkpoint_every=CHECKPOINT_EVERY, merge_step=m, batch_size=rows, group_rows=args.group_rows,
+                               segment=args.segment)
             r = measure(opts, mode)
         runs.append(r)
         print(f"{tag}: done in {r['wall_seconds']} s", file=sys.stderr, flush=True)

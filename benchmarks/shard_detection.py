@@ -170,8 +170,8 @@ class Forger(LocalEngine):
         self.base = int(self.state[STEP].item())  # the step counter at leaf 0
         return leaf
 
-    def _step(self, state, batch):  # type: ignore[no-untyped-def]
-        new, loss, ios = blockwise_step(state, batch, self.spec.model, self.spec.inner, self.spec.microbatches)
+    def _step(self, state, batch, on_partial=None):  # type: ignore[no-untyped-def]
+        new, loss, ios = blockwise_step(state, batch, self.spec.model, self.spec.inner, self.spec.microbatches, on_partial)
         if int(state[STEP].item()) - self.base != FORGED_STEP:
             return new, loss, ios
         if self.kind == "transition":  # the step's update skipped for every block (a lazy step)

@@ -3,10 +3,13 @@
 In a run with ``audit.unit = "shard"`` each on-chain challenge k_j (drawn exactly as in §5) becomes
 the segment of its state leaves around it, ``start = k_j - k_j mod r`` to ``end = min(start + r,
 L - 1)``, of one audit block ``b_j`` drawn from the same seed. The trainer reveals that block's
-parameters and moments at ``start`` and, for every step of the segment, the two boundary tensors
-the block consumed (its input activations and the gradient arriving at its output), plus the
-preimages of leaves ``start..end`` with their Merkle proofs. Nothing else of the state travels:
-the verifier replays one block, and the leaves' preimages bind every byte it needs.
+parameters and moments at ``start`` and, for every step k of the segment, one *group* m_k of the
+step's M micro-batches (drawn per step and block): the two boundary tensors the block consumed on
+the group's rows (its input activations and the gradient arriving at its output) and, when M > 1,
+its gradient accumulated through group m_k − 1 (``before``) and the step's total (``total``); plus
+the preimages of leaves ``start..end`` and the *openings* of the group leaves that bind those
+tensors (protocol.leaf.GroupLeaf), each with its Merkle proof to its block entry. So a challenge
+costs ``3·P_b + r·(2·P_b [M > 1] + 2·U·d)`` floats for U tokens per group, whatever the batch.
 
 The final check (end state -> payload) uses one block, drawn under its own label, and reveals
 that block's parameters at the first leaf and its parameters and error buffer at the last
@@ -28,11 +31,11 @@ from protocol.chain.audit import draw
 from protocol.digest import keccak
 from protocol.errors import VerilocoError
 from protocol.formats.codec import TensorSpec, decode_dataclass, encode_dataclass
-from protocol.leaf import LeafError, StepLeaf, part_digest, tensor_digest
+from protocol.leaf import GroupLeaf, LeafError, StepLeaf, part_digest, partial_digest, tensor_digest
 from protocol.store.unixfs import CidError, validate_cid
 from protocol.types import Address, Cid, Digest
 
-SHARD_AUDIT_FORMAT = "veriloco.audit.shard.v2"
+SHARD_AUDIT_FORMAT = "veriloco.audit.shard.v3"
 START_PREFIX = "start."  # a transition or start file's first-leaf parameters: "start.param/<p>"
 
 
@@ -49,6 +52,22 @@ def segment_of(k: int, segment: int, leaf_count: int) -> tuple[int, int]:
 def drawn_block(seed: bytes, trainer: str, label: str, j: int, n_blocks: int) -> int:
     """The audit block of draw j under ``label`` ("shard", "final-shard")."""
     return draw(seed, trainer, label, j) % n_blocks
+
+
+def drawn_group(seed: bytes, trainer: str, k: int, b: int, micro: int) -> int:
+    """The group (micro-batch) of step k that a challenge of block b opens."""
+    return draw(seed, trainer, "group", k, b) % micro
+
+
+def opening_keys(start: int, end: int, b: int, picks: Sequence[int], n_blocks: int) -> list[tuple[int, int, int]]:
+    """(step, block, group) of every group leaf a challenge opens, in order: per step k with group m,
+    block b−1's m (binds the input), b's m−1 (binds ``before``), b's m, b+1's m (binds the output gradient)."""
+    out = []
+    for k, m in zip(range(start, end), picks, strict=True):
+        for bb, mm in ((b - 1, m), (b, m - 1), (b, m), (b + 1, m)):
+            if 0 <= bb < n_blocks and mm >= 0:
+                out.append((k, bb, mm))
+    return out
 
 
 def shard_challenges(
@@ -78,13 +97,39 @@ class ProvenLeaf:
 
 
 @dataclass(frozen=True)
+class GroupOpening:
+    """Group leaf ``group`` of ``block`` in step ``step`` (leaf step+1): its 96-byte preimage
+    (protocol.leaf.GroupLeaf.encode) and its Merkle proof to that block entry's ``groups`` root."""
+
+    step: int
+    block: int
+    group: int
+    leaf: bytes
+    proof: tuple[Digest, ...]
+
+    def value(self) -> GroupLeaf:
+        try:
+            return GroupLeaf.decode(self.leaf)
+        except LeafError as exc:
+            raise ShardAuditError(f"group {self.group} of block {self.block} in step {self.step}: {exc}") from None
+
+
+@dataclass(frozen=True)
 class ShardChallenge:
-    """One challenged segment of one block, and the CID of its shard file."""
+    """One challenged segment of one block, the CID of its shard file, and the group leaves it opens
+    (``opening_keys`` of the drawn groups)."""
 
     start: int
     end: int
     block: int
     cid: Cid
+    openings: tuple[GroupOpening, ...]
+
+    @property
+    def picks(self) -> list[int]:
+        """The group opened in each step of the segment (the block's own opening at each step)."""
+        own = {o.step: o.group for o in self.openings if o.block == self.block}  # m−1 then m: the last wins
+        return [own.get(k, -1) for k in range(self.start, self.end)]
 
 
 @dataclass(frozen=True)
@@ -99,11 +144,12 @@ class BlockTransition:
 class ShardManifest:
     """A trainer's answer to a shard audit (format ``veriloco.audit.shard.v2``).
 
-    ``leaves``: every leaf the checks read (0, ``start..end`` of each challenge, ``L-1`` with the final
+    ``groups``: M, the groups (micro-batches) of every step. ``leaves``: every leaf the checks read (0, ``start..end`` of each challenge, ``L-1`` with the final
     check), sorted, distinct, proven against ``trace_root``. ``final``: block -1 when not drawn.
     ``previous``: leaves 0 and ``L'-1`` of epoch e-1, proven against ``previous_root``, when the start
     continued e-1 (then ``start_cid`` is its start file, every block: ``start_spec``), else empty.
-    (v1 named one drawn block of e-1 for the start check; v2 has no start draw.)
+    (v1 named one drawn block of e-1 for the start check; v2 has no start draw; v3 opens one group
+    per step instead of revealing the whole batch.)
     """
 
     run_id: int
@@ -112,6 +158,7 @@ class ShardManifest:
     trace_root: Digest
     leaf_count: int
     segment: int
+    groups: int
     leaves: tuple[ProvenLeaf, ...]
     challenges: tuple[ShardChallenge, ...]
     final: BlockTransition
@@ -145,6 +192,24 @@ def _check_proofs(root: Digest, count: int, leaves: Sequence[ProvenLeaf], what: 
             raise ShardAuditError(f"{what} leaf {p.index}: its Merkle proof does not lead to the root")
 
 
+def openings_error(c: ShardChallenge, micro: int, n_blocks: int, leaves: Mapping[int, StepLeaf]) -> str | None:
+    """Why a challenge's openings are not exactly ``opening_keys`` of one group per step, each proven
+    to its block entry's ``groups`` root in ``leaves``; None when they are."""
+    picks = c.picks
+    if any(not 0 <= m < micro for m in picks):
+        return f"challenge {c.start} block {c.block}: a step opens no group, or one outside 0..{micro - 1}"
+    keys = [(o.step, o.block, o.group) for o in c.openings]
+    if keys != opening_keys(c.start, c.end, c.block, picks, n_blocks):
+        return f"challenge {c.start} block {c.block}: the group openings are not those of the opened groups"
+    depth = merkle.proof_length(micro)
+    for o in c.openings:
+        root = leaves[o.step + 1].blocks[o.block].groups
+        if len(o.proof) != depth or any(len(h) != 32 for h in o.proof) or not merkle.verify(
+                root, o.value().value, o.group, micro, o.proof):
+            return f"group {o.group} of block {o.block} in step {o.step}: its proof does not lead to the leaf's root"
+    return None
+
+
 def merkle_leaf_value(preimage: bytes) -> Digest:
     """The trace value committed for a leaf: keccak of its preimage (protocol.leaf.StepLeaf.digest)."""
     return keccak(preimage)
@@ -161,8 +226,8 @@ def validate(m: ShardManifest, n_blocks: int) -> None:
     """Internal consistency and every proof; whether it answers *the drawn* challenges is the verifier's check."""
     if m.run_id < 0 or m.epoch < 0 or not re.fullmatch(r"0x[0-9a-fA-F]{40}", m.trainer) or len(m.trace_root) != 32:
         raise ShardAuditError("manifest run_id, epoch, trainer or trace_root is malformed")
-    if not 2 <= m.leaf_count <= 1 << 24 or not 1 <= m.segment <= 1 << 24:
-        raise ShardAuditError(f"leaf_count {m.leaf_count} or segment {m.segment} out of range")
+    if not 2 <= m.leaf_count <= 1 << 24 or not 1 <= m.segment <= 1 << 24 or not 1 <= m.groups <= 1 << 16:
+        raise ShardAuditError(f"leaf_count {m.leaf_count}, segment {m.segment} or groups {m.groups} out of range")
     keys = [(c.start, c.end, c.block) for c in m.challenges]
     if keys != sorted(set(keys)):
         raise ShardAuditError("challenges must be sorted by (start, end, block) and distinct")
@@ -181,6 +246,11 @@ def validate(m: ShardManifest, n_blocks: int) -> None:
     if idx != need:
         raise ShardAuditError(f"manifest reveals leaves {idx[:8]}..., the challenges need exactly {need[:8]}...")
     _check_proofs(m.trace_root, m.leaf_count, m.leaves, "trace")
+    leaves = {p.index: p.leaf(n_blocks) for p in m.leaves}
+    for c in m.challenges:
+        why = openings_error(c, m.groups, n_blocks, leaves)
+        if why is not None:
+            raise ShardAuditError(why)
     if not m.previous:
         if m.previous_leaf_count or m.previous_root != bytes(32) or m.start_cid:
             raise ShardAuditError("a fresh start carries no previous root, leaf count or start file")
@@ -215,21 +285,23 @@ def proven(preimages: Sequence[bytes], indices: Sequence[int]) -> tuple[ProvenLe
 
 
 def build_manifest(
-    *, run_id: int, epoch: int, trainer: Address, preimages: Sequence[bytes], segment: int,
-    challenges: Sequence[tuple[int, int, int]], cid_of_challenge: Callable[[int, int, int], Cid],
+    *, run_id: int, epoch: int, trainer: Address, preimages: Sequence[bytes], segment: int, groups: int,
+    challenges: Sequence[tuple[int, int, int]],
+    cid_of_challenge: Callable[[int, int, int], tuple[Cid, tuple[GroupOpening, ...]]],
     final_block: int, cid_of_final: Callable[[int], Cid],
     previous: Sequence[bytes] = (), cid_of_start: Callable[[], Cid] | None = None, n_blocks: int,
 ) -> ShardManifest:
     """Assemble and validate the answer; files are published through the ``cid_of_*`` callbacks
-    (``cid_of_start``: the start file of a continued start, every block)."""
+    (``cid_of_challenge`` also gives the challenge's group openings; ``cid_of_start``: the start
+    file of a continued start, every block)."""
     L = len(preimages)
     final = final_block >= 0
     cont = bool(previous) and cid_of_start is not None
     m = ShardManifest(
         run_id=run_id, epoch=epoch, trainer=trainer, trace_root=merkle.root([merkle_leaf_value(p) for p in preimages]),
-        leaf_count=L, segment=segment,
+        leaf_count=L, segment=segment, groups=groups,
         leaves=proven(preimages, required_leaves(challenges, final, L)),
-        challenges=tuple(ShardChallenge(s, e, b, cid_of_challenge(s, e, b)) for s, e, b in sorted(set(challenges))),
+        challenges=tuple(ShardChallenge(s, e, b, *cid_of_challenge(s, e, b)) for s, e, b in sorted(set(challenges))),
         final=BlockTransition(final_block, cid_of_final(final_block)) if final else BlockTransition(-1, Cid("")),
         previous_root=merkle.root([merkle_leaf_value(p) for p in previous]) if cont else Digest(bytes(32)),
         previous_leaf_count=len(previous) if cont else 0,
@@ -244,7 +316,7 @@ def build_manifest(
 
 
 def boundary_names(b: int, n_blocks: int, start: int, end: int) -> list[str]:
-    """The boundary tensors of block b over steps start..end-1: ``in/<k>`` and ``gout/<k>``."""
+    """The boundary tensors of block b over steps start..end-1 (the opened group's rows): ``in/<k>``, ``gout/<k>``."""
     out = []
     for k in range(start, end):
         if b > 0:
@@ -254,6 +326,12 @@ def boundary_names(b: int, n_blocks: int, start: int, end: int) -> list[str]:
     return out
 
 
+def sum_names(k: int, names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Step k's ``before/<k>/<p>`` (the block's gradient through group m−1, zeros for m = 0) and
+    ``total/<k>/<p>`` entries, carried when a step has more than one group."""
+    return [f"before/{k:08d}/{n}" for n in names], [f"total/{k:08d}/{n}" for n in names]
+
+
 def covers_merge(start: int, end: int, merge_step: int | None) -> bool:
     """Whether segment start..end replays the merge rule's step (``merge_step`` None: no merge rule)."""
     return merge_step is not None and start <= merge_step < end
@@ -261,30 +339,59 @@ def covers_merge(start: int, end: int, merge_step: int | None) -> bool:
 
 def challenge_spec(
     shapes: Mapping[str, tuple[int, ...]], names: Sequence[str], b: int, n_blocks: int,
-    start: int, end: int, act_shape: tuple[int, ...], merge: bool = False,
+    start: int, end: int, group_shape: tuple[int, ...], merge: bool = False, micro: int = 1,
 ) -> dict[str, TensorSpec]:
-    """Exactly the entries of a challenge's shard file (param/adam at ``start``, meta, boundaries) and,
-    when the segment covers the merge rule's step (``merge``), the block's parameters at leaf 0
-    (``start.param/<p>``): the merge adds G_e − S_e.param."""
+    """Exactly the entries of a challenge's shard file: param/adam at ``start``, meta, each step's
+    boundaries on one group's rows (``group_shape``: rows/M, seq, d), with ``micro`` > 1 each step's
+    ``before`` and ``total`` sums, and when the segment covers the merge rule's step (``merge``) the
+    block's parameters at leaf 0 (``start.param/<p>``): the merge adds G_e − S_e.param."""
     prefixes = ("param/", "adam.m/", "adam.v/", f"{START_PREFIX}param/") if merge else ("param/", "adam.m/", "adam.v/")
     spec = {f"{p}{n}": TensorSpec(torch.float32, shapes[n]) for p in prefixes for n in names}
     spec["meta/step"] = spec["meta/rng"] = TensorSpec(torch.int64, (1,))
     for name in boundary_names(b, n_blocks, start, end):
-        spec[name] = TensorSpec(torch.float32, act_shape)
+        spec[name] = TensorSpec(torch.float32, group_shape)
+    if micro > 1:
+        for k in range(start, end):
+            before, total = sum_names(k, names)
+            for key, n in [*zip(before, names), *zip(total, names)]:
+                spec[key] = TensorSpec(torch.float32, shapes[n])
     return spec
 
 
+def open_groups(
+    groups: Mapping[int, Mapping[int, Sequence[GroupLeaf]]], start: int, end: int, b: int, picks: Sequence[int],
+    n_blocks: int,
+) -> tuple[GroupOpening, ...]:
+    """The openings of ``opening_keys`` from every step's group leaves (``groups[k][block]``, all M)."""
+    out = []
+    for k, bb, m in opening_keys(start, end, b, picks, n_blocks):
+        leaves = groups[k][bb]
+        out.append(GroupOpening(k, bb, m, leaves[m].encode(), tuple(merkle.prove([g.value for g in leaves], m))))
+    return tuple(out)
+
+
+def opened(c: ShardChallenge) -> dict[tuple[int, int, int], GroupLeaf]:
+    """A challenge's openings by (step, block, group)."""
+    return {(o.step, o.block, o.group): o.value() for o in c.openings}
+
+
 def unbound_input(
-    file: Mapping[str, torch.Tensor], leaves: Mapping[int, StepLeaf], start: int, end: int, b: int,
-    names: Sequence[str], n_blocks: int,
+    file: Mapping[str, torch.Tensor], leaves: Mapping[int, StepLeaf], c: ShardChallenge, names: Sequence[str],
+    n_blocks: int, micro: int,
 ) -> str | None:
-    """Why a challenge file's inputs are not what leaves ``start..end`` commit; None when all are bound.
+    """Why a challenge file's inputs are not what leaves ``start..end`` and its openings commit; None
+    when all are bound.
 
     The shard must be block b of state leaf ``start`` (parameters, moments, step counter, rng word),
-    and each boundary tensor the one its neighbour committed at that step; start parameters, where the
-    file has them, block b's of leaf 0. The verifier asks this before it replays; the trainer asks it
-    of an answer built from its boundary log before publishing.
+    each boundary tensor the one its neighbour committed for the opened group, and each ``before``
+    sum the one the block committed after the previous group (zeros for group 0); start parameters,
+    where the file has them, block b's of leaf 0. The verifier asks this before it replays; the
+    trainer asks it of its answer before publishing.
     """
+    start, end, b = c.start, c.end, c.block
+    why = openings_error(c, micro, n_blocks, leaves)
+    if why is not None:
+        return why
     first = leaves[start]
     if (part_digest(file, names, ("param/",)) != first.blocks[b].params
             or part_digest(file, names, ("adam.m/", "adam.v/")) != first.blocks[b].opt):
@@ -294,13 +401,19 @@ def unbound_input(
         return f"the revealed start parameters are not block {b} of leaf 0"
     if (int(file["meta/step"].item()), int(file["meta/rng"].item())) != (first.step, first.rng):
         return f"the revealed step counter or rng word is not leaf {start}'s"
+    got = opened(c)
     bnames = iter(boundary_names(b, n_blocks, start, end))
-    for k in range(start, end):
-        nxt = leaves[k + 1]
-        if b > 0 and tensor_digest(file[next(bnames)]) != nxt.blocks[b - 1].act:
-            return f"step {k}: the revealed input is not what block {b - 1} committed"
-        if b < n_blocks - 1 and tensor_digest(file[next(bnames)]) != nxt.blocks[b + 1].grad:
-            return f"step {k}: the revealed output gradient is not what block {b + 1} committed"
+    for k, m in zip(range(start, end), c.picks, strict=True):
+        if b > 0 and tensor_digest(file[next(bnames)]) != got[(k, b - 1, m)].act:
+            return f"step {k}: the revealed input of group {m} is not what block {b - 1} committed"
+        if b < n_blocks - 1 and tensor_digest(file[next(bnames)]) != got[(k, b + 1, m)].grad:
+            return f"step {k}: the revealed output gradient of group {m} is not what block {b + 1} committed"
+        if micro > 1:
+            before = {n: file[key] for n, key in zip(names, sum_names(k, names)[0])}
+            if m == 0 and any(bool(t.any()) for t in before.values()):
+                return f"step {k}: group 0 has no sum before it, and the revealed one is not zero"
+            if m > 0 and partial_digest(before) != got[(k, b, m - 1)].after:
+                return f"step {k}: the revealed sum before group {m} is not what block {b} committed"
     return None
 
 
@@ -324,6 +437,7 @@ __all__ = [
     "SHARD_AUDIT_FORMAT",
     "START_PREFIX",
     "BlockTransition",
+    "GroupOpening",
     "ProvenLeaf",
     "ShardAuditError",
     "ShardChallenge",
@@ -334,11 +448,17 @@ __all__ = [
     "covers_merge",
     "decode_manifest",
     "drawn_block",
+    "drawn_group",
     "encode_manifest",
+    "open_groups",
+    "opened",
+    "openings_error",
+    "opening_keys",
     "required_leaves",
     "segment_of",
     "shard_challenges",
     "start_spec",
+    "sum_names",
     "transition_spec",
     "unbound_input",
 ]

@@ -174,10 +174,36 @@ def block_leaves(state: Mapping[str, Tensor], names: Sequence[str]) -> dict[str,
     return {n: state[PARAM + n].detach().requires_grad_(True) for n in names}
 
 
+OnPartial = Callable[[int, int, Params], None]  # (block, group m, its gradient accumulated through m)
+
+
+class Capture:
+    """An ``on_partial`` hook that keeps block b's running sum before group m (``before``) and its total,
+    and passes every call on to ``then`` (a leaf's ``PartialSums``): what an answer to a group audit reveals."""
+
+    def __init__(self, b: int, m: int, micro: int, then: OnPartial | None = None) -> None:
+        self.b, self.m, self.micro, self.then = b, m, micro, then
+        self.before: Params | None = None
+        self.total: Params | None = None
+
+    def __call__(self, b: int, m: int, acc: Params) -> None:
+        if self.then is not None:
+            self.then(b, m, acc)
+        if b == self.b:
+            if m == self.m - 1:
+                self.before = dict(acc)
+            if m == self.micro - 1:
+                self.total = dict(acc)
+
+
 def blockwise_step(
     state: Mapping[str, Tensor], batch: Batch, model_cfg: GPTConfig, inner_cfg: InnerConfig, micro: int = 1,
+    on_partial: OnPartial | None = None,
 ) -> tuple[State, float, list[BlockIO]]:
-    """One inner step, block by block: (new state, loss before the step, every block's boundaries)."""
+    """One inner step, block by block: (new state, loss before the step, every block's boundaries).
+
+    ``on_partial(b, m, acc)`` sees each block's running sum after each group (micro-batch) m, the
+    moment it exists: what a v4 leaf commits (protocol.leaf.PartialSums) or an answer reveals."""
     check_state(state, model_cfg)
     dev = state[STEP].device
     groups = block_names(model_cfg)
@@ -187,7 +213,7 @@ def blockwise_step(
     acts: list[list[Tensor]] = [[] for _ in groups]
     gins: list[list[Tensor]] = [[] for _ in groups]
     losses: list[float] = []
-    for x, y in microbatches(batch, micro):
+    for m, (x, y) in enumerate(microbatches(batch, micro)):
         x, y = x.to(dev), y.to(dev)
         runs: list[BlockRun] = []
         h = x
@@ -202,6 +228,8 @@ def blockwise_step(
         for run in reversed(runs):
             grads, g = run.backward(g)
             acc[run.b] = accumulate(acc[run.b], grads)
+            if on_partial is not None:
+                on_partial(run.b, m, acc[run.b])
             if g is not None:
                 gins[run.b].append(g)
     loss = sum(losses) / len(losses)
@@ -222,7 +250,7 @@ def blockwise_step(
 def replay_block(
     block_state: Mapping[str, Tensor], b: int, batch: Batch, model_cfg: GPTConfig, inner_cfg: InnerConfig,
     micro: int, inp: Tensor | None, g_out: Tensor | None, sqs: Sequence[Tensor],
-    on_grads: Callable[[Params], None] | None = None,
+    on_grads: Callable[[Params], None] | None = None, on_partial: OnPartial | None = None,
 ) -> tuple[State, BlockIO]:
     """Block ``b``'s share of one step, alone: its new state and what it exchanged.
 
@@ -254,15 +282,49 @@ def replay_block(
             acts.append(run.out.detach())
         grads, g_in = run.backward(gouts[m])
         acc = accumulate(acc, grads)
+        if on_partial is not None:
+            on_partial(b, m, acc)
         if g_in is not None:
             gins.append(g_in)
     assert acc is not None
     if on_grads is not None:
         on_grads(acc)
-    sq = squared_norm(acc)
-    norm = global_norm([sq if j == b else s for j, s in enumerate(sqs)])
-    new = apply_update(block_state, acc, inner_cfg, norm=norm)
+    new, sq = block_update(block_state, b, acc, inner_cfg, sqs)
     return new, BlockIO(torch.cat(acts) if acts else None, torch.cat(gins) if gins else None, sq)
+
+
+def block_update(
+    block_state: Mapping[str, Tensor], b: int, total: Params, inner_cfg: InnerConfig, sqs: Sequence[Tensor],
+) -> tuple[State, Tensor]:
+    """Block b's AdamW step from its total gradient: (new block state, its squared norm). The global
+    norm takes every other block's committed ``sqs`` and this block's own, recomputed."""
+    sq = squared_norm(total)
+    norm = global_norm([sq if j == b else s.to(sq.device) for j, s in enumerate(sqs)])
+    return apply_update(block_state, total, inner_cfg, norm=norm), sq
+
+
+def replay_group(
+    block_state: Mapping[str, Tensor], b: int, batch: Batch, model_cfg: GPTConfig, micro: int, m: int,
+    inp: Tensor | None, g_out: Tensor | None,
+) -> tuple[Params, Tensor | None, Tensor | None]:
+    """Block b on group (micro-batch) m of a step, alone: (its parameter gradients g_m, its output
+    activations, the gradient at its input), from the group's rows of its boundaries.
+
+    The same ``BlockRun`` as the step, on the same rows: a v4 audit replays one group of U tokens
+    whatever the batch (docs/protocol.md §5.3)."""
+    groups = block_names(model_cfg)
+    if not 0 <= b < len(groups) or not 0 <= m < micro:
+        raise TrainerError(f"audit block {b} or group {m} does not exist ({len(groups)} blocks, {micro} groups)")
+    dev = block_state[STEP].device
+    x, y = microbatches(batch, micro)[m]
+    last = b == len(groups) - 1
+    if b > 0 and inp is None:
+        raise TrainerError(f"block {b} needs its input activations")
+    run = BlockRun(model_cfg, b, block_leaves(block_state, groups[b]), block_module(model_cfg, b),
+                   x.to(dev) if b == 0 else inp, micro, y.to(dev) if last else None)  # type: ignore[arg-type]
+    act = None if last else run.out.detach()
+    grads, g_in = run.backward(g_out)
+    return grads, act, g_in
 
 
 def _chunks(t: Tensor | None, micro: int, what: str) -> list[Tensor]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -31,9 +31,11 @@ from safetensors import safe_open
 from torch import Tensor
 
 from protocol.formats.codec import write_state
+from protocol.leaf import GroupLeaf
 from trainer.blockstep import BlockIO
 
 SQ = "sq"  # every block's squared gradient norm, fp32, in block order
+GROUPS = "groups"  # every block's group leaves (protocol.leaf.GroupLeaf), uint8 [blocks, M, 96]
 
 
 def _act(b: int) -> str:
@@ -72,10 +74,14 @@ class BoundaryLog:
     def _file(self, k: int) -> Path:
         return self.path / f"step-{k:06d}.safetensors"
 
-    def put(self, k: int, ios: Sequence[BlockIO]) -> None:
-        """Keep step k's boundaries in memory if the budget allows, else write them (atomically: a torn
-        file is never read as whole)."""
-        tensors: dict[str, Tensor] = {SQ: torch.stack([io.sq.to(torch.float32) for io in ios])}
+    def put(self, k: int, ios: Sequence[BlockIO], groups: Mapping[int, Sequence[GroupLeaf]]) -> None:
+        """Keep step k's boundaries and group leaves in memory if the budget allows, else write them
+        (atomically: a torn file is never read as whole)."""
+        raw = b"".join(g.encode() for b in range(len(ios)) for g in groups[b])
+        tensors: dict[str, Tensor] = {
+            SQ: torch.stack([io.sq.to(torch.float32) for io in ios]),
+            GROUPS: torch.frombuffer(bytearray(raw), dtype=torch.uint8).reshape(len(ios), -1, 96),
+        }
         for b, io in enumerate(ios):
             if io.act is not None:
                 tensors[_act(b)] = io.act.contiguous()
@@ -114,6 +120,16 @@ class BoundaryLog:
         if len(sqs) != n_blocks:
             raise ValueError(f"boundary log step {k} holds {len(sqs)} norms for {n_blocks} blocks")
         return inp, g_out, sqs
+
+    def groups(self, k: int) -> dict[int, list[GroupLeaf]]:
+        """Every block's group leaves in step k."""
+        kept = self._ram.get(k)
+        if kept is not None:
+            raw = kept[GROUPS]
+        else:
+            with safe_open(str(self._file(k)), framework="pt") as f:
+                raw = f.get_tensor(GROUPS)
+        return {b: [GroupLeaf.decode(bytes(row.tolist())) for row in block] for b, block in enumerate(raw)}
 
     def disk_bytes(self) -> int:
         """Disk bytes the log holds now."""

@@ -15,15 +15,16 @@ tensor of the epoch: steps are bitwise reproducible, and a replay crossing step 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from protocol.leaf import LeafCommitter, StepLeaf, block_names
-from trainer.blockstep import Batch, BlockIO, blockwise_step, replay_block
+from protocol.leaf import GroupLeaf, LeafCommitter, PartialSums, StepLeaf, block_names
+from trainer.blockstep import Batch, BlockIO, Capture, OnPartial, blockwise_step, replay_block
 from trainer.boundaries import BoundaryLog, RamBudget
 from trainer.checkpoints import EpochDir
 from trainer.compress import CompressionStats, compress
@@ -67,8 +68,10 @@ class Engine(Protocol):
     def block_state(self, d: EpochDir, k: int, b: int, prefixes: tuple[str, ...]) -> State:
         """Audit block b's ``prefixes`` entries (plus meta) at checkpoint leaf k (0 or the last)."""
 
-    def audit_block(self, d: EpochDir, start: int, end: int, b: int, batch_of: BatchOf, *, logged: bool = True) -> tuple[State, list[tuple[Tensor | None, Tensor | None]]]:
-        """Block b's params and moments at leaf ``start`` and, per step start..end-1, its (input, output gradient).
+    def audit_block(self, d: EpochDir, start: int, end: int, b: int, picks: Sequence[int], batch_of: BatchOf, *,
+                    logged: bool = True) -> tuple[State, list[Opened]]:
+        """Block b's params and moments at leaf ``start`` and, per step start..end-1, what opening group
+        ``picks[k - start]`` needs (``Opened``).
 
         ``logged``: read them from the engine's boundary log where it has one (trainer/boundaries.py);
         False replays whole steps (what a caller does when the log's answer failed its check)."""
@@ -138,6 +141,32 @@ def epoch_delta(spec: RoundSpec, start: State, end: State, merged: Callable[[], 
     return merged_pseudo_gradient(section(merged(), PARAM), end)
 
 
+@dataclass
+class Opened:
+    """Block b in one step of an answered segment: its whole-batch boundaries (input activations, output
+    gradient), its gradient through the group before the opened one and its total (``trainer.blockstep.
+    Capture``; None at M = 1 or group 0), and the group leaves of blocks b−1, b, b+1 (the openings)."""
+
+    inp: Tensor | None
+    g_out: Tensor | None
+    before: Params | None
+    total: Params | None
+    groups: dict[int, list[GroupLeaf]]
+
+    def flat(self) -> dict[str, Tensor]:
+        """Every tensor by a fixed name, and the group leaves as bytes: two ways of answering compare by it."""
+        out = {k: t for k, t in (("inp", self.inp), ("g_out", self.g_out)) if t is not None}
+        for what, sums in (("before", self.before), ("total", self.total)):
+            out.update({f"{what}/{n}": t for n, t in (sums or {}).items()})
+        raw = b"".join(g.encode() for b in sorted(self.groups) for g in self.groups[b])
+        out["groups"] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        return out
+
+
+def neighbours(groups: Mapping[int, Sequence[GroupLeaf]], b: int) -> dict[int, list[GroupLeaf]]:
+    return {j: list(groups[j]) for j in (b - 1, b, b + 1) if j in groups}
+
+
 def boundary_of(ios: list[BlockIO], b: int) -> tuple[Tensor | None, Tensor | None]:
     """Block b's inputs in a step: the previous block's output and the next block's input gradient."""
     return (ios[b - 1].act if b > 0 else None), (ios[b + 1].grad_in if b < len(ios) - 1 else None)
@@ -186,10 +215,10 @@ class LocalEngine:
         """``tensors`` on the engine's device (the same dict's tensors, uncopied, on the CPU)."""
         return {k: v.to(self.device) for k, v in tensors.items()}
 
-    def _step(self, state: State, batch: Batch) -> tuple[State, float, list[BlockIO]]:
+    def _step(self, state: State, batch: Batch, on_partial: OnPartial | None = None) -> tuple[State, float, list[BlockIO]]:
         x, y = batch
         new, loss, ios = blockwise_step(self._on(state), (x.to(self.device), y.to(self.device)), self.spec.model,
-                                        self.spec.inner, self.spec.microbatches)
+                                        self.spec.inner, self.spec.microbatches, on_partial)
         if self.device.type != "cpu":  # leaves hash on the CPU and the log lives there: one copy each
             ios = [BlockIO(None if io.act is None else io.act.cpu(), None if io.grad_in is None else io.grad_in.cpu(),
                            io.sq.cpu()) for io in ios]
@@ -204,30 +233,32 @@ class LocalEngine:
     def begin(self, d: EpochDir, steps: int, g: Params, prev: EpochDir | None) -> StepLeaf:
         state = self.start(d, g, prev)
         self.state, self.steps = self._on(state), steps
-        self.committer = LeafCommitter(self.spec.model, self.spec.segment, steps + 1)
+        self.committer = LeafCommitter(self.spec.model, self.spec.segment, steps + 1, micro=self.spec.microbatches)
         d.save_step(0, state)
         return self.committer.leaf(0, state, None)
 
     def resume(self, d: EpochDir, steps: int, k: int) -> None:
         self.state, self.steps = self._on(d.load(f"state-{k:06d}")), steps
-        self.committer = LeafCommitter(self.spec.model, self.spec.segment, steps + 1)
+        self.committer = LeafCommitter(self.spec.model, self.spec.segment, steps + 1, micro=self.spec.microbatches)
         self.committer.state_parts(d.load("state-000000"))  # the error buffer's digests, fixed since leaf 0
 
     def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, StepLeaf]:
         if self.state is None or self.committer is None:
             raise TrainerError("the engine has no epoch begun or resumed")
         t = own_cpu()
-        self.state, loss, ios = self._step(self.state, batch)
+        sums = PartialSums(self.spec.microbatches)
+        self.state, loss, ios = self._step(self.state, batch, sums)
         t_step = own_cpu()
-        leaf = self.committer.leaf(k + 1, self.state, ios)
+        groups = self.committer.group_leaves(ios, sums.digests)
+        leaf = self.committer.leaf(k + 1, self.state, ios, groups)
         t_leaf = own_cpu()
         if self.keep_boundaries:
             try:
-                self._log(d).put(k, ios)
+                self._log(d).put(k, ios, groups)
             except OSError as exc:  # a full disk costs the cheap answer for this step, never the step
                 self.log_error = f"step {k}: {exc}"
-        self._timings["compute_s"] += t_step - t
-        self._timings["commit_s"] += t_leaf - t_step
+        self._timings["compute_s"] += t_step - t - sums.seconds
+        self._timings["commit_s"] += t_leaf - t_step + sums.seconds
         self._timings["log_s"] += own_cpu() - t_leaf
         if (k + 1) % self.every == 0 or k + 1 == self.steps:
             d.save_step(k + 1, self.state)
@@ -257,36 +288,50 @@ class LocalEngine:
     def block_state(self, d: EpochDir, k: int, b: int, prefixes: tuple[str, ...]) -> State:
         return restrict(d.load(f"state-{k:06d}"), self.groups[b], prefixes)
 
-    def audit_block(self, d: EpochDir, start: int, end: int, b: int, batch_of: BatchOf, *, logged: bool = True) -> tuple[State, list[tuple[Tensor | None, Tensor | None]]]:
+    def audit_block(self, d: EpochDir, start: int, end: int, b: int, picks: Sequence[int], batch_of: BatchOf, *,
+                    logged: bool = True) -> tuple[State, list[Opened]]:
         base = max((c for c in d.checkpoints() if c <= start), default=None)
         log = self._log(d)
         if logged and self.keep_boundaries and base is not None and log.has(range(base, end)):
             try:
-                return self._logged_block(d, log, base, start, end, b, batch_of)
+                return self._logged_block(d, log, base, start, end, b, picks, batch_of)
             except Exception as exc:  # noqa: BLE001 - the log is a cache: a file it cannot read means whole steps
                 self.log_error = f"epoch {d.epoch} boundary log unreadable ({type(exc).__name__}: {exc}); replaying whole steps"
         state = d.state_at(start, lambda st, j: self._step(self._merged(d, st, j), batch_of(j))[:2])
         shard = restrict(state, self.groups[b], (PARAM, MOM1, MOM2))
-        bounds = []
-        for j in range(start, end):
-            state, _, ios = self._step(self._merged(d, state, j), batch_of(j))
-            bounds.append(boundary_of(ios, b))
-        return shard, bounds
+        micro = self.spec.microbatches
+        committer = LeafCommitter(self.spec.model, self.spec.segment, 2, micro=micro)
+        out = []
+        for j, m in zip(range(start, end), picks, strict=True):
+            cap = Capture(b, m, micro, sums := PartialSums(micro))
+            state, _, ios = self._step(self._merged(d, state, j), batch_of(j), cap)
+            inp, g_out = boundary_of(ios, b)
+            out.append(Opened(inp, g_out, cap.before, cap.total if micro > 1 else None,
+                              neighbours(committer.group_leaves(ios, sums.digests), b)))
+        return shard, out
 
     def _logged_block(self, d: EpochDir, log: BoundaryLog, base: int, start: int, end: int, b: int,
-                      batch_of: BatchOf) -> tuple[State, list[tuple[Tensor | None, Tensor | None]]]:
-        """Block b alone from checkpoint ``base`` to ``start`` on the logged boundaries, then the segment's."""
+                      picks: Sequence[int], batch_of: BatchOf) -> tuple[State, list[Opened]]:
+        """Block b alone from checkpoint ``base`` through the segment on the logged boundaries."""
         n, cfg = len(self.groups), self.spec
         state = self._on(d.load_part(f"state-{base:06d}", [p + name for p in (PARAM, MOM1, MOM2) for name in self.groups[b]] + [STEP, RNG]))
         dev = self.device
-        for j in range(base, start):
+        shard: State = {}
+        out = []
+        for j in range(base, end):
+            if j == start:
+                shard = restrict(state, self.groups[b], (PARAM, MOM1, MOM2))
             inp, g_out, sqs = log.block_inputs(j, b, n)
             x, y = batch_of(j)
+            cap = Capture(b, picks[j - start] if j >= start else -1, cfg.microbatches)
             state = self._merged(d, state, j)
             state, _ = replay_block(state, b, (x.to(dev), y.to(dev)), cfg.model, cfg.inner, cfg.microbatches,
                                     None if inp is None else inp.to(dev), None if g_out is None else g_out.to(dev),
-                                    [q.to(dev) for q in sqs])
-        return restrict(state, self.groups[b], (PARAM, MOM1, MOM2)), [log.block_inputs(j, b, n)[:2] for j in range(start, end)]
+                                    [q.to(dev) for q in sqs], on_partial=cap)
+            if j >= start:
+                out.append(Opened(inp, g_out, cap.before, cap.total if cfg.microbatches > 1 else None,
+                                  neighbours(log.groups(j), b)))
+        return shard, out
 
     def _log(self, d: EpochDir) -> BoundaryLog:
         if d.path not in self._logs:
@@ -307,5 +352,5 @@ class LocalEngine:
         self.state = None
 
 
-__all__ = ["MERGED", "BatchOf", "Engine", "LocalEngine", "boundary_of", "epoch_delta", "merged_before", "own_cpu",
+__all__ = ["MERGED", "BatchOf", "Engine", "LocalEngine", "Opened", "boundary_of", "neighbours", "epoch_delta", "merged_before", "own_cpu",
            "restrict", "save_merged", "tensor_bytes"]

@@ -12,48 +12,67 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from torch import Tensor
+import torch
 
 from protocol.chain.audit import final_check as final_drawn
 from protocol.formats.codec import save_state
 from protocol.leaf import StepLeaf, block_count, block_names
-from protocol.model import GPTConfig
 from protocol.shard_audit import (
     START_PREFIX,
+    GroupOpening,
+    ShardChallenge,
     ShardManifest,
     boundary_names,
     build_manifest,
     covers_merge,
     drawn_block,
+    drawn_group,
+    open_groups,
+    openings_error,
     required_leaves,
     shard_challenges,
+    sum_names,
     unbound_input,
 )
 from protocol.types import Address, Cid
 from trainer.checkpoints import EpochDir
 from trainer.delay import StartRule
-from trainer.engine import BatchOf, Engine
-from trainer.inner import EF, PARAM, State
+from trainer.engine import BatchOf, Engine, Opened
+from trainer.inner import EF, PARAM, State, TrainerError
 from trainer.round import RoundSpec
 
 Publish = Callable[[bytes], Cid]
 
 
-def challenge_file(engine: Engine, d: EpochDir, start: int, end: int, b: int, batch_of: BatchOf,
-                   leaves: Mapping[int, StepLeaf], model: GPTConfig, merge: bool = False) -> State:
-    """Block b's shard at ``start`` and its boundaries (and its parameters at leaf 0 when the segment
-    covers the merge rule's step, ``merge``), checked against this trainer's own leaves.
+def challenge_file(engine: Engine, d: EpochDir, start: int, end: int, b: int, picks: Sequence[int], batch_of: BatchOf,
+                   leaves: Mapping[int, StepLeaf], spec: RoundSpec, merge: bool = False) -> tuple[State, tuple[GroupOpening, ...]]:
+    """Block b's shard at ``start``, the opened group's boundaries and sums at each step (and its
+    parameters at leaf 0 when the segment covers the merge rule's step, ``merge``), with the group
+    openings, checked against this trainer's own leaves.
 
     An engine may build it from its boundary log (trainer/boundaries.py), a cache on disk: if that
     answer is not bound to the committed leaves (a torn or altered file), whole steps are replayed
     instead, so an honest trainer never publishes an answer its own commitments refute.
     """
-    n_blocks = block_count(model)
+    n_blocks = block_count(spec.model)
+    names = block_names(spec.model)[b]
     first = _start_params(engine, d, b) if merge else {}
-    out = {**_challenge(engine.audit_block(d, start, end, b, batch_of), b, n_blocks, start, end), **first}
-    if unbound_input(out, leaves, start, end, b, block_names(model)[b], n_blocks) is not None:
-        out = {**_challenge(engine.audit_block(d, start, end, b, batch_of, logged=False), b, n_blocks, start, end), **first}
-    return out
+
+    def build(logged: bool) -> tuple[State, tuple[GroupOpening, ...], int]:
+        """The answer and how well it is bound: 2 wholly, 1 its openings only, 0 not even those."""
+        shard, steps = engine.audit_block(d, start, end, b, picks, batch_of, logged=logged)
+        out = {**_challenge(shard, steps, b, n_blocks, start, picks, names, spec.microbatches), **first}
+        openings = open_groups({k: o.groups for k, o in zip(range(start, end), steps)}, start, end, b, picks, n_blocks)
+        c = ShardChallenge(start, end, b, Cid(""), openings)
+        if unbound_input(out, leaves, c, names, n_blocks, spec.microbatches) is None:
+            return out, openings, 2
+        return out, openings, int(openings_error(c, spec.microbatches, n_blocks, leaves) is None)
+
+    logged = build(True)
+    if logged[2] == 2:
+        return logged[:2]
+    whole = build(False)
+    return (whole if whole[2] >= logged[2] else logged)[:2]
 
 
 def _start_params(engine: Engine, d: EpochDir, b: int) -> State:
@@ -61,17 +80,25 @@ def _start_params(engine: Engine, d: EpochDir, b: int) -> State:
     return {START_PREFIX + k: v for k, v in engine.block_state(d, 0, b, (PARAM,)).items() if k.startswith(PARAM)}
 
 
-def _challenge(built: tuple[State, list[tuple[Tensor | None, Tensor | None]]], b: int, n_blocks: int,
-               start: int, end: int) -> State:
-    shard, bounds = built
+def _challenge(shard: State, steps: Sequence[Opened], b: int, n_blocks: int, start: int, picks: Sequence[int],
+               names: Sequence[str], micro: int) -> State:
+    """The file's tensors: the shard, then per step the opened group's rows of the boundaries and,
+    with more than one group, the sums around it (zeros before group 0)."""
     out = dict(shard)
-    names = iter(boundary_names(b, n_blocks, start, end))
-    for inp, g_out in bounds:
+    bnames = iter(boundary_names(b, n_blocks, start, start + len(steps)))
+    for k, (o, m) in enumerate(zip(steps, picks, strict=True), start):
         if b > 0:
-            out[next(names)] = inp  # type: ignore[assignment]
+            out[next(bnames)] = o.inp.chunk(micro)[m].contiguous()  # type: ignore[union-attr]
         if b < n_blocks - 1:
-            out[next(names)] = g_out  # type: ignore[assignment]
-    return out
+            out[next(bnames)] = o.g_out.chunk(micro)[m].contiguous()  # type: ignore[union-attr]
+        if micro > 1:
+            if o.total is None:
+                raise TrainerError(f"step {k}: the engine kept no total gradient for block {b}")
+            before_keys, total_keys = sum_names(k, names)
+            for n, bk, tk in zip(names, before_keys, total_keys):
+                out[bk] = o.before[n] if o.before is not None else torch.zeros_like(o.total[n])
+                out[tk] = o.total[n]
+    return {key: v.detach().cpu() for key, v in out.items()}
 
 
 def transition_file(engine: Engine, d: EpochDir, last: int, b: int) -> State:
@@ -94,6 +121,10 @@ def start_file(engine: Engine, prev: EpochDir, last: int, spec: RoundSpec) -> St
     return out
 
 
+def _published(publish: Publish, answer: tuple[State, tuple[GroupOpening, ...]]) -> tuple[Cid, tuple[GroupOpening, ...]]:
+    return publish(save_state(answer[0])), answer[1]
+
+
 def shard_response(
     *, engine: Engine, spec: RoundSpec, run_id: int, epoch: int, trainer: Address, d: EpochDir,
     preimages: Sequence[bytes], seed: bytes, steps: Sequence[int], final_bps: int, batch_of: BatchOf,
@@ -112,9 +143,10 @@ def shard_response(
     cont = prev is not None and bool(prev_preimages)
     return build_manifest(
         run_id=run_id, epoch=epoch, trainer=trainer, preimages=preimages, segment=spec.segment,
-        challenges=challenges,
-        cid_of_challenge=lambda s, e, b: publish(save_state(challenge_file(
-            engine, d, s, e, b, batch_of, leaves, spec.model, covers_merge(s, e, spec.merge_step_in(epoch))))),
+        groups=spec.microbatches, challenges=challenges,
+        cid_of_challenge=lambda s, e, b: _published(publish, challenge_file(
+            engine, d, s, e, b, [drawn_group(seed, trainer, k, b, spec.microbatches) for k in range(s, e)], batch_of,
+            leaves, spec, covers_merge(s, e, spec.merge_step_in(epoch)))),
         final_block=drawn_block(seed, trainer, "final-shard", 0, n) if fin else -1,
         cid_of_final=lambda b: publish(save_state(transition_file(engine, d, L - 1, b))),
         previous=prev_preimages if cont else (),

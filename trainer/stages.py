@@ -54,11 +54,13 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 from protocol.errors import VerilocoError
-from protocol.leaf import BlockEntry, LeafCommitter, StepLeaf, block_names
+from protocol.leaf import BlockEntry, LeafCommitter, PartialSums, StepLeaf, block_names
 from trainer.blockstep import (
     Batch,
     BlockIO,
     BlockRun,
+    Capture,
+    OnPartial,
     accumulate,
     block_leaves,
     block_module,
@@ -71,9 +73,11 @@ from trainer.delay import carry
 from trainer.engine import (
     MERGED,
     BatchOf,
+    Opened,
     epoch_delta,
     merge_step_of,
     merged_before,
+    neighbours,
     restrict,
     save_merged,
     tensor_bytes,
@@ -142,7 +146,7 @@ class _Stage:
         self.group, self.device = group, device
         self.state: State | None = None
         self.steps = 0
-        self.committer = LeafCommitter(spec.model, spec.segment, 2, self.blocks)
+        self.committer = LeafCommitter(spec.model, spec.segment, 2, self.blocks, spec.microbatches)
 
     # -- files
 
@@ -162,22 +166,23 @@ class _Stage:
             state = start_state(self.spec, g, None, None)
         self.state, self.steps = state, steps
         self._save(d, "state-000000", state)
-        self.committer = LeafCommitter(self.spec.model, self.spec.segment, steps + 1, self.blocks)
+        self.committer = LeafCommitter(self.spec.model, self.spec.segment, steps + 1, self.blocks, self.spec.microbatches)
         return self.committer.entries(0, state, None), _meta(state)
 
     def resume(self, d: EpochDir, steps: int, k: int) -> None:
         self.state, self.steps = self._load(d, f"state-{k:06d}"), steps
-        self.committer = LeafCommitter(self.spec.model, self.spec.segment, steps + 1, self.blocks)
+        self.committer = LeafCommitter(self.spec.model, self.spec.segment, steps + 1, self.blocks, self.spec.microbatches)
         self.committer.state_parts(self._load(d, "state-000000"))  # the error buffer's digests, fixed since leaf 0
 
     def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, tuple[float, float], list[BlockEntry], tuple[int, int]]:
         if self.state is None:
             raise TrainerError("the engine has no epoch begun or resumed")
         t = time.process_time()
-        self.state, loss, ios, _ = self._pipe(self.state, batch, None)
+        sums = PartialSums(self.spec.microbatches)
+        self.state, loss, ios, _ = self._pipe(self.state, batch, None, sums)
         t_step = time.process_time()
-        entries = self.committer.entries(k + 1, self.state, ios)
-        spent = (t_step - t, time.process_time() - t_step)
+        entries = self.committer.entries(k + 1, self.state, ios, self.committer.group_leaves(ios, sums.digests))
+        spent = (t_step - t - sums.seconds, time.process_time() - t_step + sums.seconds)
         if (k + 1) % self.every == 0 or k + 1 == self.steps:
             self._save(d, f"state-{k + 1:06d}", self.state)
         return loss, spent, entries, _meta(self.state)
@@ -211,27 +216,35 @@ class _Stage:
     def block_state(self, d: EpochDir, k: int, b: int, prefixes: tuple[str, ...]) -> State:
         return restrict(d.load(part(f"state-{k:06d}", self.s)), self.groups[b], prefixes)
 
-    def audit(self, d: EpochDir, base: int, start: int, end: int, b: int, batches: Sequence[Batch]) -> tuple[State, list[Bound]] | None:
+    def audit(self, d: EpochDir, base: int, start: int, end: int, b: int, picks: Sequence[int],
+              batches: Sequence[Batch]) -> tuple[State | None, list[Opened]]:
+        """Whole steps from checkpoint ``base``; per step of the segment, this stage's part of the answer:
+        block b's boundaries and sums if it owns b, and the group leaves of its blocks among b−1..b+1."""
         state = self._load(d, f"state-{base:06d}")
         for j in range(base, start):
             state = self._pipe(self._merged(d, state, j), batches[j - base], None)[0]
         mine = b in self.blocks
-        shard = restrict(state, self.groups[b], (PARAM, MOM1, MOM2)) if mine else {}
-        bounds: list[Bound] = []
-        for j in range(start, end):
-            state, _, _, bound = self._pipe(self._merged(d, state, j), batches[j - base], b if mine else None)
-            bounds.append(bound)
-        if not mine:
-            return None
-        return {k: v.cpu() for k, v in shard.items()}, [(_cpu(i), _cpu(g)) for i, g in bounds]
+        shard = {k: v.cpu() for k, v in restrict(state, self.groups[b], (PARAM, MOM1, MOM2)).items()} if mine else None
+        out: list[Opened] = []
+        micro = self.spec.microbatches
+        for j, m in zip(range(start, end), picks, strict=True):
+            cap = Capture(b, m, micro, sums := PartialSums(micro))
+            state, _, ios, (inp, g_out) = self._pipe(self._merged(d, state, j), batches[j - base], b if mine else None, cap)
+            groups = neighbours(self.committer.group_leaves(ios, sums.digests), b)
+            before = None if cap.before is None else {n: t.cpu() for n, t in cap.before.items()}
+            total = None if cap.total is None or micro == 1 else {n: t.cpu() for n, t in cap.total.items()}
+            out.append(Opened(_cpu(inp), _cpu(g_out), before, total, groups))
+        return shard, out
 
     def held(self) -> int:
         return tensor_bytes(self.state)
 
     # -- one step of this stage
 
-    def _pipe(self, state: State, batch: Batch, watch: int | None) -> tuple[State, float, dict[int, BlockIO], Bound]:
-        """This stage's share of one block-wise step (collective over the stages); ``watch``: a block whose boundaries to return."""
+    def _pipe(self, state: State, batch: Batch, watch: int | None,
+              on_partial: OnPartial | None = None) -> tuple[State, float, dict[int, BlockIO], Bound]:
+        """This stage's share of one block-wise step (collective over the stages); ``watch``: a block whose
+        boundaries to return; ``on_partial``: as in ``trainer.blockstep.blockwise_step``, for its blocks."""
         cfg, micro, grp = self.spec.model, self.spec.microbatches, self.group
         nb, first, last = len(self.groups), self.s == 0, self.s == self.S - 1
         prev_rank, next_rank = self.s, self.s + 2  # global ranks of the neighbouring stages
@@ -270,6 +283,8 @@ class _Stage:
             for run in reversed(chain):
                 grads, g = run.backward(g)
                 acc[run.b] = accumulate(acc[run.b], grads)
+                if on_partial is not None:
+                    on_partial(run.b, m, acc[run.b])  # type: ignore[arg-type]
                 if g is not None:
                     gins[run.b].append(g)
             if not first:
@@ -474,16 +489,23 @@ class StagedEngine:
         s = self._owner(b)
         return self._ask({s: ("block_state", (d, k, b, prefixes))})[s]
 
-    def audit_block(self, d: EpochDir, start: int, end: int, b: int, batch_of: BatchOf, *, logged: bool = True) -> tuple[State, list[Bound]]:
-        """Always whole steps across the stages (no boundary log: each stage would need its own)."""
+    def audit_block(self, d: EpochDir, start: int, end: int, b: int, picks: Sequence[int], batch_of: BatchOf, *,
+                    logged: bool = True) -> tuple[State, list[Opened]]:
+        """Always whole steps across the stages (no boundary log: each stage would need its own); the
+        owner of b gives its tensors, every stage its blocks' group leaves."""
         s = self._owner(b)
         common = set.intersection(*(set(c) for c in self._all("checkpoints", d).values()))
         base = max((c for c in common if c <= start), default=None)
         if base is None:
             raise TrainerError(f"no checkpoint at or before step {start} of epoch {d.epoch}")
         batches = [batch_of(j) for j in range(base, end)]
-        got = self._all("audit", d, base, start, end, b, batches)
-        return got[s]
+        got = self._all("audit", d, base, start, end, b, list(picks), batches)
+        shard, steps = got[s]
+        assert shard is not None
+        for i, o in enumerate(steps):
+            for j in range(self.S):
+                o.groups.update(got[j][1][i].groups)
+        return shard, steps
 
     def boundary_log_bytes(self, d: EpochDir) -> tuple[int, int]:
         return 0, 0  # nothing kept beyond the checkpoints

@@ -28,23 +28,28 @@ from protocol.leaf import (
     StepLeaf,
     block_names,
     part_digest,
+    partial_digest,
     sq_bytes,
     tensor_digest,
 )
 from protocol.model import param_shapes
 from protocol.shard_audit import (
     START_PREFIX,
+    ShardChallenge,
     ShardManifest,
     boundary_names,
     challenge_spec,
     covers_merge,
     drawn_block,
+    drawn_group,
+    opened,
     shard_challenges,
     start_spec,
+    sum_names,
     transition_spec,
     unbound_input,
 )
-from trainer.blockstep import replay_block
+from trainer.blockstep import accumulate, block_update, replay_group
 from trainer.compress import compress
 from trainer.delay import StartRule, merge_global
 from trainer.inner import EF, MOM1, MOM2, PARAM, RNG, STEP
@@ -55,44 +60,59 @@ _P, _O, _E = (PARAM,), (MOM1, MOM2), (EF,)
 
 
 def check_segment(
-    leaves: Mapping[int, StepLeaf], start: int, end: int, b: int, file: Mapping[str, Tensor],
+    leaves: Mapping[int, StepLeaf], c: ShardChallenge, file: Mapping[str, Tensor],
     spec: RoundSpec, corpus: Corpus, epoch: int, slot: int, grad_digests: list[bytes] | None = None,
     device: torch.device | None = None, merged: Mapping[str, Tensor] | None = None,
 ) -> Finding:
-    """Replay block b over steps start..end-1 from the revealed shard (on ``device``, default the CPU);
-    compare with every committed leaf. At the merge rule's step the block first adds G_e − S_e.param
-    (``merged`` = G_e; S_e.param is the file's ``start.param/``, bound to leaf 0)."""
+    """Replay block b over steps start..end-1 from the revealed shard (on ``device``, default the CPU),
+    one opened group per step: its outputs against the group leaf, its gradient against the running
+    sum's link (``before + g_m`` is the committed ``after``, or at the last group the step's total),
+    then the block's AdamW step from the total, whose squared norm and, at the segment's end, state
+    the leaves commit. At the merge rule's step the block first adds G_e − S_e.param (``merged`` = G_e;
+    S_e.param is the file's ``start.param/``, bound to leaf 0)."""
+    start, end, b = c.start, c.end, c.block
     name = f"block {b} steps {start}->{end}"
     names = block_names(spec.model)[b]
     n_blocks = len(block_names(spec.model))
+    micro = spec.microbatches
     try:
-        unbound = unbound_input(file, leaves, start, end, b, names, n_blocks)
+        unbound = unbound_input(file, leaves, c, names, n_blocks, micro)
         if unbound is not None:
             return Finding(name, False, unbound)
         dev = device or torch.device("cpu")
         state = {k: v.to(dev) for k, v in file.items() if k.startswith((PARAM, MOM1, MOM2)) or k in (STEP, RNG)}
+        got = opened(c)
         bnames = iter(boundary_names(b, n_blocks, start, end))
-        for k in range(start, end):
+        for k, m in zip(range(start, end), c.picks, strict=True):
             here, nxt = leaves[k], leaves[k + 1]
             if (nxt.step, nxt.rng) != (here.step + 1, here.rng):
                 return Finding(name, False, f"leaf {k + 1}'s step counter does not follow leaf {k}'s")
             inp = file[next(bnames)].to(dev) if b > 0 else None
             g_out = file[next(bnames)].to(dev) if b < n_blocks - 1 else None
-            on_grads = None if grad_digests is None else (lambda g: grad_digests.append(gradient_digest(g)))
             if spec.merges_at(k, epoch):
                 if merged is None:
                     raise ValueError(f"step {k} merges G_e, and the verifier was given none")
                 first = {PARAM + n: file[f"{START_PREFIX}{PARAM}{n}"].to(dev) for n in names}
                 state = merge_global(state, {n: merged[n].to(dev) for n in names}, first)
             x, y = epoch_batch(spec, corpus, epoch, slot, k)
-            state, io = replay_block(state, b, (x.to(dev), y.to(dev)), spec.model, spec.inner, spec.microbatches,
-                                     inp, g_out, [q.to(dev) for q in nxt.sqs], on_grads)
-            mine = nxt.blocks[b]
-            if tensor_digest(io.act) != (mine.act if b < n_blocks - 1 else ZERO):
-                return Finding(name, False, f"step {k}: block {b}'s output activations differ from its commitment")
-            if tensor_digest(io.grad_in) != (mine.grad if b > 0 else ZERO):
-                return Finding(name, False, f"step {k}: block {b}'s input gradient differs from its commitment")
-            if sq_bytes(io.sq) != mine.sq:
+            g_m, act, g_in = replay_group(state, b, (x.to(dev), y.to(dev)), spec.model, micro, m, inp, g_out)
+            mine = got[(k, b, m)]
+            if tensor_digest(act) != mine.act:
+                return Finding(name, False, f"step {k}: block {b}'s output activations on group {m} differ from its commitment")
+            if tensor_digest(g_in) != mine.grad:
+                return Finding(name, False, f"step {k}: block {b}'s input gradient on group {m} differs from its commitment")
+            total = g_m
+            if micro > 1:
+                before_keys, total_keys = sum_names(k, names)
+                total = {n: file[key].to(dev) for n, key in zip(names, total_keys)}
+                after = dict(g_m) if m == 0 else accumulate({n: file[key].to(dev) for n, key in zip(names, before_keys)}, g_m)
+                if partial_digest(after) != (mine.after if m < micro - 1 else partial_digest(total)):
+                    return Finding(name, False, f"step {k}: block {b}'s gradient summed through group {m} differs from "
+                                   + ("its commitment" if m < micro - 1 else "the step's revealed total"))
+            if grad_digests is not None:
+                grad_digests.append(gradient_digest(total))
+            state, sq = block_update(state, b, total, spec.inner, [q.to(dev) for q in nxt.sqs])
+            if sq_bytes(sq) != nxt.blocks[b].sq:
                 return Finding(name, False, f"step {k}: block {b}'s squared gradient norm differs from its commitment")
         last = leaves[end].blocks[b]
         if part_digest(state, names, _P) != last.params or part_digest(state, names, _O) != last.opt:
@@ -191,7 +211,7 @@ def check_start_continued(
             return Finding("start", False, "leaf 0's optimizer moments are not the ones e-1 ended with")
         if merge and [e.params for e in leaf0.blocks] != [e.params for e in prev_last.blocks]:
             return Finding("start", False, "leaf 0's parameters are not the ones e-1 ended with (the merge rule continues them)")
-        if any((e.act, e.grad, e.sq) != (ZERO, ZERO, bytes(4)) for e in leaf0.blocks):
+        if any((e.groups, e.sq) != (ZERO, bytes(4)) for e in leaf0.blocks):
             return Finding("start", False, "leaf 0 commits boundary tensors of a step that never ran")
         if [e.ef for e in prev0.blocks] != [e.ef for e in prev_last.blocks]:
             return Finding("start", False, "an error buffer changed inside epoch e-1 (its leaves 0 and L'-1 differ)")
@@ -246,31 +266,33 @@ def audit_findings(
     n = len(block_names(spec.model))
     shapes = param_shapes(spec.model)
     groups = block_names(spec.model)
+    micro = spec.microbatches
     want = shard_challenges(chained.seed, trainer, chained.steps, chained.leaf_count, spec.segment, n)
     fin = final_check(chained.seed, trainer, chained.final_bps)
     got = [(c.start, c.end, c.block) for c in m.challenges]
-    bound = ((m.run_id, m.epoch, m.trainer.lower(), m.trace_root, m.leaf_count, m.segment) ==
-             (run_id, epoch, trainer.lower(), chained.trace_root, chained.leaf_count, spec.segment)
-             and got == want and (m.final.block >= 0) == fin
+    picks_ok = all(c.picks == [drawn_group(chained.seed, trainer, k, c.block, micro) for k in range(c.start, c.end)]
+                   for c in m.challenges)
+    bound = ((m.run_id, m.epoch, m.trainer.lower(), m.trace_root, m.leaf_count, m.segment, m.groups) ==
+             (run_id, epoch, trainer.lower(), chained.trace_root, chained.leaf_count, spec.segment, micro)
+             and got == want and picks_ok and (m.final.block >= 0) == fin
              and (not fin or m.final.block == drawn_block(chained.seed, trainer, "final-shard", 0, n)))
-    out = [Finding("manifest", bound, "answers the drawn segments and blocks of the committed trace" if bound
-                   else "manifest does not match the on-chain trace or the drawn segments and blocks")]
+    out = [Finding("manifest", bound, "answers the drawn segments, blocks and groups of the committed trace" if bound
+                   else "manifest does not match the on-chain trace or the drawn segments, blocks and groups")]
     if not bound:
         return out
     leaves = {p.index: p.leaf(n) for p in m.leaves}
-    act_shape = (spec.batch_size, spec.seq_len, spec.model.d_model)
+    group_shape = (spec.batch_size // micro, spec.seq_len, spec.model.d_model)
     out.append(_start(m, chained, fetch, spec, g, n, shapes, leaves[0], epoch, slot, prev_rank))
     for c in m.challenges:
         try:
-            file = fetch(c.cid, challenge_spec(shapes, groups[c.block], c.block, n, c.start, c.end, act_shape,
-                                               covers_merge(c.start, c.end, spec.merge_step_in(epoch))))
+            file = fetch(c.cid, challenge_spec(shapes, groups[c.block], c.block, n, c.start, c.end, group_shape,
+                                               covers_merge(c.start, c.end, spec.merge_step_in(epoch)), micro))
         except TRANSIENT:
             raise
         except Exception as exc:  # noqa: BLE001 - a file that cannot be read or has the wrong layout fails
             out.append(_fail(f"block {c.block} steps {c.start}->{c.end}", exc))
             continue
-        out.append(check_segment(leaves, c.start, c.end, c.block, file, spec, corpus, epoch, slot, grad_digests,
-                                 device, merged))
+        out.append(check_segment(leaves, c, file, spec, corpus, epoch, slot, grad_digests, device, merged))
     if fin:
         try:
             file = fetch(m.final.cid, transition_spec(shapes, groups[m.final.block]))

@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     args = parser.parse_args(argv)
+    args.argv = list(argv)  # the command line as typed: what a node's `stopped` line offers to resume with
     try:
         return int(args.func(args) or 0)
     except VerilocoError as exc:

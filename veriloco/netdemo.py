@@ -82,13 +82,16 @@ class DemoOptions:
     # (docs/results-protocol.md)
     merge_step: int = 1
     batch_size: int = 8  # rows per trainer and step (benchmarks/protocol.py --batch-sizes: audits at larger batches)
+    group_rows: int = 0  # > 0: rows per group (micro-batch), so a challenge opens that many rows per step; 0: the whole batch
+    segment: int = 8  # steps per shard challenge (audit.segment)
 
     def config(self) -> RunConfig:
         w = self.windows_s
         return RunConfig(name="veriloco-demo").replace(
             model={"preset": self.preset},
             data={"seq_len": min(64, preset(self.preset).seq_len), "batch_size": self.batch_size, "corpus_bytes": 2_000_000},
-            inner={"lr": 3e-3, "warmup_steps": 8, "total_steps": self.steps * self.epochs * 2},
+            inner={"lr": 3e-3, "warmup_steps": 8, "total_steps": self.steps * self.epochs * 2,
+                   "microbatches": self.batch_size // self.group_rows if self.group_rows else 1},
             # plain averaging: in a run of a few rounds momentum overshoots; see docs/results-engine.md
             outer={"lr": 1.0, "momentum": 0.0},
             schedule={"epochs": self.epochs, "h_initial": self.steps, "h_min": max(1, self.steps // 2),
@@ -96,7 +99,7 @@ class DemoOptions:
             # shard audits: 4 segments of 8 steps, one block each (docs/protocol.md §5.3; the policy of
             # docs/results-protocol.md); whole states: 3 steps. Pipelined whole-state audits are
             # tolerant; shard audits are exact at any number of stages.
-            audit={"steps": 4 if self.audit == "shard" else 3, "segment": 8 if self.audit == "shard" else 1,
+            audit={"steps": 4 if self.audit == "shard" else 3, "segment": self.segment if self.audit == "shard" else 1,
                    "final_check_bps": 10_000, "quorum": self.quorum, "unit": self.audit,
                    "test_run": self.quorum < 3,  # a devnet: a quorum below 3 is a test
                    "mode": "tolerant" if self.stages > 1 and self.audit == "state" else "exact"},

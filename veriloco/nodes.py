@@ -7,13 +7,21 @@ Progress goes to stdout as readable lines, or with `--log-format json` as one JS
 for a supervisor (the demo) to parse (veriloco/logs.py). A node's first line, `loading`, comes before
 it imports torch and the chain client, which take seconds (tens on a loaded machine): this module
 imports neither at its top, so the node says at once that it has started (issue 32).
+
+A requested stop (SIGTERM, as systemd and docker send, or SIGINT, Ctrl-C) ends the node through its
+normal cleanup with one `stopped` line naming the signal, the state folder it kept and the command
+that resumes it, and exit status 0; a second signal ends the process at once (the default action).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Callable
+import shlex
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +34,61 @@ if TYPE_CHECKING:
 
 # adversarial behaviours for demos and security tests (trainer/cheats.py, trainer/adversaries.py)
 CHEAT_KINDS = ["lazy", "noise", "copy", "forge-final", "stale-copy", "skip-merge"]
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop the operator asked for with a signal: raised in the node's main thread, so every
+    `finally` and `with` on the way out runs (the engines close, the node lock is released)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signal = signal.Signals(signum).name
+
+
+def _stop(signum: int, frame: object) -> None:
+    for s in (signal.SIGINT, signal.SIGTERM):  # a second signal: the default action, at once
+        signal.signal(s, signal.SIG_DFL)
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM raise Stopped while the node runs; the previous handlers come back after."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in previous:
+        signal.signal(s, _stop)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def resume_command(args: argparse.Namespace) -> str:
+    """The command line that started this node (veriloco/cli.py keeps it): what resumes it."""
+    return shlex.join(["veriloco", *getattr(args, "argv", sys.argv[1:])])
+
+
+def run_node(args: argparse.Namespace, role: str, body: Callable[[Settings, Log, list[Path]], None]) -> int:
+    """Start the node (settings, first line), run `body` until it returns or a stop is requested.
+
+    `body` appends the run folder it keeps its state in to its last argument once it holds the lock,
+    which the `stopped` line then names.
+    """
+    s, log = starting(args, role)
+    kept: list[Path] = []
+    try:
+        with stop_signals():
+            body(s, log, kept)
+    except Stopped as stop:
+        where = str(kept[0]) if kept else "nothing (stopped before it locked a state folder)"
+        if role == "coordinator" and kept:
+            where += " (a coordinator's record is on the chain; the folder holds its lock)"
+        log("stopped", signal=stop.signal, kept=where, resume=resume_command(args))
+    return 0
 
 
 def json_logger(node: str, stream: Any = None) -> Callable[..., None]:
@@ -59,13 +122,19 @@ def state_folder(s: Settings, chain: Chain, role: str) -> Path:
     return s.workdir / f"{role}-{chain.sender}"
 
 
-def locked(s: Settings, chain: Chain, run: int, role: str) -> contextlib.AbstractContextManager[object]:
-    """The node's lock on its run directory (protocol/nodelock.py); none without a key (the node refuses then)."""
+@contextlib.contextmanager
+def locked(s: Settings, chain: Chain, run: int, role: str, kept: list[Path] | None = None) -> Iterator[None]:
+    """The node's lock on its run directory (protocol/nodelock.py), that folder appended to `kept`;
+    none without a key (the node refuses then)."""
     from protocol.nodelock import lock_node
 
     if chain.sender is None:
-        return contextlib.nullcontext()
-    return lock_node(chain, run, state_folder(s, chain, role))
+        yield
+        return
+    with lock_node(chain, run, state_folder(s, chain, role)) as lock:
+        if kept is not None:
+            kept.append(lock.path.parent)
+        yield
 
 
 def observed(args: argparse.Namespace, s: Settings, chain: Chain, role: str, log: Log) -> tuple[Any, Log]:
@@ -86,13 +155,16 @@ def observed(args: argparse.Namespace, s: Settings, chain: Chain, role: str, log
 
 
 def _trainer(args: argparse.Namespace) -> int:
-    s, log = starting(args, "trainer")
+    return run_node(args, "trainer", lambda s, log, kept: _train(args, s, log, kept))
+
+
+def _train(args: argparse.Namespace, s: Settings, log: Log, kept: list[Path]) -> None:
     from trainer.cheats import behaviours
     from trainer.node import TrainerNode
 
     chain = open_chain(s, args.run)
     behaviour = behaviours()[args.cheat]() if args.cheat else None
-    with locked(s, chain, args.run, "trainer"):
+    with locked(s, chain, args.run, "trainer", kept):
         store, log = observed(args, s, chain, "trainer", log)
         TrainerNode(
             chain, store, args.run, state_folder(s, chain, "trainer"), behaviour=behaviour, log=log,
@@ -101,30 +173,33 @@ def _trainer(args: argparse.Namespace) -> int:
             keep_boundaries=not args.no_boundary_log,
             boundary_log_ram=args.boundary_log_ram, device=args.device,
         ).run()
-    return 0
 
 
 def _verifier(args: argparse.Namespace) -> int:
-    s, log = starting(args, "verifier")
+    return run_node(args, "verifier", lambda s, log, kept: _verify(args, s, log, kept))
+
+
+def _verify(args: argparse.Namespace, s: Settings, log: Log, kept: list[Path]) -> None:
     from verifier.node import VerifierNode
 
     chain = open_chain(s, args.run)
-    with locked(s, chain, args.run, "verifier"):
+    with locked(s, chain, args.run, "verifier", kept):
         store, log = observed(args, s, chain, "verifier", log)
         VerifierNode(chain, store, args.run, state_folder(s, chain, "verifier"), log=log, threads=args.threads,
                      device=args.device).run()
-    return 0
 
 
 def _coordinator(args: argparse.Namespace) -> int:
-    s, log = starting(args, "coordinator")
+    return run_node(args, "coordinator", lambda s, log, kept: _coordinate(args, s, log, kept))
+
+
+def _coordinate(args: argparse.Namespace, s: Settings, log: Log, kept: list[Path]) -> None:
     from coordinator.node import CoordinatorNode
 
     chain = open_chain(s, args.run)
-    with locked(s, chain, args.run, "coordinator"):  # it keeps no state of its own; the lock alone is there
+    with locked(s, chain, args.run, "coordinator", kept):  # it keeps no state of its own; the lock alone is there
         store, log = observed(args, s, chain, "coordinator", log)
         CoordinatorNode(chain, store, args.run, log=log).run()
-    return 0
 
 
 def register(sub: Any) -> None:

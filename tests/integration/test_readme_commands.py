@@ -76,6 +76,8 @@ COVERED: dict[str, list[str]] = {
     "pip install PATH/TO/veriloco": ["tests/integration/test_wheel.py::test_wheel_installs_in_a_fresh_venv_and_runs_the_demo"],
     "cd": ["tests/integration/test_wheel.py::test_wheel_installs_in_a_fresh_venv_and_runs_the_demo"],
     "veriloco demo --epochs": ["tests/integration/test_wheel.py::test_wheel_installs_in_a_fresh_venv_and_runs_the_demo"],
+    "veriloco run init": ["tests/integration/test_run_init_cli.py::test_init_writes_the_example_and_refuses_to_overwrite",
+                          "tests/integration/test_wheel.py::test_wheel_installs_in_a_fresh_venv_and_runs_the_demo"],
     # Running a network by hand
     "veriloco devnet": [f"{HERE}::test_the_network_by_hand_block_runs_as_written",
                         "tests/integration/test_devnet.py::test_devnet_command_runs_until_sigint_and_frees_its_port"],
@@ -95,6 +97,8 @@ COVERED: dict[str, list[str]] = {
                                  "tests/integration/test_lifecycle_cli.py::test_a_runs_life_through_the_cli"],
     "veriloco account new --out": [f"{HERE}::test_the_network_by_hand_block_runs_as_written",
                                    "tests/integration/test_lifecycle_cli.py::test_a_keystore_signs_for_its_account"],
+    "veriloco doctor --account --run": ["tests/integration/test_doctor_cli.py::test_a_healthy_trainer_setup_passes_and_each_broken_piece_fails"],
+    "veriloco earnings --account": ["tests/integration/test_earnings_cli.py::test_rewards_bounties_and_slashes_by_account"],
     # reading a round with cast
     "make node": ["tests/integration/test_readme_cast.py::test_readme_cast_block_reads_a_round"],
     "set CONTRACT": ["tests/integration/test_readme_cast.py::test_readme_cast_block_reads_a_round"],

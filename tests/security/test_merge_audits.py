@@ -103,9 +103,12 @@ def test_an_honest_merging_trainer_passes_every_shard_check(honest: Run) -> None
 def test_answers_from_the_log_and_from_whole_steps_agree_across_the_merge(honest: Run) -> None:
     d, batch_of = honest.dirs[1], (lambda k: epoch_batch(SPEC, CORPUS, 1, SLOT, k))
     for b in (0, 1, N - 1):
-        logged = honest.engine.audit_block(d, 2, 4, b, batch_of)
-        whole = honest.engine.audit_block(d, 2, 4, b, batch_of, logged=False)
+        logged = honest.engine.audit_block(d, 2, 4, b, [1, 0], batch_of)
+        whole = honest.engine.audit_block(d, 2, 4, b, [1, 0], batch_of, logged=False)
         assert logged[0].keys() == whole[0].keys() and all(torch.equal(logged[0][k], whole[0][k]) for k in whole[0])
+        for mine, theirs in zip(logged[1], whole[1], strict=True):
+            a, c = mine.flat(), theirs.flat()
+            assert a.keys() == c.keys() and all(torch.equal(a[k], c[k]) for k in a)
 
 
 def _covering_seed(run: Run, e: int) -> bytes:

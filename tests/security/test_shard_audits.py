@@ -17,19 +17,20 @@ from protocol.formats.codec import load_state
 from protocol.formats.payload import wrap
 from protocol.leaf import StepLeaf, block_count, block_names
 from protocol.model import init_params, preset
-from protocol.shard_audit import decode_manifest, drawn_block, encode_manifest
+from protocol.formats.codec import save_state
+from protocol.shard_audit import ShardChallenge, decode_manifest, drawn_block, encode_manifest
 from protocol.store.backends import LocalStore
-from protocol.types import Address
+from protocol.types import Address, Cid
 from trainer.adversaries import plant_error_buffer
-from trainer.blockstep import blockwise_step
+from trainer.blockstep import Capture, block_update, blockwise_step
 from trainer.checkpoints import EpochDir
 from trainer.compress import CompressionConfig
 from trainer.delay import StartRule
 from trainer.engine import LocalEngine
-from trainer.inner import EF, PARAM, InnerConfig, configure_determinism
+from trainer.inner import EF, MOM1, MOM2, PARAM, STEP, InnerConfig, configure_determinism
 from trainer.round import RoundSpec, compress_seed, epoch_batch
-from trainer.shard_response import shard_response
-from verifier.shard import Chained, audit_findings
+from trainer.shard_response import challenge_file, shard_response
+from verifier.shard import Chained, audit_findings, check_segment
 
 CFG = preset("tiny")
 SPEC = RoundSpec(CFG, InnerConfig(lr=3e-3, warmup_steps=2, total_steps=50), CompressionConfig(), StartRule.DELAYED,
@@ -152,14 +153,14 @@ def test_a_forged_boundary_tensor_fails_both_neighbours(honest: Run) -> None:
         return st
 
     bad = _failed(honest.judge(1, seed, m, steps, fetch))
-    assert any("revealed input is not what block" in b for b in bad), bad
+    assert any("is not what block" in b and "revealed input" in b for b in bad), bad
 
 
 class LazyBlock(LocalEngine):
     """Skips the update of transformer block 0 (audit blocks 1 and 2) in every step; its leaves hash the stale tensors."""
 
-    def _step(self, state, batch):
-        new, loss, ios = blockwise_step(state, batch, self.spec.model, self.spec.inner, self.spec.microbatches)
+    def _step(self, state, batch, on_partial=None):
+        new, loss, ios = blockwise_step(state, batch, self.spec.model, self.spec.inner, self.spec.microbatches, on_partial)
         for k in new:
             if k.startswith(("param/blocks.0.", "adam.m/blocks.0.", "adam.v/blocks.0.")):
                 new[k] = state[k]
@@ -169,9 +170,48 @@ class LazyBlock(LocalEngine):
 class ForgedAct(LocalEngine):
     """Commits (and so later reveals) block 1's output activations scaled by 1.01."""
 
-    def _step(self, state, batch):
-        new, loss, ios = blockwise_step(state, batch, self.spec.model, self.spec.inner, self.spec.microbatches)
+    def _step(self, state, batch, on_partial=None):
+        new, loss, ios = blockwise_step(state, batch, self.spec.model, self.spec.inner, self.spec.microbatches, on_partial)
         ios[1] = replace(ios[1], act=ios[1].act * 1.01)
+        return new, loss, ios
+
+
+class ForgedGroup(LocalEngine):
+    """Commits block 1's output activations on group 1 alone scaled by 1.01 (group 0's rows are honest)."""
+
+    def _step(self, state, batch, on_partial=None):
+        new, loss, ios = blockwise_step(state, batch, self.spec.model, self.spec.inner, self.spec.microbatches, on_partial)
+        rows = ios[1].act.shape[0] // self.spec.microbatches
+        act = ios[1].act.clone()
+        act[rows:2 * rows] *= 1.01
+        ios[1] = replace(ios[1], act=act)
+        return new, loss, ios
+
+
+SUM_BLOCK = 3
+
+
+class ForgedSum(LocalEngine):
+    """Computes every group of block 3 honestly and commits the honest running sums, then steps with
+    a total that is not their sum (+1e-3 on every coordinate), commits its norm and reveals it as the
+    total: consistent with every state leaf; only the last group's link can see it (limit 2a of
+    docs/audit-scaling.md). Answers replay whole steps (its boundary log would replay honestly)."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, keep_boundaries=False, **kw)
+
+    def _step(self, state, batch, on_partial=None):
+        keep = Capture(SUM_BLOCK, -1, self.spec.microbatches, on_partial)
+        new, loss, ios = blockwise_step(state, batch, self.spec.model, self.spec.inner, self.spec.microbatches, keep)
+        names = block_names(self.spec.model)[SUM_BLOCK]
+        forged = {n: t + 1e-3 for n, t in keep.total.items()}
+        block = {k: v for k, v in state.items() if k.startswith((PARAM, MOM1, MOM2)) and k.split("/", 1)[1] in names}
+        block[STEP] = state[STEP]
+        updated, sq = block_update(block, SUM_BLOCK, forged, self.spec.inner, [io.sq for io in ios])
+        new.update({k: v for k, v in updated.items() if k != STEP and k.split("/", 1)[1] in names})
+        ios[SUM_BLOCK] = replace(ios[SUM_BLOCK], sq=sq)
+        if on_partial is not None:
+            on_partial(SUM_BLOCK, self.spec.microbatches - 1, forged)  # an answer reveals this total
         return new, loss, ios
 
 
@@ -184,18 +224,51 @@ def _seed_with_block(run: Run, e: int, b: int) -> bytes:
 
 
 # A lazy block fails at the segment's end, or sooner where a stale update changes its outputs.
-LAZY = ("does not reach its state", "output activations differ")
+LAZY = ("does not reach its state", "output activations on group")
 
 
 @pytest.mark.parametrize("cheat,block,expect", [(LazyBlock, 1, LAZY), (LazyBlock, 2, LAZY),
-                                                (ForgedAct, 1, ("output activations differ",)),
-                                                (ForgedAct, 2, ("output activations differ",))])
+                                                (ForgedAct, 1, ("output activations on group",)),
+                                                (ForgedAct, 2, ("output activations on group",))])
 def test_cheats_are_caught_when_their_block_is_drawn(tmp_path: Path, cheat, block: int, expect: tuple[str, ...]) -> None:
     run = Run(tmp_path, cheat(SPEC, every=2))
     seed = _seed_with_block(run, 0, block)
     m, steps = run.answer(0, seed)
     bad = _failed(run.judge(0, seed, m, steps))
     assert any(e in b for b in bad for e in expect), bad
+
+
+def _seed_where(run: Run, e: int, block: int, opens) -> tuple[bytes, object]:
+    """A seed whose challenge of ``block`` opens groups satisfying ``opens(picks)``, and that challenge."""
+    for i in range(1, 400):
+        s = bytes([i % 256]) * 31 + bytes([i // 256])
+        c = next((c for c in run.answer(e, s)[0].challenges if c.block == block), None)
+        if c is not None and opens(c.picks):
+            return s, c
+    raise AssertionError(f"no seed opens such groups of block {block}")
+
+
+def test_a_forged_group_is_caught_when_that_group_is_opened(tmp_path: Path) -> None:
+    run = Run(tmp_path, ForgedGroup(SPEC, every=2))
+    seed, c = _seed_where(run, 0, 1, lambda picks: 1 in picks)
+    m, steps = run.answer(0, seed)
+    bad = _failed(run.judge(0, seed, m, steps))
+    assert any(b.startswith(f"block 1 steps {c.start}->") and "output activations on group 1 differ" in b for b in bad), bad
+
+
+def test_a_forged_sum_is_caught_by_the_last_groups_link_and_only_by_it(tmp_path: Path) -> None:
+    """The 1/G limit in numbers: the challenge that opens group M−1 at some step fails on the link to
+    the revealed total; one that opens only group 0 passes (docs/security.md §1, the sum row)."""
+    run = Run(tmp_path, ForgedSum(SPEC, every=2))
+    last = SPEC.microbatches - 1
+    seed, c = _seed_where(run, 0, SUM_BLOCK, lambda picks: last in picks)
+    m, steps = run.answer(0, seed)
+    bad = _failed(run.judge(0, seed, m, steps))
+    assert any(b.startswith(f"block {SUM_BLOCK} steps {c.start}->") and "the step's revealed total" in b for b in bad), bad
+    seed, c = _seed_where(run, 0, SUM_BLOCK, lambda picks: last not in picks)
+    m, steps = run.answer(0, seed)
+    mine = [f for f in run.judge(0, seed, m, steps) if f.check.startswith(f"block {SUM_BLOCK} steps {c.start}->")]
+    assert mine and all(f.passed for f in mine), mine
 
 
 def test_a_wrong_start_is_caught_by_digest_alone(tmp_path: Path) -> None:
@@ -264,3 +337,24 @@ def test_a_buffer_changed_inside_an_epoch_fails_its_final_check_and_the_next_sta
     assert any(b.startswith("final block") and "changed inside the epoch" in b for b in _failed(run.judge(0, seed, m, steps)))
     m, steps = run.answer(1, seed)
     assert any(b.startswith("start:") and "inside epoch e-1" in b for b in _failed(run.judge(1, seed, m, steps)))
+
+
+def test_a_trainer_answers_two_batch_sizes_with_the_same_audit_bytes(tmp_path: Path) -> None:
+    """4 rows in 2 groups and 16 rows in 8 groups (2 rows of 16 tokens each): every challenge file of
+    the larger batch has exactly the smaller one's bytes, and both pass the verifier's check."""
+    sizes = {}
+    for rows, micro in ((4, 2), (16, 8)):
+        spec = replace(SPEC, batch_size=rows, microbatches=micro)
+        eng, d = LocalEngine(spec, every=2), EpochDir(tmp_path / str(rows), 0)
+        leaves = [eng.begin(d, 2, G0, None)]
+        for k in range(2):
+            leaves.append(eng.step(d, k, epoch_batch(spec, CORPUS, 0, SLOT, k))[1])
+        for b in (0, 3, block_count(CFG) - 1):
+            picks = [micro - 1, 0]
+            file, openings = challenge_file(eng, d, 0, 2, b, picks, lambda k, s=spec: epoch_batch(s, CORPUS, 0, SLOT, k),
+                                            dict(enumerate(leaves)), spec)
+            sizes.setdefault(b, []).append(len(save_state(file)))
+            c = ShardChallenge(0, 2, b, Cid(""), openings)
+            f = check_segment(dict(enumerate(leaves)), c, file, spec, CORPUS, 0, SLOT)
+            assert f.passed, f
+    assert all(a == b for a, b in sizes.values()), sizes

@@ -31,11 +31,11 @@ def _epoch(root: Path, e: int, steps: int = 6) -> tuple[LocalEngine, EpochDir]:
 def test_a_block_replayed_on_the_worker_beside_training_has_the_inline_bits(tmp_path: Path) -> None:
     configure_determinism(1)
     done, d0 = _epoch(tmp_path, 0)
-    inline = done.audit_block(d0, 2, 4, 3, _batch)
+    inline = done.audit_block(d0, 2, 4, 3, [1, 0], _batch)
 
     def make(sink: FileSink) -> None:  # type: ignore[return]  # the test reads the files, not a manifest
-        shard, bounds = done.audit_block(d0, 2, 4, 3, _batch)
-        sink(save_state({**shard, **{f"b/{i}/{j}": t for i, pair in enumerate(bounds) for j, t in enumerate(pair) if t is not None}}))
+        shard, bounds = done.audit_block(d0, 2, 4, 3, [1, 0], _batch)
+        sink(save_state({**shard, **{f"b/{i}/{k}": t for i, o in enumerate(bounds) for k, t in o.flat().items()}}))
 
     worker = AnswerWorker(threads=1)
     try:
@@ -51,7 +51,7 @@ def test_a_block_replayed_on_the_worker_beside_training_has_the_inline_bits(tmp_
     (path, cid), = built.files
     data = path.read_bytes()
     shard, bounds = inline
-    expect = save_state({**shard, **{f"b/{i}/{j}": t for i, pair in enumerate(bounds) for j, t in enumerate(pair) if t is not None}})
+    expect = save_state({**shard, **{f"b/{i}/{k}": t for i, o in enumerate(bounds) for k, t in o.flat().items()}})
     assert data == expect and cid == cid_of(data) and built.file_bytes == len(data)
 
 

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from protocol.leaf import LeafCommitter, StepLeaf, block_names, tensor_digest
+from protocol.leaf import PartialSums, group_root, partial_digest, LeafCommitter, StepLeaf, block_names, tensor_digest
 from protocol.model import GPTConfig, preset
-from trainer.blockstep import blockwise_step, replay_block
+from trainer.blockstep import replay_group, blockwise_step, replay_block
 from trainer.inner import (
     MOM1,
     MOM2,
@@ -93,7 +93,8 @@ def test_leaf_preimage_round_trips_and_binds_every_field() -> None:
     state = init_state(CFG, 0)
     new, _, ios = blockwise_step(state, _batch(5), CFG, INNER, 1)
     c = LeafCommitter(CFG, segment=2, leaf_count=3)
-    l0, l1, l2 = c.leaf(0, state, None), c.leaf(1, new, ios), c.leaf(2, new, ios)
+    groups = c.group_leaves(ios, {})
+    l0, l1, l2 = c.leaf(0, state, None), c.leaf(1, new, ios, groups), c.leaf(2, new, ios, groups)
     assert StepLeaf.decode(l1.encode(), len(block_names(CFG))) == l1
     assert l1.blocks[0].params == bytes(32)  # not a state leaf
     assert l2.blocks[0].params != bytes(32) and l2.blocks[0].ef == l0.blocks[0].ef
@@ -124,3 +125,26 @@ def test_each_transformer_block_is_two_audit_blocks_whose_chain_is_the_block(nam
     with pytest.raises(Exception, match="neither half"):
         half_of("ln_3")
 
+
+
+def test_group_leaves_bind_each_groups_boundaries_and_running_sum() -> None:
+    """Two groups: group 0's leaf holds g_0's digest, the last group's none (the total is bound by the
+    state); replaying one group alone gives that group's rows and the link to the next sum."""
+    state = init_state(CFG, 0)
+    sums = PartialSums(2)
+    _, _, ios = blockwise_step(state, _batch(6), CFG, INNER, 2, sums)
+    c = LeafCommitter(CFG, segment=2, leaf_count=3, micro=2)
+    groups = c.group_leaves(ios, sums.digests)
+    b = 3
+    names = block_names(CFG)[b]
+    g0, act0, gin0 = replay_group(_block_state(state, names), b, _batch(6), CFG, 2, 0,
+                                  ios[b - 1].act.chunk(2)[0], ios[b + 1].grad_in.chunk(2)[0])
+    assert (tensor_digest(act0), tensor_digest(gin0), partial_digest(g0)) == (
+        groups[b][0].act, groups[b][0].grad, groups[b][0].after)
+    assert groups[b][1].after == bytes(32) and groups[0][0].grad == bytes(32) and groups[len(ios) - 1][0].act == bytes(32)
+    forged = dict(ios[b].__dict__)
+    forged["act"] = ios[b].act.clone()
+    forged["act"][-1, 0, 0] += 1e-3  # a row of the last group only
+    other = c.group_leaves({**dict(enumerate(ios)), b: type(ios[b])(**forged)}, sums.digests)
+    assert other[b][0] == groups[b][0] and other[b][1] != groups[b][1]
+    assert group_root(other[b]) != group_root(groups[b])

@@ -23,6 +23,7 @@ from trainer.shard_response import challenge_file
 from veriloco.argtypes import gibibytes
 
 STEPS, EVERY = 8, 4  # checkpoints at 0, 4, 8; segment 2, so segments 2..4 and 6..8 start past a checkpoint
+PICKS = [1, 0]  # the groups opened at the segment's two steps (SPEC has 2)
 
 
 def _epoch(root: Path, keep: bool = True) -> tuple[LocalEngine, EpochDir, dict[int, StepLeaf]]:
@@ -35,7 +36,7 @@ def _epoch(root: Path, keep: bool = True) -> tuple[LocalEngine, EpochDir, dict[i
 
 
 def _file(eng: LocalEngine, d: EpochDir, start: int, b: int, leaves: dict[int, StepLeaf]) -> bytes:
-    return save_state(challenge_file(eng, d, start, start + 2, b, _batch, leaves, CFG))
+    return save_state(challenge_file(eng, d, start, start + 2, b, PICKS, _batch, leaves, SPEC)[0])
 
 
 def test_an_answer_from_the_log_has_the_bits_of_whole_step_replay(tmp_path: Path) -> None:
@@ -43,13 +44,16 @@ def test_an_answer_from_the_log_has_the_bits_of_whole_step_replay(tmp_path: Path
     assert sorted(p.name for p in (d.path / "bounds").iterdir()) == [f"step-{k:06d}.safetensors" for k in range(STEPS)]
     for start in (2, 4, 6):
         for b in (0, 3, block_count(CFG) - 1):  # embeddings (no input), a middle half, the head (no output gradient)
-            shard, bounds = eng.audit_block(d, start, start + 2, b, _batch)
-            full_shard, full_bounds = eng.audit_block(d, start, start + 2, b, _batch, logged=False)
+            shard, opened = eng.audit_block(d, start, start + 2, b, PICKS, _batch)
+            full_shard, full_opened = eng.audit_block(d, start, start + 2, b, PICKS, _batch, logged=False)
             assert save_state(shard) == save_state(full_shard)
-            for (i, g), (fi, fg) in zip(bounds, full_bounds):
-                assert (i is None) == (fi is None) and (g is None) == (fg is None)
-                assert i is None or (fi is not None and torch.equal(i, fi))
-                assert g is None or (fg is not None and torch.equal(g, fg))
+            for o, f in zip(opened, full_opened, strict=True):
+                assert o.groups == f.groups
+                for mine, theirs in ((o.inp, f.inp), (o.g_out, f.g_out)):
+                    assert (mine is None) == (theirs is None) and (mine is None or torch.equal(mine, theirs))
+                for mine, theirs in ((o.before, f.before), (o.total, f.total)):
+                    assert (mine is None) == (theirs is None)
+                    assert mine is None or save_state(mine) == save_state(theirs)
 
 
 def test_the_log_replays_one_block_where_whole_steps_would_be_replayed(tmp_path: Path) -> None:
@@ -58,7 +62,7 @@ def test_the_log_replays_one_block_where_whole_steps_would_be_replayed(tmp_path:
     def cpu(logged: bool) -> float:
         t = time.process_time()
         for _ in range(3):
-            eng.audit_block(d, 6, 8, 3, _batch, logged=logged)
+            eng.audit_block(d, 6, 8, 3, PICKS, _batch, logged=logged)
         return time.process_time() - t
 
     assert cpu(True) < cpu(False)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from protocol.leaf import block_names, part_digest, tensor_digest
+from protocol.leaf import block_names, group_root, part_digest, partial_digest, sq_bytes, tensor_digest
 from protocol.model import init_params, preset
-from trainer.blockstep import replay_block
+from trainer.blockstep import accumulate, block_update, replay_group
 from trainer.checkpoints import EpochDir
 from trainer.compress import CompressionConfig
 from trainer.delay import StartRule
@@ -36,13 +36,19 @@ def test_an_audited_block_replays_to_the_committed_leaves(tmp_path: Path) -> Non
     payload, stats = eng.finish(d, 4, 7)
     assert stats.payload_bytes == len(payload) and d.has("carried")
     b = 2
-    shard, bounds = eng.audit_block(d, 2, 4, b, _batch)
+    picks = [1, 0]
+    shard, opened = eng.audit_block(d, 2, 4, b, picks, _batch)
     assert leaves[2].blocks[b].params != bytes(32)  # a state leaf (segment 2)
     state = shard
-    for j, (inp, g_out) in zip(range(2, 4), bounds):
-        state, io = replay_block(state, b, _batch(j), CFG, SPEC.inner, 2, inp, g_out, leaves[j + 1].sqs)
-        assert tensor_digest(io.act) == leaves[j + 1].blocks[b].act
-        assert tensor_digest(io.grad_in) == leaves[j + 1].blocks[b].grad
+    for j, m, o in zip(range(2, 4), picks, opened):
+        assert {bb: group_root(g) for bb, g in o.groups.items()} == {bb: leaves[j + 1].blocks[bb].groups for bb in (1, 2, 3)}
+        g_m, act, g_in = replay_group(state, b, _batch(j), CFG, 2, m, o.inp.chunk(2)[m], o.g_out.chunk(2)[m])
+        mine = o.groups[b][m]
+        assert (tensor_digest(act), tensor_digest(g_in)) == (mine.act, mine.grad)
+        after = g_m if m == 0 else accumulate(o.before, g_m)
+        assert partial_digest(after) == (mine.after if m == 0 else partial_digest(o.total))
+        state, sq = block_update(state, b, o.total, SPEC.inner, leaves[j + 1].sqs)
+        assert sq_bytes(sq) == leaves[j + 1].blocks[b].sq
     names = block_names(CFG)[b]
 
     assert part_digest(state, names, ("param/",)) == leaves[4].blocks[b].params

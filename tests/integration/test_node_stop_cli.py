@@ -1,0 +1,138 @@
+"""A requested stop (issue 32): SIGTERM or SIGINT ends a real node process with exit status 0 and one
+`stopped` line naming the signal, the state folder it kept and the command that resumes it.
+
+Three node processes (`python -m veriloco.cli trainer|verifier|coordinator`) run against a py-evm
+devnet with a run created by the CLI; each is signalled once it holds its node lock (so it is inside
+its loop, the trainer in the middle of training), and the trainer's resume command is then run as printed
+and takes the same folder again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eth_account import Account
+
+from protocol.nodelock import LOCK_FILE
+from tests.fixtures.cli import run_cli
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_TOML = (
+    "[data]\ncorpus_bytes = 200000\n[schedule]\nepochs = 2\nh_initial = 64\nh_min = 64\nh_max = 64\n"
+    "[audit]\nquorum = 1\ntest_run = true\n"
+    "[stakes]\ntrainer_wei = 1000\nverifier_wei = 1000\nmin_trainers = 1\n"
+    "[windows]\ncommit_s = 600\nreveal_s = 600\nresponse_s = 600\nverdict_s = 600\nfinalize_s = 600\n"
+)
+
+
+@pytest.fixture(scope="module")
+def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from devnet.launch import start_devnet
+
+    with start_devnet(state_dir=tmp_path_factory.mktemp("devnet"), accounts=4) as net:
+        yield net
+
+
+def start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """`veriloco *argv` as its own process (stdout to `log`, stderr kept apart)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(log, "wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "veriloco.cli", *argv], cwd=ROOT, env=env,
+                                stdout=out, stderr=subprocess.PIPE)
+
+
+def locked_by(proc: subprocess.Popen[bytes], folder: Path, log: Path, timeout: float = 300) -> Path:
+    """The node lock `proc` holds under `folder`, once it has written its PID there."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the node exited ({proc.returncode}) before locking: {log.read_text()}"
+                                 f"{proc.stderr.read().decode() if proc.stderr else ''}")
+        for path in folder.glob(f"*/run-*/{LOCK_FILE}"):
+            if path.read_text().strip() == str(proc.pid):
+                return path
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"no lock within {timeout} s: {log.read_text()}")
+
+
+def wait_for(event: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:
+    """Until `proc` has logged `event` (a JSON line)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()
+        if any(json.loads(line).get("event") == event for line in log.read_text().splitlines() if line.startswith("{")):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no {event} event within {timeout} s: {log.read_text()}")
+
+
+def stopped(proc: subprocess.Popen[bytes], sig: int, log: Path) -> dict[str, Any]:
+    """Signal `proc`; it must exit 0 with nothing on stderr, its last line the one `stopped` event."""
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"the node did not stop within 120 s of {signal.Signals(sig).name}") from None
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and err.decode() == "", (proc.returncode, err.decode()[-3000:])
+    assert [e["event"] for e in events].count("stopped") == 1 and events[-1]["event"] == "stopped", events[-3:]
+    return events[-1]
+
+
+def test_sigterm_and_sigint_stop_each_node_cleanly_and_the_trainer_resumes(
+        devnet: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VERILOCO_DEVNET", str(devnet.config.devnet_file))
+    (tmp_path / "run.toml").write_text(RUN_TOML)
+    code, out, err = run_cli(capsys, "run", "create", "--config", "run.toml", "--account", "0", "--json")
+    assert code == 0, err
+    run = str(json.loads(out)["run_id"])
+    addr = [Account.from_key(a.key).address for a in devnet.info.accounts]
+    workdir = tmp_path / "nodes"
+    common = ["--run", run, "--devnet", str(devnet.config.devnet_file), "--workdir", str(workdir), "--log-format", "json"]
+    roles = {"trainer": (1, signal.SIGTERM), "verifier": (2, signal.SIGINT), "coordinator": (0, signal.SIGTERM)}
+    logs = {role: tmp_path / f"{role}.jsonl" for role in roles}
+    procs = {role: start([role, *common, "--account", str(a)], logs[role]) for role, (a, _) in roles.items()}
+    try:
+        locks = {role: locked_by(procs[role], workdir / f"{role}-{addr[a]}", logs[role]) for role, (a, _) in roles.items()}
+        wait_for("step", procs["trainer"], logs["trainer"])  # stopped while training
+        for role, (a, sig) in roles.items():
+            line = stopped(procs[role], sig, logs[role])
+            assert line["node"] == role and line["signal"] == signal.Signals(sig).name
+            assert line["kept"].startswith(str(locks[role].parent)), line
+            assert shlex.split(line["resume"]) == ["veriloco", role, *common, "--account", str(a)]
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    # the trainer kept its run folder (its identity and epoch records) and resumes with the command it printed
+    trainer = json.loads(logs["trainer"].read_text().splitlines()[-1])
+    kept = Path(trainer["kept"])
+    assert (kept / "identity.json").is_file() and any(kept.glob("epoch-*")), sorted(p.name for p in kept.iterdir())
+    again = tmp_path / "trainer-again.jsonl"
+    argv = shlex.split(trainer["resume"])[1:]
+    proc = start(argv, again)
+    try:
+        assert locked_by(proc, workdir / f"trainer-{addr[1]}", again) == locks["trainer"]
+        assert stopped(proc, signal.SIGTERM, again)["kept"] == trainer["kept"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

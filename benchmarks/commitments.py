@@ -48,10 +48,11 @@ from trainer.round import RoundSpec
 SETTINGS = [("small", 8, 64), ("small", 8, 128), ("llama-small", 8, 128), ("gpt2-124m", 1, 1024)]
 
 
-def measure(name: str, rows: int, seq: int, segment: int) -> dict[str, Any]:
+def measure(name: str, rows: int, seq: int, segment: int, micro: int = 1) -> dict[str, Any]:
     cfg = preset(name)
     spec = RoundSpec(cfg, InnerConfig(lr=3e-4, warmup_steps=2, total_steps=100), CompressionConfig(),
-                     StartRule.DELAYED, run_seed=1, batch_size=rows, seq_len=seq, shard=True, segment=segment)
+                     StartRule.DELAYED, run_seed=1, batch_size=rows, seq_len=seq, shard=True, segment=segment,
+                     microbatches=micro)
     corpus = default_corpus(max(200_000, 4 * rows * seq * segment))
     eng = LocalEngine(spec, every=segment)
     compute, commit, logged = [], [], []
@@ -70,7 +71,7 @@ def measure(name: str, rows: int, seq: int, segment: int) -> dict[str, Any]:
     step = statistics.median(compute)
     return {
         "preset": name, "arch": cfg.arch, "params": n_params(cfg), "d_model": cfg.d_model, "n_layer": cfg.n_layer,
-        "rows": rows, "seq_len": seq, "tokens_per_step": rows * seq, "segment": segment,
+        "rows": rows, "seq_len": seq, "tokens_per_step": rows * seq, "segment": segment, "groups": micro,
         "boundary_tensors_per_step": 2 * (block_count(cfg) - 1),
         "compute_s_per_step": round(step, 4), "commit_s_per_step": round(sum(commit) / segment, 4),
         "boundary_s_per_step": round(boundary, 4), "state_leaf_s": round(commit[-1] - boundary, 4),
@@ -93,10 +94,11 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| preset | params | d_model | tokens / step | compute s / step | commitments / training | boundaries | state leaves (1 per segment) | boundary log / training | log MB / step |",
+    lines = ["| preset | params | d_model | tokens / step (groups, r) | compute s / step | commitments / training | boundaries | state leaves (1 per segment) | boundary log / training | log MB / step |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['preset']} | {r['params'] / 1e6:.1f}M | {r['d_model']} | {r['rows']} x {r['seq_len']} | "
+        lines.append(f"| {r['preset']} | {r['params'] / 1e6:.1f}M | {r['d_model']} | {r['rows']} x {r['seq_len']} "
+                     f"({r.get('groups', 1)}, {r['segment']}) | "
                      f"{r['compute_s_per_step']:.3f} | **{r['commitment_fraction_of_training']:.4f}** | "
                      f"{r['boundary_fraction']:.4f} | {r['state_leaf_fraction']:.4f} | "
                      f"{r.get('boundary_log_fraction', float('nan')):.4f} | {r.get('boundary_log_bytes_per_step', 0) / 1e6:.1f} |")
@@ -110,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1,
                     help="measure each setting this many times and report the run with the median fraction, "
                          "every run's fraction under commitment_fraction_runs (a loaded machine moves it ~10%%)")
+    ap.add_argument("--settings", nargs="+", default=[], metavar="PRESET:ROWS:SEQ:GROUPS:SEGMENT",
+                    help="measure these instead of the default settings (leaf v4 groups: GROUPS micro-batches per step, "
+                         "each adding a running gradient sum per block to hash)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     configure_determinism(1)
@@ -118,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     if a.repeats < 1:
         ap.error("--repeats must be at least 1")
-    rows = [median_run([measure(n, r, s, a.segment) for _ in range(a.repeats)])
-            for n, r, s in SETTINGS if not wanted or n in wanted]
+    chosen = [(n, int(r), int(s), int(m), int(g)) for n, r, s, m, g in (x.split(":") for x in a.settings)] or [
+        (n, r, s, 1, a.segment) for n, r, s in SETTINGS]
+    rows = [median_run([measure(n, r, s, g, m) for _ in range(a.repeats)])
+            for n, r, s, m, g in chosen if not wanted or n in wanted]
     load.append(os.getloadavg()[0])
     out = {"benchmark": "commitments", "command": " ".join(["nice -n 19 .venv/bin/python -m benchmarks.commitments", *(sys.argv[1:] if argv is None else argv)]),
            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": 1,

@@ -109,7 +109,7 @@ def state_fraction(trainer_logs: list[list[dict[str, Any]]], stages: int) -> flo
 
 
 def config_of(opts: DemoOptions, audit_mode: str) -> RunConfig:
-    return opts.config().replace(audit={"steps": AUDIT_STEPS, "segment": AUDIT_SEGMENT, "unit": MODES[audit_mode]})
+    return opts.config().replace(audit={"steps": AUDIT_STEPS, "segment": opts.segment, "unit": MODES[audit_mode]})
 
 
 def measure(opts: DemoOptions, audit_mode: str) -> dict[str, Any]:

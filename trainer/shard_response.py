@@ -1,8 +1,10 @@
 """A sharded trainer's answer to an audit (docs/protocol.md §5.3): which files, built from its engine.
 
 The engine holds the state (trainer/engine.py); this module only decides what an audit reveals:
-for each drawn segment, one block's parameters and moments at its first state leaf and the boundary
-tensors it consumed at every step (checked against the trainer's own leaves before it goes out); for the final
+for each drawn segment, one block's parameters and moments at its first state leaf and, at every step,
+the boundary tensors it consumed on the drawn group's rows, its running gradient sums around that
+group, and the group leaves that bind them (checked against the trainer's own leaves before it goes
+out); for the final
 check, one block's parameters at the first leaf and its parameters and error buffer at the last; for the
 start check of a continued start, the same of epoch e-1 for every block (no first-leaf parameters under
 the merge rule). Files go out through ``publish``.

@@ -4,9 +4,11 @@ manifest's leaves, the revealed files and public data; like verifier/replay.py t
 and never raise on a trainer's data.
 
 What each check binds: a block's revealed tensors to the digests in the leaves' preimages; its
-boundary inputs to the digests its neighbours committed; its replayed outputs (activations, input
-gradient, squared norm) to its own committed entries at every step of the segment; its end state to
-the segment's last state leaf. A trainer that forged anything the replay reads or writes fails here.
+boundary inputs on the opened group to the group leaves its neighbours committed; its replayed
+outputs on that group and its running gradient sum to its own group leaves, its norm to its entry,
+at every step of the segment; its end state to the segment's last state leaf. A trainer that forged
+anything the replay reads or writes fails here; one that forged only an unopened group of a step
+does not (docs/security.md §1: 1/M per replayed step).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import pytest
 
 from protocol.chain import errors as ce
 from protocol.chain.binding import Chain
-from tests.fixtures.chain import PyEvmNet, Run, make_run, params
+from tests.fixtures.chain import PyEvmNet, Run, assert_credits_in_events, make_run, params
 
 pytestmark = pytest.mark.integration
 
@@ -35,6 +35,7 @@ def rewarded_run(net: PyEvmNet, pool: int, **over: Any) -> Run:
 def assert_accounted(c: Chain) -> None:
     staked, credits = c.totals()
     assert c.balance() == staked + credits + c.total_burned() + c.total_pools()
+    assert_credits_in_events(c)
 
 
 def credits(r: Run) -> dict[str, int]:

@@ -19,7 +19,7 @@ from eth_abi import encode
 from protocol.chain import errors as ce
 from protocol.chain.binding import Chain, assigned_verifiers
 from protocol.digest import keccak
-from tests.fixtures.chain import SALT, PyEvmNet, Run, make_run
+from tests.fixtures.chain import SALT, PyEvmNet, Run, assert_credits_in_events, make_run
 
 pytestmark = pytest.mark.integration
 
@@ -37,6 +37,7 @@ def fresh() -> Any:
 def books(c: Chain) -> None:
     staked, credits = c.totals()
     assert c.balance() == staked + credits + c.total_burned() + c.total_pools()
+    assert_credits_in_events(c)
 
 
 def audited_run(net: PyEvmNet, verifiers: list[int] = VERIFIERS, **over: Any) -> Run:

@@ -17,7 +17,16 @@ import pytest
 from protocol.chain import errors as ce
 from protocol.chain.binding import AuditResponse, Chain, Phase, TxResult
 from protocol.digest import keccak
-from tests.fixtures.chain import MODEL, STAKE, VSTAKE, PyEvmNet, Run, Trainer, params
+from tests.fixtures.chain import (
+    MODEL,
+    STAKE,
+    VSTAKE,
+    PyEvmNet,
+    Run,
+    Trainer,
+    assert_credits_in_events,
+    params,
+)
 from tests.fixtures.chain import make_run as fixture_run
 
 pytestmark = pytest.mark.integration
@@ -41,6 +50,7 @@ def books(c: Chain) -> None:
     """Every wei the contract holds is a stake, a claimable credit or burned."""
     staked, credits = c.totals()
     assert c.balance() == staked + credits + c.total_burned()
+    assert_credits_in_events(c)
 
 
 def until(net: PyEvmNet, t: int) -> None:

@@ -22,11 +22,11 @@ from typing import Any
 import torch
 
 from protocol.formats.payload import wrap
-from protocol.leaf import block_count
+from protocol.leaf import block_count, block_names
 from trainer.blockstep import Batch, BlockIO, OnPartial
 from trainer.compress import compress
 from trainer.engine import Engine, LocalEngine
-from trainer.inner import STEP, State
+from trainer.inner import PARAM, STEP, State
 from trainer.node import Behaviour, TrainerNode
 from trainer.round import Final, compress_seed
 
@@ -40,10 +40,11 @@ class LazyEngine(LocalEngine):
         x = batch[0]
         zeros = torch.zeros(x.shape[0], x.shape[1], self.spec.model.d_model)
         n = block_count(self.spec.model)
-        for b in range(n):  # no gradient, so every running sum is the empty one
+        groups = block_names(self.spec.model)
+        for b in range(n):  # no work: every running sum it claims is zero
             for m in range(self.spec.microbatches):
                 if on_partial is not None:
-                    on_partial(b, m, {})
+                    on_partial(b, m, {g: torch.zeros_like(state[PARAM + g]) for g in groups[b]})
         return forged, 0.0, [BlockIO(zeros if b < n - 1 else None, zeros if b > 0 else None, torch.zeros(()))
                              for b in range(n)]
 

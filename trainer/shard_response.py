@@ -98,8 +98,9 @@ def _challenge(shard: State, steps: Sequence[Opened], b: int, n_blocks: int, sta
                 raise TrainerError(f"step {k}: the engine kept no total gradient for block {b}")
             before_keys, total_keys = sum_names(k, names)
             for n, bk, tk in zip(names, before_keys, total_keys):
-                out[bk] = o.before[n] if o.before is not None else torch.zeros_like(o.total[n])
-                out[tk] = o.total[n]
+                zero = torch.zeros_like(shard[PARAM + n])  # what an engine did not sum (a cheat's) goes out as zeros
+                out[bk] = (o.before or {}).get(n, zero)
+                out[tk] = o.total.get(n, zero)
     return {key: v.detach().cpu() for key, v in out.items()}
 
 

@@ -82,8 +82,16 @@ class DemoOptions:
     # (docs/results-protocol.md)
     merge_step: int = 1
     batch_size: int = 8  # rows per trainer and step (benchmarks/protocol.py --batch-sizes: audits at larger batches)
-    group_rows: int = 0  # > 0: rows per group (micro-batch), so a challenge opens that many rows per step; 0: the whole batch
+    # rows per group (micro-batch): a shard challenge opens one group per step, with the running gradient
+    # sums around it (docs/protocol.md §5.3), so the demo runs the token-bounded unit at M = 2; 0: one group
+    group_rows: int = 4
     segment: int = 8  # steps per shard challenge (audit.segment)
+
+    @property
+    def groups(self) -> int:
+        """inner.microbatches: the batch in groups of ``group_rows`` (one group where they do not divide it)."""
+        ok = 0 < self.group_rows <= self.batch_size and self.batch_size % self.group_rows == 0
+        return self.batch_size // self.group_rows if ok else 1
 
     def config(self) -> RunConfig:
         w = self.windows_s
@@ -91,7 +99,7 @@ class DemoOptions:
             model={"preset": self.preset},
             data={"seq_len": min(64, preset(self.preset).seq_len), "batch_size": self.batch_size, "corpus_bytes": 2_000_000},
             inner={"lr": 3e-3, "warmup_steps": 8, "total_steps": self.steps * self.epochs * 2,
-                   "microbatches": self.batch_size // self.group_rows if self.group_rows else 1},
+                   "microbatches": self.groups},
             # plain averaging: in a run of a few rounds momentum overshoots; see docs/results-engine.md
             outer={"lr": 1.0, "momentum": 0.0},
             schedule={"epochs": self.epochs, "h_initial": self.steps, "h_min": max(1, self.steps // 2),

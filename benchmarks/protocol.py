@@ -120,7 +120,7 @@ def measure(opts: DemoOptions, audit_mode: str) -> dict[str, Any]:
     return {**analyze(opts, audit_mode, summary), "wall_seconds": round(time.time() - t0, 1)}
 
 
-def challenge_bytes(opts: DemoOptions, trainer_logs: list[list[dict[str, Any]]]) -> int | None:
+def challenge_bytes(opts: DemoOptions, audit_mode: str, trainer_logs: list[list[dict[str, Any]]]) -> int | None:
     """The mean size of the challenge files the trainers' shard answers named (from the run's store)."""
     from protocol.leaf import block_count
     from protocol.shard_audit import decode_manifest
@@ -132,10 +132,9 @@ def challenge_bytes(opts: DemoOptions, trainer_logs: list[list[dict[str, Any]]])
     for evs in trainer_logs:
         for ev in evs:
             if ev["event"] == "responded" and ev.get("manifest"):
-                try:
-                    m = decode_manifest(store.get(ev["manifest"]), n, max_bytes=1 << 26)
-                except Exception:  # noqa: BLE001 - a whole-state answer has no challenge files
+                if audit_mode != "shard":  # a whole-state answer has no challenge files
                     continue
+                m = decode_manifest(store.get(ev["manifest"]), n, max_bytes=1 << 26)
                 sizes += [store.path_of(c.cid).stat().st_size for c in m.challenges]
     return round(statistics.mean(sizes)) if sizes else None
 
@@ -208,7 +207,7 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
         "tokens_per_step": config.data.batch_size * config.data.seq_len,
         "batch_size": config.data.batch_size,
         "groups": config.inner.microbatches,
-        "audit_bytes_per_challenge": challenge_bytes(opts, trainer_logs),
+        "audit_bytes_per_challenge": challenge_bytes(opts, audit_mode, trainer_logs),
         # what a trainer keeps to answer its audit (the boundary log) over its training state (parameters, moments)
         "answer_memory_fraction_of_state": round(log_bytes / n / epochs / (12 * n_params(cfg)), 3),
         "verifiers": opts.verifiers,

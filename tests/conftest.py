@@ -1,4 +1,5 @@
-"""Shared fixtures: one py-evm chain per module, reset per test, and a module-scoped anvil (a module may define its own)."""
+"""Shared fixtures: one py-evm chain per module, reset per test, a module-scoped anvil and a module-scoped
+devnet (chain, contract and store, as `veriloco devnet` starts them); a module may define its own."""
 
 from __future__ import annotations
 
@@ -34,3 +35,13 @@ def anvil() -> Iterator[object]:
         yield node
     finally:
         node.close()
+
+
+@pytest.fixture(scope="module")
+def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A module's own devnet (py-evm, the contract deployed, a local store; eight funded accounts),
+    for tests that run the CLI's node commands against it."""
+    from devnet.launch import start_devnet
+
+    with start_devnet(state_dir=tmp_path_factory.mktemp("devnet"), accounts=8) as net:
+        yield net

@@ -227,9 +227,9 @@ def blockwise_step(
         g: Tensor | None = None
         for run in reversed(runs):
             grads, g = run.backward(g)
-            acc[run.b] = accumulate(acc[run.b], grads)
+            acc[run.b] = summed = accumulate(acc[run.b], grads)
             if on_partial is not None:
-                on_partial(run.b, m, acc[run.b])
+                on_partial(run.b, m, summed)
             if g is not None:
                 gins[run.b].append(g)
     loss = sum(losses) / len(losses)

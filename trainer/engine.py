@@ -352,5 +352,18 @@ class LocalEngine:
         self.state = None
 
 
-__all__ = ["MERGED", "BatchOf", "Engine", "LocalEngine", "Opened", "boundary_of", "neighbours", "epoch_delta", "merged_before", "own_cpu",
-           "restrict", "save_merged", "tensor_bytes"]
+__all__ = [
+    "MERGED",
+    "BatchOf",
+    "Engine",
+    "LocalEngine",
+    "Opened",
+    "boundary_of",
+    "epoch_delta",
+    "merged_before",
+    "neighbours",
+    "own_cpu",
+    "restrict",
+    "save_merged",
+    "tensor_bytes",
+]

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,13 +146,6 @@ def test_the_console_script_prints_no_traceback(offline: Path) -> None:
 
 # ------------------------------------------------------------------ against a devnet
 
-
-@pytest.fixture(scope="module")
-def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from devnet.launch import start_devnet
-
-    with start_devnet(state_dir=tmp_path_factory.mktemp("devnet"), accounts=5) as net:
-        yield net
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ and its totals are checked against the contract's own `credits` (rewards + bount
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,13 +21,6 @@ pytestmark = pytest.mark.integration
 COORD, TRAINERS, VERIFIERS = 0, [1, 2, 3], [4, 5, 6]
 R_T, R_V = 10**15, 10**14  # trainer reward, verifier reward per majority verdict
 
-
-@pytest.fixture(scope="module")
-def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from devnet.launch import start_devnet
-
-    with start_devnet(state_dir=tmp_path_factory.mktemp("devnet"), accounts=8) as net:
-        yield net
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +35,6 @@ RUN_TOML = (
     "unbonding_s = 100\n"
 )
 
-
-@pytest.fixture(scope="module")
-def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from devnet.launch import start_devnet
-
-    with start_devnet(state_dir=tmp_path_factory.mktemp("devnet"), accounts=4) as net:
-        yield net
 
 
 def veriloco(*argv: str, **kw: Any) -> subprocess.Popen[bytes]:

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +35,6 @@ RUN_TOML = (
     "[windows]\ncommit_s = 600\nreveal_s = 600\nresponse_s = 600\nverdict_s = 600\nfinalize_s = 600\n"
 )
 
-
-@pytest.fixture(scope="module")
-def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from devnet.launch import start_devnet
-
-    with start_devnet(state_dir=tmp_path_factory.mktemp("devnet"), accounts=4) as net:
-        yield net
 
 
 def start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:

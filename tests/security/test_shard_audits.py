@@ -13,11 +13,10 @@ import torch
 
 from protocol.chain.audit import challenged_steps
 from protocol.data import Corpus
-from protocol.formats.codec import load_state
+from protocol.formats.codec import load_state, save_state
 from protocol.formats.payload import wrap
 from protocol.leaf import StepLeaf, block_count, block_names
 from protocol.model import init_params, preset
-from protocol.formats.codec import save_state
 from protocol.shard_audit import ShardChallenge, decode_manifest, drawn_block, encode_manifest
 from protocol.store.backends import LocalStore
 from protocol.types import Address, Cid

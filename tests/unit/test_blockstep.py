@@ -7,9 +7,17 @@ import dataclasses
 import pytest
 import torch
 
-from protocol.leaf import PartialSums, group_root, partial_digest, LeafCommitter, StepLeaf, block_names, tensor_digest
+from protocol.leaf import (
+    LeafCommitter,
+    PartialSums,
+    StepLeaf,
+    block_names,
+    group_root,
+    partial_digest,
+    tensor_digest,
+)
 from protocol.model import GPTConfig, preset
-from trainer.blockstep import replay_group, blockwise_step, replay_block
+from trainer.blockstep import blockwise_step, replay_block, replay_group
 from trainer.inner import (
     MOM1,
     MOM2,

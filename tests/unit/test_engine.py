@@ -6,7 +6,14 @@ from pathlib import Path
 
 import torch
 
-from protocol.leaf import block_names, group_root, part_digest, partial_digest, sq_bytes, tensor_digest
+from protocol.leaf import (
+    block_names,
+    group_root,
+    part_digest,
+    partial_digest,
+    sq_bytes,
+    tensor_digest,
+)
 from protocol.model import init_params, preset
 from trainer.blockstep import accumulate, block_update, replay_group
 from trainer.checkpoints import EpochDir

@@ -8,9 +8,13 @@ A node loop only calls `log(event, **fields)`. `node_logger` decides how that lo
   spinner with the time waited and left until the node's next event, and a large upload to the
   store as a byte bar. Off a terminal (a pipe, a file), a wait still going on repeats itself every
   HEARTBEAT_S seconds (`waited=`, `left=`) and a slow upload prints its progress as often.
-- `json`: `{"t": unix_time, "node": ..., "event": ..., **fields}` per line on stdout, what the demo,
-  the tests and the benchmarks parse (they pass `--log-format json`): the node's events only, no
-  progress, heartbeats or upload bars.
+- `json`: `{"t": unix_time, "level": ..., "node": ..., "run": ..., "address": ..., "event": ...,
+  **fields}` per line on stdout, what the demo, the tests and the benchmarks parse (they pass
+  `--log-format json`): the node's events only, no progress, heartbeats or upload bars. `level` is
+  the text line's (DEBUG, INFO, WARN, ERROR); `run` and `address` (the node's run id and its key's
+  account) are there once the node knows them (`NodeLog.bind`): from its first line on for the run,
+  from the line after `loading` for the address. So lines from many nodes in one collector can be
+  filtered by severity, run and node without parsing the event.
 
 `--log-file PATH` appends every event as a JSON line as well, whatever the console shows.
 """
@@ -54,8 +58,10 @@ def level(event: str, fields: dict[str, Any]) -> str:
     return "DEBUG" if event == "step" else "INFO"
 
 
-def json_line(node: str, event: str, fields: dict[str, Any]) -> str:
-    return json.dumps({"t": round(time.time(), 3), "node": node, "event": event, **fields}, default=str)
+def json_line(node: str, event: str, fields: dict[str, Any], context: dict[str, Any] | None = None) -> str:
+    """One event as a JSON object: time, level, node, the node's context (run, address), event, fields."""
+    head = {"t": round(time.time(), 3), "level": level(event, fields), "node": node, **(context or {}), "event": event}
+    return json.dumps({**head, **fields}, default=str)
 
 
 def _value(v: Any) -> str:
@@ -267,8 +273,10 @@ def _milestone(fields: dict[str, Any]) -> bool:
     return step == of or step % max(1, of // 4) == 0
 
 
-def node_logger(node: str, fmt: str = "text", log_file: Path | None = None, stream: IO[str] | None = None) -> Log:
-    """The `log(event, **fields)` a node loop calls: `fmt` on the console, JSON lines into `log_file`."""
+def node_logger(node: str, fmt: str = "text", log_file: Path | None = None, stream: IO[str] | None = None,
+                run: int | None = None) -> NodeLog:
+    """The `log(event, **fields)` a node loop calls: `fmt` on the console, JSON lines into `log_file`;
+    every JSON line carries `run` when given (and what `bind` adds later)."""
     if fmt not in FORMATS:
         raise LogSetupError(f"log format {fmt!r}: choose one of {', '.join(FORMATS)}")
     out = stream or sys.stdout
@@ -279,7 +287,10 @@ def node_logger(node: str, fmt: str = "text", log_file: Path | None = None, stre
             file = open(log_file, "a", encoding="utf-8")  # noqa: SIM115 (open for the process's life)
         except OSError as exc:
             raise LogSetupError(f"cannot open the log file {log_file}: {exc}; pick another --log-file") from None
-    return NodeLog(node, TextLog(node, out) if fmt == "text" else None, out, file)
+    log = NodeLog(node, TextLog(node, out) if fmt == "text" else None, out, file)
+    if run is not None:
+        log.bind(run=run)
+    return log
 
 
 class NodeLog:
@@ -288,12 +299,18 @@ class NodeLog:
 
     def __init__(self, node: str, console: TextLog | None, out: IO[str], file: IO[str] | None) -> None:
         self.node, self.console, self.out, self.file = node, console, out, file
+        self.context: dict[str, Any] = {}  # run, address: on every JSON line from `bind` on
         self._lock = threading.Lock()
         if console is not None:
             atexit.register(console.close)  # a live progress line must not outlive the process's last event
 
+    def bind(self, **context: Any) -> None:
+        """Add `context` (the node's `run`, its `address`) to every JSON line from now on."""
+        with self._lock:
+            self.context = {**self.context, **context}
+
     def __call__(self, event: str, **fields: Any) -> None:
-        line = json_line(self.node, event, fields) if (self.file or self.console is None) else ""
+        line = json_line(self.node, event, fields, self.context) if (self.file or self.console is None) else ""
         if self.console is not None:
             self.console(event, **fields)
         else:
@@ -331,5 +348,6 @@ def add_log_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--log-file", type=Path, help="also append every event to this file as JSON lines")
 
 
-def logger_from_args(args: argparse.Namespace, node: str) -> Log:
-    return node_logger(node, getattr(args, "log_format", "text"), getattr(args, "log_file", None))
+def logger_from_args(args: argparse.Namespace, node: str) -> NodeLog:
+    return node_logger(node, getattr(args, "log_format", "text"), getattr(args, "log_file", None),
+                       run=getattr(args, "run", None))

@@ -387,7 +387,7 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
             for ev in n.read():
                 if ev.get("event") in ("committed", "revealed", "responded", "verified", "finalized", "skipped",
                                        "commit-failed", "reveal-failed", "alarm", "error", "joined"):
-                    detail = {k: v for k, v in ev.items() if k not in ("t", "node", "event", "sent_bytes", "received_bytes")}
+                    detail = {k: v for k, v in ev.items() if k not in ("t", "level", "node", "run", "address", "event", "sent_bytes", "received_bytes")}
                     say(f"  [{time.monotonic() - t_start:6.1f}s] {n.name:18s} {ev['event']:10s} {fields_text(detail)[:150]}")
         try:
             line = _status_line(chain, run_id, cfg.schedule.epochs)

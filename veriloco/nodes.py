@@ -98,8 +98,12 @@ def json_logger(node: str, stream: Any = None) -> Callable[..., None]:
 def starting(args: argparse.Namespace, role: str) -> tuple[Settings, Log]:
     """The node's settings and log, the log's first line written: settings fail fast, the heavy imports follow."""
     s = resolve(args)
-    log = logger_from_args(args, role)
+    log = logger_from_args(args, role)  # JSON lines carry the run id from the first one on
     log("loading", what="torch and the chain client")
+    if s.key:  # and the node's account from the next one on
+        from eth_account import Account
+
+        log.bind(address=Account.from_key(s.key).address)
     return s, log
 
 

@@ -132,3 +132,46 @@ def test_a_bad_log_format_from_the_environment_is_refused_up_front(monkeypatch: 
     assert exc.value.code == 2 and "VERILOCO_LOG_FORMAT" in capsys.readouterr().err
     monkeypatch.setenv("VERILOCO_LOG_FORMAT", "json")
     assert build_parser("trainer").parse_args(["trainer", "--run", "1"]).log_format == "json"
+
+
+def test_json_lines_carry_level_run_and_address(tmp_path: Path) -> None:
+    """Every JSON line, on the console and in the log file, says its level, and the node's run and address
+    once bound: a collector can filter many nodes' lines without parsing events."""
+    out = io.StringIO()
+    path = tmp_path / "trainer.jsonl"
+    log = node_logger("trainer", "json", log_file=path, stream=out, run=7)
+    log("loading", what="torch")
+    log.bind(address="0x00000000000000000000000000000000000000aA")
+    log("step", epoch=0, step=1, of=8, loss=5.0)
+    log("verified", epoch=0, trainer="0xabc", passed=False)
+    log("commit-failed", epoch=0, error="nonce too low")
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert lines == [json.loads(line) for line in path.read_text().splitlines()]
+    assert [e["level"] for e in lines] == ["INFO", "DEBUG", "WARN", "ERROR"]
+    assert all(e["run"] == 7 and e["node"] == "trainer" for e in lines)
+    assert "address" not in lines[0] and {e["address"] for e in lines[1:]} == {"0x00000000000000000000000000000000000000aA"}
+    assert list(lines[1])[:6] == ["t", "level", "node", "run", "address", "event"]  # the head first, then the fields
+    # a text console shows none of it, but its log file does
+    text, kept = io.StringIO(), tmp_path / "text.jsonl"
+    log = node_logger("verifier", "text", log_file=kept, stream=text, run=2)
+    log("started")
+    assert "run=" not in text.getvalue() and json.loads(kept.read_text())["run"] == 2
+
+
+def test_a_node_binds_its_run_and_its_keys_address(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`veriloco trainer --run 7 --key FILE --log-format json`: the first line (written before the key's
+    address is derived) has the run and the level; the next ones the address as well."""
+    from eth_account import Account
+
+    from veriloco.nodes import starting
+
+    key = "0x" + "11" * 32
+    (tmp_path / "key").write_text(key)
+    args = build_parser("trainer").parse_args([
+        "trainer", "--run", "7", "--key", str(tmp_path / "key"), "--rpc-url", "http://127.0.0.1:8545",
+        "--contract", "0x" + "22" * 20, "--log-format", "json", "--workdir", str(tmp_path / "w")])
+    _, log = starting(args, "trainer")
+    log("started", slot=0)
+    first, second = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert first["event"] == "loading" and first["level"] == "INFO" and first["run"] == 7 and "address" not in first
+    assert second["event"] == "started" and second["run"] == 7 and second["address"] == Account.from_key(key).address

@@ -150,7 +150,23 @@ class VerifierNode:
             for e in self.keeper.epochs():  # the run is over: nobody aggregates from our copies any more
                 self.keeper.release(e)
             return True
-        return False
+        return self._removed(nxt)
+
+    def _removed(self, nxt: int) -> bool:
+        """Whether this verifier is out of the run (slashed, or it left) and owes it nothing more: every
+        epoch it may have been drawn for (those before its leave epoch) is over, finalized (its model
+        confirmed: no attestation is due) or aborted. Its own check of those models ran this round."""
+        m = self.chain.member(self.run_id, self.me)
+        if m.leave_epoch is None:
+            return False
+        for e in range(max(0, m.leave_epoch - 3), min(m.leave_epoch, nxt)):
+            if self.chain.epoch_status(self.run_id, e).phase not in (Phase.FINALIZED, Phase.ABORTED):
+                return False
+        for e in self.keeper.epochs():  # nothing of ours is aggregated from any more
+            self.keeper.release(e)
+        self.log("removed", leave_epoch=m.leave_epoch,
+                 detail="off the verifier list, the audits it was drawn for are over; stopping")
+        return True
 
     # ------------------------------------------------------------------ availability
 

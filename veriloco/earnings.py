@@ -100,6 +100,13 @@ def earnings(chain: Chain, account: str, run: int | None = None) -> dict[str, An
     }
 
 
+def slashes(chain: Chain, account: str, run: int) -> list[Entry]:
+    """The account's slashes in `run`, in chain order, each with its reason by name (what a node that
+    ends slashed says, veriloco/nodes.py)."""
+    events = chain.events(EVENTS, run_id=run)
+    return sorted(_slashes(chain, events, account), key=lambda e: (e.block, e.log_index))
+
+
 def _entry(ev: ChainEvent, kind: str, amount: int, why: str) -> Entry:
     return Entry(int(ev.args["runId"]), int(ev.args["epoch"]), kind, amount, why, ev.tx_hash, ev.block_number,
                  ev.log_index)

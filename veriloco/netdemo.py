@@ -45,7 +45,7 @@ from protocol.store.backends import LocalStore
 from protocol.tokens import load_corpus_dir
 from veriloco.argtypes import non_negative, positive, seconds, tcp_port
 from veriloco.logs import fields_text
-from veriloco.nodes import CHEAT_KINDS
+from veriloco.nodes import CHEAT_KINDS, SLASHED_EXIT
 from veriloco.traffic import compare, headline, trainer_traffic
 
 PHASES = {p: p.name.lower() for p in Phase}
@@ -386,7 +386,7 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
         for n in nodes:
             for ev in n.read():
                 if ev.get("event") in ("committed", "revealed", "responded", "verified", "finalized", "skipped",
-                                       "commit-failed", "reveal-failed", "alarm", "error", "joined"):
+                                       "commit-failed", "reveal-failed", "alarm", "error", "joined", "slashed"):
                     detail = {k: v for k, v in ev.items() if k not in ("t", "level", "node", "run", "address", "event", "sent_bytes", "received_bytes")}
                     say(f"  [{time.monotonic() - t_start:6.1f}s] {n.name:18s} {ev['event']:10s} {fields_text(detail)[:150]}")
         try:
@@ -404,7 +404,8 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
             on_tick(control)
         if coordinator.proc.poll() is not None and not coordinator.killed:
             break
-        dead = [n for n in nodes if n.proc.poll() not in (None, 0) and not n.killed]
+        # a cheater caught ends slashed (SLASHED_EXIT): the summary's slashes say whom, and the tests check them
+        dead = [n for n in nodes if n.proc.poll() not in (None, 0, SLASHED_EXIT) and not n.killed]
         if dead:
             raise DemoError(f"{dead[0].name} exited with status {dead[0].proc.returncode}; see {dead[0].log_path}")
         if time.monotonic() > deadline:

@@ -11,6 +11,12 @@ imports neither at its top, so the node says at once that it has started (issue 
 A requested stop (SIGTERM, as systemd and docker send, or SIGINT, Ctrl-C) ends the node through its
 normal cleanup with one `stopped` line naming the signal, the state folder it kept and the command
 that resumes it, and exit status 0; a second signal ends the process at once (the default action).
+
+A trainer or verifier that was slashed in its run (and so removed from it) ends with one `slashed`
+line, an ERROR: the reason by name (protocol/chain/binding.py SLASH_REASONS; a verifier's read from
+the votes around it, veriloco/earnings.py), the epochs, the amount and the stake left, and the
+commands that show the account's earnings and take the rest of the stake back; exit status
+SLASHED_EXIT (3), so a supervisor sees an ending that is no success.
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ from veriloco.settings import Settings, add_connection_args, open_store, resolve
 if TYPE_CHECKING:
     from protocol.chain.binding import Chain
 
+SLASHED_EXIT = 3  # a trainer or verifier that ends slashed (1: a crash, 2: a foreseeable error, 130: interrupted)
+# the connection flags of a node's command line that `veriloco withdraw` takes too (its key and where)
+_KEY_FLAGS = ("--devnet", "--rpc-url", "--contract", "--key", "--password-file", "--account", "--max-fee-gwei")
 # adversarial behaviours for demos and security tests (trainer/cheats.py, trainer/adversaries.py)
 CHEAT_KINDS = ["lazy", "noise", "copy", "forge-final", "stale-copy", "skip-merge"]
 
@@ -72,11 +81,45 @@ def resume_command(args: argparse.Namespace) -> str:
     return shlex.join(["veriloco", *getattr(args, "argv", sys.argv[1:])])
 
 
+def withdraw_command(args: argparse.Namespace) -> str:
+    """`veriloco withdraw` for this node's run and key: its command line's connection flags, nothing else."""
+    argv, kept = list(getattr(args, "argv", sys.argv[1:])), []
+    i = 0
+    while i < len(argv):
+        flag = argv[i].split("=", 1)[0]
+        if flag in _KEY_FLAGS:
+            take = 1 if "=" in argv[i] else 2
+            kept += argv[i:i + take]
+            i += take
+        else:
+            i += 1
+    return shlex.join(["veriloco", "withdraw", "--run", str(args.run), *kept])
+
+
+def slashed_ending(args: argparse.Namespace, s: Settings, log: Log) -> int:
+    """After a trainer's or verifier's loop has ended: SLASHED_EXIT and one `slashed` line if the chain
+    records a slash of this node's account in its run, else 0."""
+    from veriloco.earnings import slashes
+
+    chain = open_chain(s)
+    me = str(chain.sender)
+    found = slashes(chain, me, args.run)
+    if not found:
+        return 0
+    stake = chain.member(args.run, me).stake
+    log("slashed", reason="; ".join(dict.fromkeys(e.why for e in found)), epochs=sorted({e.epoch for e in found}),
+        slashed_wei=-sum(e.amount_wei for e in found), stake_left_wei=int(stake), tx=found[-1].tx,
+        detail=f"removed from run {args.run}; every slash and reward: `veriloco earnings --run {args.run} --address {me}`; "
+               f"the stake left, once unbonded: `{withdraw_command(args)}`")
+    return SLASHED_EXIT
+
+
 def run_node(args: argparse.Namespace, role: str, body: Callable[[Settings, Log, list[Path]], None]) -> int:
     """Start the node (settings, first line), run `body` until it returns or a stop is requested.
 
     `body` appends the run folder it keeps its state in to its last argument once it holds the lock,
-    which the `stopped` line then names.
+    which the `stopped` line then names. A trainer or verifier whose loop ended slashed says so last
+    (`slashed_ending`).
     """
     s, log = starting(args, role)
     kept: list[Path] = []
@@ -88,7 +131,8 @@ def run_node(args: argparse.Namespace, role: str, body: Callable[[Settings, Log,
         if role == "coordinator" and kept:
             where += " (a coordinator's record is on the chain; the folder holds its lock)"
         log("stopped", signal=stop.signal, kept=where, resume=resume_command(args))
-    return 0
+        return 0
+    return slashed_ending(args, s, log) if role in ("trainer", "verifier") else 0
 
 
 def json_logger(node: str, stream: Any = None) -> Callable[..., None]:

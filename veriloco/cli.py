@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -116,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     except VerilocoError as exc:
         print(f"veriloco {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `veriloco status | head`: the reader has what it wanted, which is no error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush does not raise again
+        return 0
     except OSError as exc:  # the machine's own failures (permissions, a full disk): no traceback either
         print(f"veriloco {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -52,7 +52,8 @@ def add_connection_args(p: argparse.ArgumentParser, *, workdir: bool = False) ->
     g.add_argument("--max-fee-gwei", help="never offer more than this max fee per gas, in gwei; refuse to send while "
                    "the chain's price is above it ($VERILOCO_MAX_FEE_GWEI; docs/real-chain.md)")
     if workdir:
-        g.add_argument("--workdir", type=Path, help="node-local checkpoints and logs ($VERILOCO_WORKDIR)")
+        g.add_argument("--workdir", "--datadir", dest="workdir", type=Path,
+                       help="node-local checkpoints and logs ($VERILOCO_WORKDIR; --datadir as geth and reth name it)")
 
 
 def _devnet(args: argparse.Namespace) -> dict[str, Any]:

@@ -79,3 +79,14 @@ def test_the_wheel_carries_the_example_and_init_writes_it_from_there(tmp_path: P
     assert got.returncode == 0, got.stderr
     assert Path(got.stdout.splitlines()[0]) == unpacked / "veriloco" / "examples"  # the wheel's copy, not a checkout's
     assert (work / "run.toml").read_text() == EXAMPLE
+
+
+def test_a_reader_that_stops_early_is_no_error() -> None:
+    """`veriloco run init --out - | head -1`: the pipe closes before the config is written; the command
+    ends quietly with status 0 (no broken-pipe message), as `veriloco status | head` does."""
+    p = subprocess.Popen([sys.executable, "-m", "veriloco.cli", "run", "init", "--out", "-"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()  # before the child has imported anything: its first write meets a closed pipe
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0 and err == "", err

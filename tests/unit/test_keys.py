@@ -77,3 +77,11 @@ def test_a_devnet_account_outside_a_devnet_folder_names_the_folder_not_the_count
         resolve(args, need_key=True, need_contract=False)
     code, _, err = _cli(capsys, "status", "--run", "1", "--account", "1")
     assert code == 2 and "no devnet file" in err and "0..-1" not in err, err
+
+
+def test_datadir_is_the_workdir_under_the_name_node_operators_type() -> None:
+    from veriloco.settings import add_connection_args
+
+    p = argparse.ArgumentParser()
+    add_connection_args(p, workdir=True)
+    assert p.parse_args(["--datadir", "/srv/node"]).workdir == p.parse_args(["--workdir", "/srv/node"]).workdir

@@ -43,3 +43,12 @@ def verifier_shortfall(info: RunInfo) -> str | None:
         return None
     return (f"run {info.run_id} has {have} verifier(s) of its quorum {q}: no epoch is audited, and each aborts "
             f"unaudited at its deadline, until {q - have} more join (`veriloco verifier --run {info.run_id}`)")
+
+
+def trainer_shortfall(info: RunInfo) -> str | None:
+    """What a run with no active trainer means once it has begun, or None: nobody can commit, so no
+    epoch opens (and a waiting coordinator waits for good) until a trainer joins."""
+    if info.active_trainers > 0 or info.next_epoch == 0:
+        return None
+    return (f"run {info.run_id} has no active trainer (every one left or was slashed): no epoch can open until one "
+            f"joins (`veriloco trainer --run {info.run_id}`)")

@@ -24,7 +24,7 @@ from eth_account import Account
 from protocol.chain.binding import SLASH_REASONS, Chain, ChainEvent, Phase, RunInfo, connect, deploy
 from protocol.config import ScheduleSection, from_json
 from protocol.errors import VerilocoError
-from protocol.membership import verifier_shortfall
+from protocol.membership import trainer_shortfall, verifier_shortfall
 from protocol.statedir import check_run
 from veriloco.argtypes import address
 from veriloco.argtypes import epoch as epoch_arg
@@ -174,8 +174,9 @@ def run_schedule(info: RunInfo, store: Any) -> ScheduleSection | None:
 
 
 def run_state(chain: Chain, info: RunInfo, schedule: ScheduleSection | None) -> dict[str, Any]:
-    """Where the run stands as a whole: not started, running, waiting for an epoch, stalled (fewer
-    verifiers than its quorum: nothing is audited), or finished.
+    """Where the run stands as a whole: not started, running, waiting for an epoch, stalled (no active
+    trainer once it has begun: no epoch can open; or fewer verifiers than its quorum: nothing is
+    audited), or finished.
 
     Under the merge rule the trainers are inside epoch e from epoch e-1's commit on: once e-1 has
     closed they train past the merge towards e's commitment, so that run is "running", not waiting.
@@ -189,7 +190,7 @@ def run_state(chain: Chain, info: RunInfo, schedule: ScheduleSection | None) -> 
             done = sum(p is Phase.FINALIZED for p in phases)
             return {"state": "finished", "epoch": epochs - 1,
                     "text": f"finished: {done}{of} epochs finalized, {epochs - done} aborted"}
-    if (short := verifier_shortfall(info)) is not None:
+    if (short := trainer_shortfall(info) or verifier_shortfall(info)) is not None:
         return {"state": "stalled", "epoch": max(0, nxt - 1), "text": short}
     if nxt == 0:
         return {"state": "waiting", "epoch": 0,

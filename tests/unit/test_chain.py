@@ -179,3 +179,18 @@ def test_run_params_roundtrip_through_abi_tuple() -> None:
     assert t[4] == ADDR[0] and len(t) == 23 and t[-3:] == (7, 5, True)
     back = RunParams.from_abi(t)
     assert back == RunParams(**{**p.__dict__, "coordinator": ADDR[0]})
+
+
+def test_a_run_left_without_trainers_is_stalled_and_says_why() -> None:
+    """`veriloco status` of a begun run whose trainers all left or were slashed: not "running"."""
+    from protocol.chain.binding import RunInfo
+    from protocol.membership import trainer_shortfall
+    from veriloco.chaincmds import run_state
+
+    p = RunParams(config_cid="bafyc", config_digest=keccak(b"c"), init_model_cid="bafym",
+                  init_model_digest=keccak(b"m"), coordinator=ADDR[0], quorum=3)
+    gone = RunInfo(run_id=4, params=p, creator=ADDR[0], next_epoch=2, active_trainers=0, trainer_slots=2, verifier_count=3)
+    st = run_state(object(), gone, None)  # decided before any chain read  # type: ignore[arg-type]
+    assert st["state"] == "stalled" and "no active trainer" in st["text"] and "--run 4" in st["text"]
+    assert trainer_shortfall(RunInfo(**{**gone.__dict__, "next_epoch": 0})) is None  # not begun: waiting for one
+    assert trainer_shortfall(RunInfo(**{**gone.__dict__, "active_trainers": 1})) is None

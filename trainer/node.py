@@ -23,6 +23,7 @@ from coordinator.build import ModelUnavailable, VerifiedGlobals
 from protocol import merkle, shard_audit
 from protocol.chain.audit import build_response
 from protocol.chain.binding import (
+    SLASH_REASONS,
     Chain,
     ChainError,
     ChainUnavailable,
@@ -279,6 +280,9 @@ class TrainerNode:
             self._train(e, d)
         if d.meta["status"] == CLOSED:
             return True  # refused to build on what it was given (logged)
+        if d.meta["status"] in (TRAINED, COMMITTING) and self._removed(e):
+            self._close(d)  # slashed (or left) while it trained: the contract would refuse the commit
+            return False
         if d.meta["status"] == TRAINED:
             self._publish(e, d)
         if d.meta["status"] == COMMITTING:
@@ -292,7 +296,7 @@ class TrainerNode:
         m = self.chain.member(self.run_id, self.me)
         if m.role == 1 and (m.leave_epoch is None or e < m.leave_epoch):
             return False
-        slashes = [{"epoch": ev.args["epoch"], "reason": ev.args["reason"]}
+        slashes = [{"epoch": ev.args["epoch"], "reason": SLASH_REASONS.get(int(ev.args["reason"]), str(ev.args["reason"]))}
                    for ev in self.chain.events(["Slashed"], run_id=self.run_id, trainer=self.me)]
         self.log("removed", epoch=e, leave_epoch=m.leave_epoch, slashes=slashes,
                  detail="no part in this or later epochs; answering the audits still owed, then stopping "

@@ -58,14 +58,14 @@ def register(sub: Any) -> None:
 
     ls = sub.add_parser("runs", help="list the runs of a contract with their state")
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    add_connection_args(ls)
+    add_connection_args(ls, signing=False)
     ls.set_defaults(func=cmd_runs)
 
     s = sub.add_parser("status", help="query a run's round status from the contract")
     s.add_argument("--run", type=run_id_arg, required=True, help="run id")
     s.add_argument("--epoch", type=epoch_arg, help="epoch to show (default: the current one)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    add_connection_args(s)
+    add_connection_args(s, signing=False)
     s.set_defaults(func=cmd_status)
 
 

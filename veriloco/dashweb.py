@@ -280,5 +280,5 @@ def register(sub: Any) -> None:
     d.add_argument("--refresh", type=positive, default=5, help="seconds between page reloads (default 5)")
     d.add_argument("--eval-rows", type=non_negative, default=64,
                    help="validation rows to evaluate each finalized model on (0: no loss curve; default 64)")
-    add_connection_args(d)
+    add_connection_args(d, signing=False)
     d.set_defaults(func=cmd_dashboard)

@@ -63,7 +63,7 @@ def register(sub: Any) -> None:
     e.add_argument("--config", type=Path, help="with --state: the run config (run.toml or its canonical JSON)")
     e.add_argument("--tokenizer", type=Path, help="with --state: the run's tokenizer JSON, if it has one")
     e.add_argument("--out", type=Path, required=True, help="directory to write")
-    add_connection_args(e)
+    add_connection_args(e, signing=False)
     e.set_defaults(func=cmd_export)
     sm = sub.add_parser("sample", help="generate text from an exported model with the run's tokenizer")
     sm.add_argument("model", type=Path, help="directory written by `veriloco export`")

@@ -36,21 +36,23 @@ class Settings:
     max_fee_wei: int | None = None  # no transaction offers more per gas (--max-fee-gwei); None: no cap
 
 
-def add_connection_args(p: argparse.ArgumentParser, *, workdir: bool = False) -> None:
+def add_connection_args(p: argparse.ArgumentParser, *, workdir: bool = False, signing: bool = True) -> None:
     g = p.add_argument_group("connection (flags override VERILOCO_* variables, which override the devnet file)")
     g.add_argument("--devnet", type=Path, help=f"devnet file (default: $VERILOCO_DEVNET or {DEFAULT_DEVNET_FILE} if present)")
     g.add_argument("--rpc-url", help="Ethereum JSON-RPC endpoint ($VERILOCO_RPC_URL)")
     g.add_argument("--contract", help="veriloco contract address ($VERILOCO_CONTRACT)")
-    g.add_argument("--key", type=Path,
-                   help="this node's key file: a hex private key or an encrypted keystore ($VERILOCO_KEY)")
-    g.add_argument("--password-file", type=Path,
-                   help="the keystore's password, in a file ($VERILOCO_KEY_PASSWORD holds it otherwise; else a prompt)")
-    g.add_argument("--account", type=non_negative, help="use the devnet file's account N as this node's key")
+    if signing:  # a read-only command (status, runs, the dashboard, export) takes no key and offers none
+        g.add_argument("--key", type=Path,
+                       help="this node's key file: a hex private key or an encrypted keystore ($VERILOCO_KEY)")
+        g.add_argument("--password-file", type=Path,
+                       help="the keystore's password, in a file ($VERILOCO_KEY_PASSWORD holds it otherwise; else a prompt)")
+        g.add_argument("--account", type=non_negative, help="use the devnet file's account N as this node's key")
     g.add_argument("--store", choices=["local", "ipfs"], help="content store backend ($VERILOCO_STORE)")
     g.add_argument("--store-dir", type=Path, help="LocalStore directory ($VERILOCO_STORE_DIR)")
     g.add_argument("--ipfs-api", help="Kubo RPC API multiaddr of your IPFS node ($VERILOCO_IPFS_API)")
-    g.add_argument("--max-fee-gwei", help="never offer more than this max fee per gas, in gwei; refuse to send while "
-                   "the chain's price is above it ($VERILOCO_MAX_FEE_GWEI; docs/real-chain.md)")
+    if signing:
+        g.add_argument("--max-fee-gwei", help="never offer more than this max fee per gas, in gwei; refuse to send while "
+                       "the chain's price is above it ($VERILOCO_MAX_FEE_GWEI; docs/real-chain.md)")
     if workdir:
         g.add_argument("--workdir", "--datadir", dest="workdir", type=Path,
                        help="node-local checkpoints and logs ($VERILOCO_WORKDIR; --datadir as geth and reth name it)")
@@ -157,7 +159,9 @@ def resolve(args: argparse.Namespace, *, need_key: bool = True, need_contract: b
     rpc_url = pick("rpc_url", "VERILOCO_RPC_URL", dev.get("rpc_url"))
     contract = pick("contract", "VERILOCO_CONTRACT", dev.get("contract"))
     key: str | None = None
-    if getattr(args, "key", None) is not None:
+    if not hasattr(args, "key") and not hasattr(args, "account"):
+        pass  # a read-only command's parser has no signing flags: no key is read, not even $VERILOCO_KEY
+    elif getattr(args, "key", None) is not None:
         key = _read_key(args.key, getattr(args, "password_file", None))
     elif getattr(args, "account", None) is not None:
         if not dev:  # no devnet file where we look: a wrong folder, not a wrong number

@@ -75,7 +75,7 @@ def test_a_devnet_account_outside_a_devnet_folder_names_the_folder_not_the_count
     args = argparse.Namespace(key=None, password_file=None, rpc_url=None, devnet=None, contract=None, account=1)
     with pytest.raises(VerilocoError, match=r"no devnet file at .*devnet.json.*--devnet FILE.*--key FILE"):
         resolve(args, need_key=True, need_contract=False)
-    code, _, err = _cli(capsys, "status", "--run", "1", "--account", "1")
+    code, _, err = _cli(capsys, "deploy", "--account", "1")
     assert code == 2 and "no devnet file" in err and "0..-1" not in err, err
 
 
@@ -85,3 +85,17 @@ def test_datadir_is_the_workdir_under_the_name_node_operators_type() -> None:
     p = argparse.ArgumentParser()
     add_connection_args(p, workdir=True)
     assert p.parse_args(["--datadir", "/srv/node"]).workdir == p.parse_args(["--workdir", "/srv/node"]).workdir
+
+
+def test_read_only_commands_offer_no_signing_flags_and_read_no_key(capsys: pytest.CaptureFixture[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """status, runs, the dashboard and export sign nothing: their help lists no key flags, and a
+    $VERILOCO_KEY that would need a password is not even opened."""
+    from veriloco.cli import build_parser
+
+    for cmd in ("status", "runs", "dashboard", "export"):
+        helptext = build_parser(cmd)._subparsers._group_actions[0].choices[cmd].format_help()  # type: ignore[union-attr]
+        assert "--key" not in helptext and "--account" not in helptext and "--max-fee-gwei" not in helptext, cmd
+    monkeypatch.setenv("VERILOCO_KEY", "/nonexistent/keystore.json")
+    args = argparse.Namespace(rpc_url="http://127.0.0.1:8545", devnet=None, contract=None)
+    assert resolve(args, need_key=False, need_contract=False).key is None

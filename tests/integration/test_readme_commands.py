@@ -128,6 +128,9 @@ COVERED: dict[str, list[str]] = {
     "make headline": ["tests/unit/test_headline_bench.py::test_dry_run_prints_one_command_per_piece_and_the_merge"],
     "python benchmarks.convergence --render": ["tests/unit/test_convergence_bench.py::test_two_seed_run_writes_the_agreed_keys"],
     "python benchmarks.codec --h --out --preset --ranks --rounds": [f"{HERE}::test_benchmark_lines_parse_with_their_own_parsers"],
+    "python benchmarks.codec --baselines --budget-ranks --cache --h --out --preset --rounds": [
+        f"{HERE}::test_benchmark_lines_parse_with_their_own_parsers",
+        "tests/unit/test_codec_baselines.py::test_the_baselines_command_writes_every_codec_at_each_budget"],
     "python benchmarks.gas --out": [f"{HERE}::test_benchmark_lines_parse_with_their_own_parsers"],
     "python benchmarks.scale --out": ["tests/integration/test_scale.py::test_64_trainers_8_verifiers_3_epochs_all_finalize"],
     "python benchmarks.store --out": [f"{HERE}::test_benchmark_lines_parse_with_their_own_parsers"],

@@ -110,3 +110,27 @@ def test_rejects_a_k_outside_the_chunk() -> None:
         SparseCodec("topk", 0)
     with pytest.raises(ValueError):
         SparseCodec("dct", 4097, "int4")
+
+
+def test_the_baselines_command_writes_every_codec_at_each_budget(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """`--baselines all` end to end on cached toy pseudo-gradients (the cache key is the run's settings)."""
+    import json
+
+    from benchmarks.codec import main
+
+    g = torch.Generator().manual_seed(4)
+    deltas = [{"w": torch.randn(96, 128, generator=g) * 1e-3, "b": torch.randn(128, generator=g) * 1e-3} for _ in range(2)]
+    torch.save({"deltas": deltas, "inner_step_s": 0.0}, tmp_path / "codec-deltas-tiny-r2-h1-b1-s0.pt")
+    out = tmp_path / "base.json"
+    assert main(["--preset", "tiny", "--rounds", "2", "--h", "1", "--batch-size", "1", "--baselines", "all",
+                 "--budget-ranks", "8,2", "--cache", str(tmp_path), "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert [b["budget_rank"] for b in res["budgets"]] == [8, 2]
+    for b in res["budgets"]:
+        methods = b["methods"]
+        assert set(BASELINES) | {"veriloco int4 (shipped)"} <= set(methods)
+        assert methods["veriloco int4 (shipped)"]["rank"] == b["budget_rank"]
+        for name in BASELINES:
+            assert max(methods[name]["bytes_per_round"]) <= b["budget_bytes"]
+        assert b["best_rel_error_mean"] in methods
+    assert "| 8 (" in capsys.readouterr().out

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from protocol.chain.binding import Chain
+from tests.fixtures.cli import create_run
 from tests.fixtures.cli import run_cli as cli
 
 pytestmark = pytest.mark.integration
@@ -28,7 +29,6 @@ RUN_TOML = (
     "[stakes]\ntrainer_wei = 1000\nverifier_wei = 1000\nmin_trainers = 1\nmax_trainers = 1\n"
     "[windows]\ncommit_s = 60\nreveal_s = 60\nresponse_s = 60\nverdict_s = 60\nfinalize_s = 60\nunbonding_s = 100\n"
 )
-
 
 
 
@@ -147,7 +147,6 @@ def test_the_console_script_prints_no_traceback(offline: Path) -> None:
 # ------------------------------------------------------------------ against a devnet
 
 
-
 @pytest.fixture
 def online(devnet: Any, offline: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The working folder, pointed at the devnet by its devnet file."""
@@ -173,9 +172,7 @@ def test_run_create_refuses_a_bad_coordinator_before_publishing(online: Path, de
 
 
 def test_unknown_runs_and_epochs_are_named(online: Path, devnet: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = cli(capsys, "run", "create", "--config", "run.toml", "--account", "0", "--json")
-    assert code == 0, err
-    rid = json.loads(out)["run_id"]
+    rid = create_run(capsys)
     missing = str(rid + 5)
     for argv in (["status", "--run", missing], ["trainer", "--run", missing, "--account", "1"],
                  ["verifier", "--run", missing, "--account", "2"], ["leave", "--run", missing, "--account", "1"]):

@@ -7,7 +7,6 @@ unreachable chain) is one FAIL line that says what to do, and the exit status is
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.cli import create_run
 from tests.fixtures.cli import run_cli as cli
 
 pytestmark = pytest.mark.integration
@@ -69,9 +69,7 @@ def free_port() -> int:
 def test_a_healthy_trainer_setup_passes_and_each_broken_piece_fails(where: Path, devnet: Any,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     (where / "run.toml").write_text(RUN_TOML)
-    code, out, err = cli(capsys, "run", "create", "--config", "run.toml", "--account", "0", "--json")
-    assert code == 0, err
-    run = str(json.loads(out)["run_id"])
+    run = str(create_run(capsys))
 
     node = ["--run", run, "--workdir", str(where / "nodes")]
     code, got = doctor(capsys, *node, "--account", "1", "--metrics-port", str(free_port()))

@@ -9,7 +9,6 @@ at a deadline instead of running on in the test).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -23,7 +22,7 @@ from eth_account import Account
 
 from protocol.chain.binding import Chain
 from protocol.nodelock import LOCK_FILE, lock_node
-from tests.fixtures.cli import run_cli
+from tests.fixtures.cli import create_run
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +33,6 @@ RUN_TOML = (
     "[windows]\ncommit_s = 600\nreveal_s = 600\nresponse_s = 600\nverdict_s = 600\nfinalize_s = 600\n"
     "unbonding_s = 100\n"
 )
-
 
 
 def veriloco(*argv: str, **kw: Any) -> subprocess.Popen[bytes]:
@@ -73,9 +71,7 @@ def test_the_same_key_twice_is_refused_and_a_killed_node_blocks_no_restart(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("VERILOCO_DEVNET", str(devnet.config.devnet_file))
     (tmp_path / "run.toml").write_text(RUN_TOML)
-    code, out, err = run_cli(capsys, "run", "create", "--config", "run.toml", "--account", "0", "--json")
-    assert code == 0, err
-    r = str(json.loads(out)["run_id"])
+    r = str(create_run(capsys))
     keys = [a.key for a in devnet.info.accounts]
     addr = [Account.from_key(k).address for k in keys]
     chain = Chain(devnet.info.rpc_url, devnet.info.contract)

@@ -23,7 +23,7 @@ import pytest
 from eth_account import Account
 
 from protocol.nodelock import LOCK_FILE
-from tests.fixtures.cli import run_cli
+from tests.fixtures.cli import create_run
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,6 @@ RUN_TOML = (
     "[stakes]\ntrainer_wei = 1000\nverifier_wei = 1000\nmin_trainers = 1\n"
     "[windows]\ncommit_s = 600\nreveal_s = 600\nresponse_s = 600\nverdict_s = 600\nfinalize_s = 600\n"
 )
-
 
 
 def start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -91,9 +90,7 @@ def test_sigterm_and_sigint_stop_each_node_cleanly_and_the_trainer_resumes(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("VERILOCO_DEVNET", str(devnet.config.devnet_file))
     (tmp_path / "run.toml").write_text(RUN_TOML)
-    code, out, err = run_cli(capsys, "run", "create", "--config", "run.toml", "--account", "0", "--json")
-    assert code == 0, err
-    run = str(json.loads(out)["run_id"])
+    run = str(create_run(capsys))
     addr = [Account.from_key(a.key).address for a in devnet.info.accounts]
     workdir = tmp_path / "nodes"
     common = ["--run", run, "--devnet", str(devnet.config.devnet_file), "--workdir", str(workdir), "--log-format", "json"]

@@ -616,15 +616,17 @@ def test_a_lazy_verifier_is_slashed_even_when_everyone_is_honest(fresh: PyEvmNet
     a, b = r.trainers
     r.open_epoch(0)
     lazy = r.assigned(0, a)[1].sender
+    pretended = 0
     for t in (a, b):
         assigned = [v.sender for v in r.assigned(0, t)]
+        pretended += lazy in assigned  # 3 of 4 verifiers judge each trainer: b's draw may leave it out
         r.judge(0, t, [True] * 3, [bytes(32) if v == lazy else r.witness(0, t) for v in assigned])
     r.reveal_verdicts(0)
     assert r.coord.submission(r.run_id, 0, a.address).passed  # its vote agrees: it still counts as cast
     assert r.finalize(0, [a, b]) == {}
     slashes = [e.args["verifier"] for e in r.coord.events(["VerifierSlashed"], run_id=r.run_id, epoch=0)]
-    assert slashes == [lazy, lazy]  # once per trainer it pretended to replay
-    assert r.coord.member(r.run_id, lazy).stake == VSTAKE // 4 and r.coord.member(r.run_id, lazy).leave_epoch == 1
+    assert slashes == [lazy] * pretended  # once per trainer it pretended to replay
+    assert r.coord.member(r.run_id, lazy).stake == VSTAKE // 2**pretended and r.coord.member(r.run_id, lazy).leave_epoch == 1
     assert r.coord.totals()[1] == 0  # burned, nobody credited
     for v in r.verifiers:
         if v.sender != lazy:

@@ -14,6 +14,9 @@ The second test takes the copies away too: both verifiers are adversary_node `fo
 audits, no kept copies), so nobody can produce trainer0's payload. The coordinator reports it once
 it has stayed missing past its grace, the verifier that did not pass trainer0 (its availability
 committee) fails to fetch it and votes unavailable, and the epoch finalizes without trainer0.
+
+The third takes the other side (issue 30 item 1): verifiers that report honest trainers and lie on
+committees, one of four at quorum 3 and two colluders of five at quorum 2.
 """
 
 from __future__ import annotations
@@ -173,26 +176,40 @@ def test_a_payload_nobody_can_produce_is_judged_unavailable_and_left_out(
     assert [(ev["epoch"], ev["available"]) for ev in votes] == [(e, False) for e in sorted(withheld)], log
 
 
-def test_one_verifier_of_four_cannot_take_over_the_run_by_reporting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 30 item 1, whole network: quorum 3, four verifiers, one of them (adversary_node
-    `false-report`) reports every passing, honest trainer as unavailable. With V = q + 1 no
-    committee of q independent verifiers exists: every report is refused, nobody is slashed, every
-    epoch finalizes with every trainer, and the reporter gains nothing."""
+@pytest.mark.parametrize(("attackers", "verifiers", "quorum"), [
+    pytest.param(("verifier3",), 4, 3, id="one-of-four-q3"),
+    pytest.param(("verifier3", "verifier4"), 5, 2, id="two-colluders-q2"),
+])
+def test_lying_reporters_cannot_take_over_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, attackers: tuple[str, ...], verifiers: int, quorum: int
+) -> None:
+    """Issue 30 item 1, whole network: verifiers running adversary_node `false-report` report every
+    passing, honest trainer as unavailable and vote "unavailable" on every committee they sit on.
+
+    One of four at quorum 3: with V = q + 1 no committee of q independent verifiers exists, so every
+    report is refused (TooFewVerifiers). Two colluders of five at quorum 2 (a test run): V = 2q + 1,
+    so reports are accepted and each one's committee is the two verifiers that neither judged the
+    trainer nor reported it, drawn after the report: at most one of them is the second colluder, and
+    "unavailable" decides only with every member, so no report decides against a trainer (where both
+    members are honest, "available" decides and the liar who reported pays). Either way no trainer and
+    no honest verifier is slashed and every epoch finalizes with every trainer."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    attacker = "verifier3"
     held = {"swapped": False, "paused": False}
+    liars: set[str] = set()
 
     def tick(control: Control) -> None:
         if not held["swapped"]:
-            n = control.node(attacker)
-            control.kill(attacker)
-            n.cmd = [sys.executable, "-m", "tests.security.adversary_node", *n.cmd[3:], "--behaviour", "false-report"]
-            n.cheat = "false-report"
-            control.restart(attacker)
+            for attacker in attackers:
+                liars.add(control.node(attacker).address.lower())
+                n = control.node(attacker)
+                control.kill(attacker)
+                n.cmd = [sys.executable, "-m", "tests.security.adversary_node", *n.cmd[3:], "--behaviour", "false-report"]
+                n.cheat = "false-report"
+                control.restart(attacker)
             held["swapped"] = True
-        # hold the coordinator while an auditing epoch has passing trainers the attacker has not tried
-        # yet, so the attack runs in every epoch whatever the machine's load
-        tried = {ev["epoch"] for ev in control.node(attacker).events if str(ev.get("event", "")).startswith("false-report")}
+        # hold the coordinator while an auditing epoch has passing trainers the first attacker has not
+        # tried yet, so the attack runs in every epoch whatever the machine's load
+        tried = {ev["epoch"] for ev in control.node(attackers[0]).events if str(ev.get("event", "")).startswith("false-report")}
         pending = any(e not in tried and control.chain.epoch_status(control.run_id, e).phase is Phase.AUDITING
                       and passing_trainers(control.chain, control.run_id, e) for e in range(EPOCHS))
         if pending != held["paused"]:
@@ -202,17 +219,30 @@ def test_one_verifier_of_four_cannot_take_over_the_run_by_reporting(tmp_path: Pa
     seen: dict[str, Any] = {}
 
     def inspect(chain: Chain, store: Any, run_id: int) -> None:
-        seen["slashed"] = chain.events(["Slashed"], run_id=run_id) + chain.events(["VerifierSlashed"], run_id=run_id)
+        seen["slashed"] = chain.events(["Slashed"], run_id=run_id)
+        seen["verifier_slashed"] = chain.events(["VerifierSlashed"], run_id=run_id)
         seen["reported"] = chain.events(["AvailabilityReported"], run_id=run_id)
+        seen["decided"] = chain.events(["AvailabilityDecided"], run_id=run_id)
         seen["included"] = [len(passing_trainers(chain, run_id, e)) for e in range(EPOCHS)]
-        seen["attacker"] = chain.participants(run_id)[1]
+        seen["verifiers"] = chain.participants(run_id)[1]
 
-    opts = DemoOptions(trainers=3, verifiers=4, quorum=3, epochs=EPOCHS, steps=4, workdir=tmp_path / "demo", timeout_s=600)
+    opts = DemoOptions(trainers=3, verifiers=verifiers, quorum=quorum, epochs=EPOCHS, steps=4, workdir=tmp_path / "demo",
+                       timeout_s=600)
     s, log = run_network(opts, inspect=inspect, on_tick=tick)
-    refused = [ev for ev in _events(opts.workdir / "logs" / f"{attacker}.jsonl") if ev.get("event") == "false-report-refused"]
-    assert {ev["epoch"] for ev in refused} == set(range(EPOCHS)), log  # the attack ran in every epoch
-    assert {ev["error"] for ev in refused} == {"TooFewVerifiers"}, log  # and was refused
-    assert seen["reported"] == [] and seen["slashed"] == [] and s["slashed"] == [], log
+    logs = opts.workdir / "logs"
+    tries = [ev for a in attackers for ev in _events(logs / f"{a}.jsonl") if str(ev.get("event", "")).startswith("false-report")]
+    assert {ev["epoch"] for ev in tries} == set(range(EPOCHS)), log  # the attack ran in every epoch
+    if len(attackers) == 1:
+        assert {ev["event"] for ev in tries} == {"false-report-refused"}, log
+        assert {ev["error"] for ev in tries} == {"TooFewVerifiers"}, log  # refused: no independent committee
+        assert seen["reported"] == [], log
+    else:
+        assert seen["reported"], log  # accepted: the committee path ran
+        assert {ev.args["reporter"].lower() for ev in seen["reported"]} <= liars, log
+        assert not [ev for ev in seen["decided"] if not ev.args["available"]], log  # never decided against a trainer
+    assert seen["slashed"] == [] and s["slashed"] == [], log  # no trainer
+    assert {ev.args["verifier"].lower() for ev in seen["verifier_slashed"]} <= liars, log  # no honest verifier
     assert s["epochs_finalized"] == EPOCHS and seen["included"] == [3] * EPOCHS, log
-    assert len(seen["attacker"]) == 4  # nobody was removed
-
+    assert len({v.lower() for v in seen["verifiers"]} - liars) == verifiers - len(attackers)  # no honest one removed
+    if len(attackers) == 1:
+        assert seen["verifier_slashed"] == [] and len(seen["verifiers"]) == verifiers  # nobody at all

@@ -86,14 +86,17 @@ class VerifiedGlobals:
     finalized, `base(e)` if it aborted. A finalized digest that differs from the recomputation is
     logged once (`model-mismatch`) and otherwise ignored. With `cache`, each base is kept on disk as
     base-<epoch>-<digest>.safetensors (the newest two) and checked against that digest when read
-    back, so a restarted node recomputes only the epochs it has not seen.
+    back, so a restarted node recomputes only the epochs it has not seen. The newest two bases are
+    kept in memory as well: a verifier asks for G_{e-1} (the start model) and G_e (the merge model)
+    in turn for every trainer it audits, and rebuilding G_0 or rehashing a model-sized state per
+    question is a cost that grows with the model, not with the work audited.
     """
 
     def __init__(self, chain: Chain, store: Store, ctx: RunContext, cache: Path | None = None,
                  log: Log | None = None) -> None:
         self.chain, self.store, self.ctx, self.cache = chain, store, ctx, cache
         self.log: Log = log or (lambda event, **kv: None)
-        self._last: tuple[int, GlobalState] | None = None  # the newest base computed, kept in memory
+        self._mem: dict[int, GlobalState] = {}  # the newest two bases computed
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)
 
@@ -117,15 +120,19 @@ class VerifiedGlobals:
 
     def _nearest(self, epoch: int) -> tuple[int, GlobalState]:
         """The newest known base at or before `epoch` (memory, then disk, then G_0)."""
-        if self._last is not None and self._last[0] <= epoch:
-            best = self._last
-        else:
-            best = (0, initial_global(self.store, self.ctx))
+        held = [k for k in self._mem if k <= epoch]
+        if held and max(held) == epoch:
+            return epoch, self._mem[epoch]
+        best = (max(held), self._mem[max(held)]) if held else None
         if self.cache is not None:
-            for k in range(epoch, best[0], -1):
+            for k in range(epoch, best[0] if best else 0, -1):
                 g = self._read(k)
                 if g is not None:
                     return k, g
+        if best is None:
+            best = (0, initial_global(self.store, self.ctx))
+            if not self._mem:
+                self._mem[0] = best[1]
         return best
 
     def _read(self, k: int) -> GlobalState | None:
@@ -142,7 +149,8 @@ class VerifiedGlobals:
         return None
 
     def _keep(self, k: int, g: GlobalState, digest: Digest) -> None:
-        self._last = (k, g)
+        self._mem = {j: v for j, v in self._mem.items() if j != k and j >= k - 1}
+        self._mem[k] = g
         if self.cache is None:
             return
         path = self.cache / f"base-{k:06d}-{digest.hex()}.safetensors"

@@ -90,7 +90,7 @@ class VerifierNode:
         self.me = chain.sender
         self.log: Log = log or (lambda event, **kv: None)
         self.poll_s, self.threads = poll_s, threads
-        self._models: dict[bytes, dict[str, Tensor]] = {}
+        self._models: dict[int, dict[str, Tensor]] = {}
         self.ledger = run_dir(chain, run_id, Path(workdir), self.log) / "verdicts.json"
         self.keeper = Keeper(self.ledger.parent / "kept", store)
         self._fetched: dict[str, tuple[Cid, bytes]] = {}  # "e:trainer" -> the payload `verify` checked
@@ -500,11 +500,11 @@ class VerifierNode:
     def _model(self, i: int) -> dict[str, Tensor]:
         """G_i (G_0 for i <= 0), recomputed from G_0 and the passing payloads (coordinator/build.py
         `VerifiedGlobals`), never a model someone else posted."""
-        g = self._globals().base(max(i, 0))
-        key = state_digest(g)
-        if key not in self._models:  # keep this one and the one before (audits of two epochs overlap)
-            self._models = {**dict(list(self._models.items())[-1:]), key: global_params(g)}
-        return self._models[key]
+        i = max(i, 0)
+        if i not in self._models:  # keep this one and the one before (audits of two epochs overlap)
+            g = global_params(self._globals().base(i))  # fixed once epochs < i are terminal, as base() requires
+            self._models = {**{k: v for k, v in self._models.items() if k >= i - 1}, i: g}
+        return self._models[i]
 
     # ------------------------------------------------------------------ aggregate re-check and attestation
 

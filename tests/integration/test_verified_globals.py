@@ -147,3 +147,30 @@ def test_a_corrupted_cache_file_is_recomputed(world: dict[str, Any], tmp_path: P
 def test_an_open_epoch_has_no_base_yet(world: dict[str, Any]) -> None:
     with pytest.raises(ModelUnavailable, match="not terminal"):
         VerifiedGlobals(world["chain"], world["store"], world["ctx"]).base(3)
+
+
+def test_asking_for_the_two_newest_bases_in_turn_recomputes_nothing(
+    world: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verifier asks for G_{e-1} and G_e in turn for every trainer it audits: after the first
+    answers, neither G_0 nor any payload nor the disk cache is read again (a model-sized cost per
+    audit otherwise: on the 107B, rebuilding and hashing 428 GB per trainer audited)."""
+    import coordinator.build as build
+
+    vg = VerifiedGlobals(world["chain"], world["store"], world["ctx"], tmp_path / "cache")
+    assert _same(vg.base(2), world["g2"]) and _same(vg.base(1), world["g1"])
+    work = {"initial": 0, "read": 0, "update": 0}
+
+    def count(name: str, f: Any) -> Any:
+        def counted(*a: Any, **kw: Any) -> Any:
+            work[name] += 1
+            return f(*a, **kw)
+        return counted
+
+    monkeypatch.setattr(build, "initial_global", count("initial", build.initial_global))
+    monkeypatch.setattr(build, "epoch_update", count("update", build.epoch_update))
+    monkeypatch.setattr(vg, "_read", count("read", vg._read))
+    for _ in range(3):
+        assert _same(vg.base(1), world["g1"]) and _same(vg.base(2), world["g2"])
+    assert work == {"initial": 0, "read": 0, "update": 0}
+    assert _same(vg.base(0), build.initial_global(world["store"], world["ctx"]))  # older than the two: rebuilt

@@ -38,7 +38,7 @@ from protocol.leaf import block_count
 from protocol.model import preset
 from protocol.run import open_run
 from tests.fixtures.cli import run_cli
-from tests.fixtures.network import run_network, skip_to_verifier_finalize, skip_unrevealed
+from tests.fixtures.network import run_network, skip_to_verifier_finalize, skip_unaudited, skip_unrevealed
 from veriloco.netdemo import Control, DemoOptions
 
 pytestmark = pytest.mark.e2e
@@ -319,7 +319,9 @@ def test_a_quorum_three_run_with_one_verifier_audits_no_epoch_and_slashes_nobody
                             for e in range(epochs)]
         seen["quorum"] = chain.run_info(run_id).params.quorum
 
-    s, log = run_network(opts, inspect=inspect, on_tick=ask, config=config)
+    # each epoch's response and verdict windows pass unused: skip them once every trainer was refused
+    skip = skip_unaudited(epochs)
+    s, log = run_network(opts, inspect=inspect, on_tick=lambda c: (ask(c), skip(c)), config=config)
     assert seen["quorum"] == 3 and s["verifiers"] == 1
     assert seen["phases"] == [Phase.ABORTED] * epochs, log
     # the trainers did their part (a trainer that started too late for a commit window sits that epoch out)

@@ -9,10 +9,13 @@ the segment start: about 1/B of a step per step replayed.
 
 The price is memory or disk: 2 (B - 1) activation-sized tensors per step (20 MB on `small` at
 8 x 64 tokens, 5 GB per epoch at H = 256), kept until the epoch's answer is sent. Up to a byte
-budget shared by a trainer's logs (``RamBudget``) a step's tensors are simply kept: the step made
+budget shared by a trainer's logs (``ByteBudget``) a step's tensors are simply kept: the step made
 them and nothing else holds them, so keeping them costs no copy. Past the budget they are written
 to ``<epoch dir>/bounds/`` (a copy into the page cache: 7 ms per 20 MB alone here, several times that
-on a machine whose memory bandwidth other processes share). The log is a cache, never trusted: an
+on a machine whose memory bandwidth other processes share), up to a second budget for disk. Past
+both, a step is not logged at all: the log grows with tokens per step (80 GB per step for a 124M
+model at 0.5M tokens), so at such batches it would fill the disk that checkpoints and payloads need;
+a challenge reaching an unlogged step replays whole steps instead. The log is a cache, never trusted: an
 answer built from it is checked against the committed leaves before it is published
 (trainer/shard_response.py), and anything missing, torn or altered makes the trainer fall back to
 replaying whole steps.
@@ -46,11 +49,21 @@ def _grad(b: int) -> str:
     return f"grad/{b}"
 
 
-class RamBudget:
-    """Bytes of boundary tensors a trainer's logs may keep in memory, together (epochs overlap)."""
+class ByteBudget:
+    """Bytes of boundary tensors a trainer's logs may keep in memory (or on disk), together (epochs
+    overlap). ``limit`` None: no limit."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit, self.used = max(0, limit), 0
+    def __init__(self, limit: int | None) -> None:
+        self.limit, self.used = (None if limit is None else max(0, limit)), 0
+
+    def fits(self, size: int) -> bool:
+        return self.limit is None or self.used + size <= self.limit
+
+
+def quarter_of_free_disk(path: Path) -> int:
+    """The node's default disk budget: a quarter of what is free where its state folder lives now."""
+    path.mkdir(parents=True, exist_ok=True)
+    return shutil.disk_usage(path).free // 4
 
 
 def quarter_of_memory() -> int:
@@ -65,18 +78,20 @@ class BoundaryLog:
     """What every block exchanged in step k (leaf k+1) of one epoch: in memory within ``budget``, else
     ``<epoch dir>/bounds/step-<k>.safetensors``."""
 
-    def __init__(self, epoch_dir: Path, budget: RamBudget | None = None) -> None:
+    def __init__(self, epoch_dir: Path, budget: ByteBudget | None = None, disk: ByteBudget | None = None) -> None:
         self.path = epoch_dir / "bounds"
-        self.budget = budget
+        self.budget, self.disk = budget, disk
         self._ram: dict[int, dict[str, Tensor]] = {}
         self.ram_bytes = 0
+        self._disk_sizes: dict[int, int] = {}  # what this log charged to ``disk``, by step
+        self.unlogged: list[int] = []  # steps over both budgets, not kept
 
     def _file(self, k: int) -> Path:
         return self.path / f"step-{k:06d}.safetensors"
 
-    def put(self, k: int, ios: Sequence[BlockIO], groups: Mapping[int, Sequence[GroupLeaf]]) -> None:
+    def put(self, k: int, ios: Sequence[BlockIO], groups: Mapping[int, Sequence[GroupLeaf]]) -> bool:
         """Keep step k's boundaries and group leaves in memory if the budget allows, else write them
-        (atomically: a torn file is never read as whole)."""
+        (atomically: a torn file is never read as whole) if the disk budget allows; False if neither."""
         raw = b"".join(g.encode() for b in range(len(ios)) for g in groups[b])
         tensors: dict[str, Tensor] = {
             SQ: torch.stack([io.sq.to(torch.float32) for io in ios]),
@@ -88,11 +103,14 @@ class BoundaryLog:
             if io.grad_in is not None:
                 tensors[_grad(b)] = io.grad_in.contiguous()
         size = sum(t.numel() * t.element_size() for t in tensors.values())
-        if self.budget is not None and self.budget.used + size <= self.budget.limit and k not in self._ram:
+        if self.budget is not None and self.budget.fits(size) and k not in self._ram:
             self._ram[k] = tensors
             self.ram_bytes += size
             self.budget.used += size
-            return
+            return True
+        if self.disk is not None and k not in self._disk_sizes and not self.disk.fits(size):
+            self.unlogged.append(k)
+            return False
         self.path.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".step-")
         os.close(fd)
@@ -102,6 +120,10 @@ class BoundaryLog:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        if self.disk is not None and k not in self._disk_sizes:
+            self._disk_sizes[k] = size
+            self.disk.used += size
+        return True
 
     def has(self, steps: range) -> bool:
         return all(k in self._ram or self._file(k).exists() for k in steps)
@@ -139,9 +161,12 @@ class BoundaryLog:
         """Forget every step: memory back to the budget, files deleted."""
         if self.budget is not None:
             self.budget.used -= self.ram_bytes
+        if self.disk is not None:
+            self.disk.used -= sum(self._disk_sizes.values())
         self._ram.clear()
+        self._disk_sizes.clear()
         self.ram_bytes = 0
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-__all__ = ["BoundaryLog", "RamBudget", "quarter_of_memory"]
+__all__ = ["BoundaryLog", "ByteBudget", "quarter_of_free_disk", "quarter_of_memory"]

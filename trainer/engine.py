@@ -25,7 +25,7 @@ from torch import Tensor
 
 from protocol.leaf import GroupLeaf, LeafCommitter, PartialSums, StepLeaf, block_names
 from trainer.blockstep import Batch, BlockIO, Capture, OnPartial, blockwise_step, replay_block
-from trainer.boundaries import BoundaryLog, RamBudget
+from trainer.boundaries import BoundaryLog, ByteBudget
 from trainer.checkpoints import EpochDir
 from trainer.compress import CompressionStats, compress
 from trainer.delay import MergeBase, StartRule, carry, merged_pseudo_gradient, pseudo_gradient
@@ -81,6 +81,9 @@ class Engine(Protocol):
 
     def forget_boundaries(self, d: EpochDir) -> None:
         """Drop what the engine kept of ``d``'s steps only to answer its audit (sent, or no longer due)."""
+
+    def unlogged_steps(self, d: EpochDir) -> int:
+        """Steps of ``d`` its boundary log left out, over its memory and disk budgets."""
 
     def held_bytes(self) -> list[int]:
         """Training-state bytes per process (this one first), each from that process's own live tensors."""
@@ -192,13 +195,14 @@ class LocalEngine:
     concurrent_audits = True
 
     def __init__(self, spec: RoundSpec, every: int, *, keep_boundaries: bool = True, log_ram_bytes: int = 0,
-                 device: torch.device | str = "cpu") -> None:
+                 log_disk_bytes: int | None = None, device: torch.device | str = "cpu") -> None:
         self.spec, self.every = spec, max(1, every)
         # where the steps run; files, leaves, the log and compression stay on the CPU, so on a GPU only
         # the live state and the step's tensors live there (trainer/device.py says which devices may)
         self.device = torch.device(device)
         self.keep_boundaries = keep_boundaries
-        self.log_budget = RamBudget(log_ram_bytes)  # shared by the epochs' logs: two overlap while one is audited
+        self.log_budget = ByteBudget(log_ram_bytes)  # shared by the epochs' logs: two overlap while one is audited
+        self.log_disk = ByteBudget(log_disk_bytes)  # the same on disk (None: as much as the disk holds)
         self._logs: dict[Path, BoundaryLog] = {}
         self.log_error: str | None = None  # the last boundary log write that failed (answers then replay whole steps)
         self.groups = block_names(spec.model)
@@ -335,7 +339,7 @@ class LocalEngine:
 
     def _log(self, d: EpochDir) -> BoundaryLog:
         if d.path not in self._logs:
-            self._logs[d.path] = BoundaryLog(d.path, self.log_budget)
+            self._logs[d.path] = BoundaryLog(d.path, self.log_budget, self.log_disk)
         return self._logs[d.path]
 
     def boundary_log_bytes(self, d: EpochDir) -> tuple[int, int]:
@@ -344,6 +348,11 @@ class LocalEngine:
 
     def forget_boundaries(self, d: EpochDir) -> None:
         self._logs.pop(d.path, BoundaryLog(d.path)).drop()
+
+    def unlogged_steps(self, d: EpochDir) -> int:
+        """Steps of the epoch over both log budgets (their challenges replay whole steps)."""
+        log = self._logs.get(d.path)
+        return 0 if log is None else len(log.unlogged)
 
     def held_bytes(self) -> list[int]:
         return [tensor_bytes(self.state)]

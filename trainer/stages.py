@@ -513,6 +513,9 @@ class StagedEngine:
     def forget_boundaries(self, d: EpochDir) -> None:
         pass
 
+    def unlogged_steps(self, d: EpochDir) -> int:
+        return 0  # no log: every answer replays whole steps by design, not for want of room
+
     def held_bytes(self) -> list[int]:
         """Training-state bytes per process, from each one's own live tensors: [this node, stage 0, ...]."""
         got = self._all("held")

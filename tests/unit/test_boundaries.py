@@ -137,3 +137,26 @@ def test_the_memory_budget_flag_takes_gib_and_refuses_nonsense() -> None:
     for bad in ("-1", "lots", "nan"):
         with pytest.raises(argparse.ArgumentTypeError, match="GiB"):
             gibibytes(bad)
+
+
+def test_steps_over_both_budgets_are_not_logged_and_their_answers_replay_whole_steps(tmp_path: Path) -> None:
+    """At batches where a step's boundaries outgrow memory and disk (80 GB per step for a 124M model at
+    0.5M tokens), the log keeps what fits and skips the rest instead of filling the disk that
+    checkpoints need; answers over skipped steps come from whole-step replay and are the same bytes."""
+    configure_determinism(1)
+    _, d_disk, leaves = _epoch(tmp_path / "disk")
+    disk = LocalEngine(SPEC, every=EVERY)
+    one = sum(f.stat().st_size for f in (d_disk.path / "bounds").iterdir()) // STEPS
+    eng = LocalEngine(SPEC, every=EVERY, log_ram_bytes=2 * one, log_disk_bytes=3 * one)
+    d = EpochDir(tmp_path / "budget", 0)
+    eng.begin(d, STEPS, init_params(CFG, 0), None)
+    for k in range(STEPS):
+        eng.step(d, k, _batch(k))
+    ram, on_disk = eng.boundary_log_bytes(d)
+    assert 0 < ram <= 2 * one and 0 < on_disk and eng.log_disk.used <= 3 * one
+    kept = {int(p.stem.split("-")[1]) for p in (d.path / "bounds").iterdir()}
+    assert kept == {2, 3, 4} and eng.unlogged_steps(d) == STEPS - 5  # 2 in memory, 3 on disk, the rest skipped
+    for start, b in ((0, 4), (2, 1), (6, 3)):  # memory, disk, skipped: the same file as from a whole log
+        assert _file(eng, d, start, b, leaves) == _file(disk, d_disk, start, b, leaves)
+    eng.forget_boundaries(d)
+    assert eng.log_budget.used == 0 and eng.log_disk.used == 0 and eng.unlogged_steps(d) == 0

@@ -4,7 +4,9 @@ It waits until every committed trainer of an epoch is decided (or the verdict wi
 builds the new global model from the passing payloads only (coordinator/build.py), publishes it,
 and submits its CID and digest with the list of included trainers. The contract refuses the
 finalization if that list is not exactly the passing set. Content it cannot get is logged once and
-retried until the epoch expires; the coordinator never exits on it.
+retried until the epoch expires; the coordinator never exits on it. It stops once it is out of the
+run (it left, or was slashed for a model the attestation committee replaced): the contract would refuse
+its finalize, so it says `removed` and ends (veriloco/nodes.py then says whether it was slashed).
 
 Content it cannot get (a payload deleted after its pass, a model or config gone from the store,
 bytes that do not match their CID or digest) never stops it: it says so in one line and tries again
@@ -96,13 +98,35 @@ class CoordinatorNode:
         if (short := verifier_shortfall(self.chain.run_info(self.run_id))) is not None:
             self.log("too-few-verifiers", detail=short)
         for e in range(self.ctx.config.schedule.epochs):
-            waiting = False
-            while not through_outages(functools.partial(self._try_finalize, e), self.log, f"epoch {e}"):
-                if not waiting:  # once per epoch: a readable console shows the wait's progress (veriloco/logs.py)
-                    self.log("waiting", what=f"epoch {e} to be ready to finalize")
-                    waiting = True
-                time.sleep(self.poll_s)
+            if not self._follow(e):
+                return  # removed: the node's caller says whether it was slashed (veriloco/nodes.py)
         self.log("finished")
+
+    def _follow(self, e: int) -> bool:
+        """Wait until epoch e is over, finalizing it once ready; False once this account may finalize no
+        more (checked before every try, so a removed coordinator never sends a finalize the contract refuses)."""
+        waiting = False
+        while not through_outages(self._removed, self.log, "membership"):
+            if through_outages(functools.partial(self._try_finalize, e), self.log, f"epoch {e}"):
+                return True
+            if not waiting:  # once per epoch: a readable console shows the wait's progress (veriloco/logs.py)
+                self.log("waiting", what=f"epoch {e} to be ready to finalize")
+                waiting = True
+            time.sleep(self.poll_s)
+        return False
+
+    def _removed(self) -> bool:
+        """Whether this coordinator is out of the run: it left, or the attestation committee replaced a
+        model it finalized (docs/contract.md, model confirmation). The contract then refuses its finalize
+        (`NotStaked`); any staked member finalizes in the second half of each finalize window instead."""
+        assert self.chain.sender is not None
+        m = self.chain.member(self.run_id, self.chain.sender)
+        if m.leave_epoch is None:
+            return False
+        self.log("removed", leave_epoch=m.leave_epoch,
+                 detail="this account finalizes no more in this run (any staked member finalizes in the second "
+                        "half of each finalize window; a verifier node does); stopping")
+        return True
 
     def _ready(self, e: int) -> bool:
         status = self.chain.epoch_status(self.run_id, e)

@@ -7,7 +7,9 @@ config, so this check belongs to the nodes that read it.
 
 from __future__ import annotations
 
-from protocol.chain.binding import RunInfo
+import time
+
+from protocol.chain.binding import EpochStatus, EpochTimes, Phase, RunInfo
 from protocol.errors import VerilocoError
 
 ROLE_NAMES = {0: "none", 1: "trainer", 2: "verifier", 3: "coordinator"}
@@ -52,3 +54,27 @@ def trainer_shortfall(info: RunInfo) -> str | None:
         return None
     return (f"run {info.run_id} has no active trainer (every one left or was slashed): no epoch can open until one "
             f"joins (`veriloco trainer --run {info.run_id}`)")
+
+
+def silent_coordinator(info: RunInfo, epoch: int, status: EpochStatus, times: EpochTimes, now: int) -> str | None:
+    """What it means when nobody finalized `epoch` in time, or None: still Auditing after the coordinator's
+    half of the finalize window (any staked member may finalize until the deadline; a verifier node does),
+    or Aborted with no model although its audit ran (nobody finalized by the deadline: no new model).
+
+    `now` is chain time. The finalize window is the contract's: docs/contract.md, "Missing coordinator".
+    """
+    rid, who = info.run_id, info.params.coordinator
+    act = (f"start a verifier node, which finalizes in the coordinator's place (`veriloco verifier --run {rid}`), "
+           f"or the coordinator itself (`veriloco coordinator --run {rid}` with its key)")
+    if status.phase is Phase.AUDITING:
+        opened = times.finalize_deadline - info.params.finalize_window // 2
+        if now < opened:
+            return None
+        until = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(times.finalize_deadline))
+        return (f"epoch {epoch} waits for a finalize its coordinator {who} has not sent (its half of the finalize "
+                f"window is over): any staked member may finalize it until {until} UTC chain time, or it aborts "
+                f"with no new model; {act}")
+    if status.phase is Phase.ABORTED and times.seeded and not status.model_cid:
+        return (f"epoch {epoch} aborted: nobody finalized it by its deadline (its coordinator {who} was silent), so "
+                f"it has no new model; for the next epochs {act}")
+    return None

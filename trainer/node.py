@@ -66,11 +66,16 @@ from trainer.stages import PipelineSteps
 
 Log = Callable[..., None]
 TERMINAL = (Phase.FINALIZED, Phase.ABORTED)
+REMOVAL_CHECK_S = 2.0  # while training: how often it reads whether it may still commit the epoch
 
 # epoch directory statuses, in order
 TRAINING, TRAINED, COMMITTING, COMMITTED, REVEALED, RESPONDED, CLOSED = (
     "training", "trained", "committing", "committed", "revealed", "responded", "closed",
 )
+
+
+class _Removed(Exception):
+    """Raised between steps once the trainer may not commit the epoch it trains (logged `removed`)."""
 
 
 class Behaviour:
@@ -118,6 +123,7 @@ class TrainerNode:
         self.log: Log = log or (lambda event, **kv: None)
         self.poll_s, self.every, self.threads, self.max_epochs = poll_s, max(1, checkpoint_every), threads, max_epochs
         self._last_service = 0.0
+        self._last_member_check = 0.0  # while training: when it last read whether it may still commit
         self._short_of_verifiers: set[int] = set()  # epochs whose audit waits for verifiers (said once)
         self.stages, self.microbatches = stages, microbatches
         # trainer/boundaries.py: memory (up to this many bytes), then disk, for a cheaper audit answer
@@ -220,7 +226,22 @@ class TrainerNode:
         while e < epochs and through_outages(functools.partial(self._epoch, e), self.log, f"epoch {e}"):
             e += 1
         through_outages(lambda: self._wait(lambda: not self._pending(), "the last audits to close"), self.log, "closing")
+        unrevealed = through_outages(functools.partial(self._unrevealed, member.join_epoch, e), self.log, "closing")
+        if unrevealed:  # its slash (no reveal) lands when they are decided: the node's ending says so then
+            what = f"epoch(s) {', '.join(map(str, unrevealed))}, committed and never revealed, to be decided"
+            through_outages(lambda: self._wait(lambda: not self._undecided(unrevealed), what), self.log, "closing")
         self.log("finished", epochs=e, **self.traffic())
+
+    def _unrevealed(self, first: int, last: int) -> list[int]:
+        """The epochs up to `last` this trainer committed to and never revealed (it was down through the
+        reveal window, or the reveal was refused). Only the last few: opening epoch e+2 settles epoch e."""
+        top = min(last, self.ctx.config.schedule.epochs - 1)
+        return [e for e in range(max(first, top - 3), top + 1)
+                if self.chain.submission(self.run_id, e, self.me).state == 1]
+
+    def _undecided(self, epochs: list[int]) -> list[int]:
+        """Those of `epochs` not yet finalized (their slashes applied), confirmed or aborted."""
+        return [e for e in epochs if self._phase(e) not in (*TERMINAL, Phase.CONFIRMING)]
 
     def traffic(self) -> dict[str, int]:
         """Store bytes this process has sent and received so far (veriloco/traffic.py adds them up)."""
@@ -277,7 +298,8 @@ class TrainerNode:
                 self._wait(lambda: self._phase(end - 1) in TERMINAL, f"epoch {end - 1} to finalize")
             if self._removed(e):
                 return False
-            self._train(e, d)
+            if not self._train(e, d):
+                return False
         if d.meta["status"] == CLOSED:
             return True  # refused to build on what it was given (logged)
         if d.meta["status"] in (TRAINED, COMMITTING) and self._removed(e):
@@ -335,13 +357,28 @@ class TrainerNode:
             return start_state(self.spec, g, prev.load("state-000000"), prev.load("carried")), before, base_digest, True
         return start_state(self.spec, g, None, None), before, base_digest, False
 
-    def _train(self, e: int, d: EpochDir) -> None:
-        """Train epoch e; a model or state this node cannot use closes the epoch for it instead of the node."""
+    def _train(self, e: int, d: EpochDir) -> bool:
+        """Train epoch e; a model or state this node cannot use closes the epoch for it instead of the node.
+        False when it stopped training because it may not commit e (it left, or was slashed, meanwhile)."""
         try:
             self._train_steps(e, d)
         except (ModelUnavailable, TrainerError) as exc:
             self.log("refused", epoch=e, reason=f"{type(exc).__name__}: {exc}")
             self._close(d)
+        except _Removed:
+            self._close(d)
+            return False
+        return True
+
+    def _still_in(self, e: int) -> None:
+        """Between steps, every REMOVAL_CHECK_S: raise _Removed once the contract would refuse e's commit
+        (`veriloco leave` while it trains, or a slash), so the node stops instead of finishing the epoch."""
+        now = time.monotonic()
+        if now - self._last_member_check < REMOVAL_CHECK_S:
+            return
+        self._last_member_check = now
+        if through_outages(functools.partial(self._removed, e), self.log, f"epoch {e}"):
+            raise _Removed(e)
 
     def _train_steps(self, e: int, d: EpochDir) -> None:
         if self.engine is not None:
@@ -379,6 +416,7 @@ class TrainerNode:
                 d.update(digests=[x.hex() for x in digests], losses=losses)
             self.log("step", epoch=e, step=k + 1, of=steps, loss=round(loss, 4))
             self.service()
+            self._still_in(e)
         start = d.load("state-000000")
         merged = self.merge_base(e).global_params if self.spec.rule is StartRule.MERGE else None
         final = final_transition(start, state, self.spec, self.run_id, e, self.slot, self.me, rank, merged)
@@ -420,6 +458,7 @@ class TrainerNode:
                 d.update(leaves=[x.hex() for x in preimages], digests=[keccak(x).hex() for x in preimages], losses=losses)
             self.log("step", epoch=e, step=k + 1, of=steps, loss=round(loss, 4))
             self.service()
+            self._still_in(e)
         if eng.log_error:
             self.log("warning", epoch=e, what="boundary log", error=eng.log_error,
                      effect="audit answers of the steps it misses replay whole steps")

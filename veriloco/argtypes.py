@@ -52,6 +52,27 @@ def tcp_port(text: str) -> int:
     return n
 
 
+def host(text: str) -> str:
+    """An address of this machine to listen on: an IPv4 or IPv6 literal (0.0.0.0: every interface), or localhost."""
+    import ipaddress
+
+    if text == "localhost":
+        return text
+    try:
+        return str(ipaddress.ip_address(text.strip("[]")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an IP address to listen on (e.g. 127.0.0.1, the default; 0.0.0.0 for every interface)"
+        ) from None
+
+
+def is_loopback(host_: str) -> bool:
+    """Whether listening on `host_` (a `host` value) keeps the port to this machine."""
+    import ipaddress
+
+    return host_ == "localhost" or ipaddress.ip_address(host_).is_loopback
+
+
 def seconds(text: str) -> float:
     try:
         x = float(text)

@@ -24,7 +24,7 @@ from eth_account import Account
 from protocol.chain.binding import SLASH_REASONS, Chain, ChainEvent, Phase, RunInfo, connect, deploy
 from protocol.config import ScheduleSection, from_json
 from protocol.errors import VerilocoError
-from protocol.membership import trainer_shortfall, verifier_shortfall
+from protocol.membership import silent_coordinator, trainer_shortfall, verifier_shortfall
 from protocol.statedir import check_run
 from veriloco.argtypes import address
 from veriloco.argtypes import epoch as epoch_arg
@@ -175,8 +175,9 @@ def run_schedule(info: RunInfo, store: Any) -> ScheduleSection | None:
 
 def run_state(chain: Chain, info: RunInfo, schedule: ScheduleSection | None) -> dict[str, Any]:
     """Where the run stands as a whole: not started, running, waiting for an epoch, stalled (no active
-    trainer once it has begun: no epoch can open; or fewer verifiers than its quorum: nothing is
-    audited), or finished.
+    trainer once it has begun: no epoch can open; fewer verifiers than its quorum: nothing is audited;
+    or a silent coordinator: an epoch past the coordinator's half of its finalize window, unfinalized),
+    or finished. An epoch that aborted because nobody finalized it is named in the summary.
 
     Under the merge rule the trainers are inside epoch e from epoch e-1's commit on: once e-1 has
     closed they train past the merge towards e's commitment, so that run is "running", not waiting.
@@ -196,17 +197,26 @@ def run_state(chain: Chain, info: RunInfo, schedule: ScheduleSection | None) -> 
         return {"state": "waiting", "epoch": 0,
                 "text": f"waiting for epoch 0{of} (the first trainer's commitment opens it)"}
     last = nxt - 1
-    ph = chain.epoch_status(rid, last).phase
+    st = chain.epoch_status(rid, last)
+    ph = st.phase
+    silent = (silent_coordinator(info, last, st, chain.epoch_times(rid, last), chain.now())
+              if ph in (Phase.AUDITING, Phase.ABORTED) else None)
+    if silent is not None and ph is Phase.AUDITING:  # the run waits on a finalize its coordinator does not send
+        return {"state": "stalled", "epoch": last, "text": silent}
+    note = f"; {silent}" if silent is not None else ""
     if ph in TERMINAL and schedule is not None and schedule.merge_step:
         return {"state": "running", "epoch": nxt,
                 "text": f"epoch {nxt}{of} training (epoch {last} {ph.name.lower()}; trainers merged its model at "
-                        f"step {schedule.merge_step_in(nxt)} and open epoch {nxt} when they commit)"}
+                        f"step {schedule.merge_step_in(nxt)} and open epoch {nxt} when they commit{note})"}
     if ph in TERMINAL:
         return {"state": "waiting", "epoch": nxt,
-                "text": f"waiting for epoch {nxt}{of} (epoch {last} {ph.name.lower()}; the next commitment opens it)"}
+                "text": f"waiting for epoch {nxt}{of} (epoch {last} {ph.name.lower()}; the next commitment opens it{note})"}
     text = f"epoch {last}{of} {ph.name.lower()}"
-    if last > 0 and chain.epoch_status(rid, last - 1).phase not in TERMINAL:
-        text += f", epoch {last - 1} {chain.epoch_status(rid, last - 1).phase.name.lower()}"
+    if last > 0 and (before := chain.epoch_status(rid, last - 1)).phase not in TERMINAL:
+        if before.phase is Phase.AUDITING and (silent := silent_coordinator(
+                info, last - 1, before, chain.epoch_times(rid, last - 1), chain.now())) is not None:
+            return {"state": "stalled", "epoch": last - 1, "text": silent}
+        text += f", epoch {last - 1} {before.phase.name.lower()}"
     return {"state": "running", "epoch": last, "text": text}
 
 

@@ -224,6 +224,7 @@ def gather(chain: Chain, store: Store, run_id: int, cache: Cache | None = None, 
             "pool_wei": int(info.pool),
         },
         "trainers": trainers,
+        "accounts": run_accounts(info.params.coordinator, trainers, events),
         "loss_curve": curve,
         "totals": {
             "transactions": len(txs),
@@ -241,6 +242,14 @@ def gather(chain: Chain, store: Store, run_id: int, cache: Cache | None = None, 
     }
     data["cids"] = sorted(cids_of(data))
     return data
+
+
+def run_accounts(coordinator: str, trainers: list[str], events: list[ChainEvent]) -> list[str]:
+    """Every account that took a part in the run (its coordinator, trainers and verifiers): whose earnings
+    the page links (veriloco/dashweb.py, from veriloco/earnings.py)."""
+    joined = {str(ev.args.get("trainer") or ev.args.get("verifier") or "")
+              for ev in events if ev.name in ("TrainerJoined", "VerifierJoined")}
+    return sorted({coordinator, *trainers, *joined} - {""})
 
 
 def cids_of(data: dict[str, Any]) -> set[str]:

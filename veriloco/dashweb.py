@@ -3,6 +3,8 @@
     /               one HTML page (inline CSS and SVG, no scripts or external assets), reloading itself
     /api/run.json   the same data as JSON (veriloco/dashboard.py `gather`)
     /cid/<cid>      content the page links to, served from the store (only CIDs the run names)
+    /earnings/<address>           every reward, bounty and slash of an account in this run (`veriloco
+    /api/earnings/<address>.json  earnings`'s report, veriloco/earnings.py); every address on the page links here
 
 The server binds 127.0.0.1 only. A view older than `--refresh` seconds is gathered again on the next
 request; requests meanwhile share it.
@@ -28,10 +30,12 @@ Gather = Callable[[], dict[str, Any]]
 
 
 class View:
-    """The newest gathered view, refreshed at most every `max_age` seconds (one gatherer at a time)."""
+    """The newest gathered view, refreshed at most every `max_age` seconds (one gatherer at a time), and
+    an account's earnings in the run on request (`earnings_fn`; under the same lock: one chain client)."""
 
-    def __init__(self, gather_fn: Gather, max_age: float) -> None:
-        self.gather_fn, self.max_age = gather_fn, max_age
+    def __init__(self, gather_fn: Gather, max_age: float,
+                 earnings_fn: Callable[[str], dict[str, Any]] | None = None) -> None:
+        self.gather_fn, self.max_age, self.earnings_fn = gather_fn, max_age, earnings_fn
         self._lock = threading.Lock()
         self._data: dict[str, Any] | None = None
         self._at = 0.0
@@ -42,6 +46,22 @@ class View:
                 self._data = self.gather_fn()
                 self._at = time.monotonic()
             return self._data
+
+    def earnings(self, account: str) -> dict[str, Any] | None:
+        """`veriloco earnings --run ID --address ACCOUNT`'s report, or None if this view has no chain for it."""
+        if self.earnings_fn is None:
+            return None
+        with self._lock:
+            return self.earnings_fn(account)
+
+
+def run_view(chain: Any, store: Any, run: int, max_age: float, eval_rows: int = 64) -> View:
+    """A run's view: `gather` with its cache, and each account's earnings in the run (veriloco/earnings.py)."""
+    from veriloco.earnings import earnings
+
+    cache = Cache()
+    return View(lambda: gather(chain, store, run, cache, eval_rows=eval_rows), max_age,
+                earnings_fn=lambda account: earnings(chain, account, run))
 
 
 # ---------------------------------------------------------------- the page
@@ -67,7 +87,8 @@ def _eth(wei: Any) -> str:
 
 
 def _addr(a: str) -> str:
-    return f'<span title="{_e(a)}">{_e(a[:8])}…{_e(a[-4:])}</span>' if a else "-"
+    """A short address, linked to its earnings in this run."""
+    return f'<a href="/earnings/{_e(a)}" title="{_e(a)}: earnings">{_e(a[:8])}…{_e(a[-4:])}</a>' if a else "-"
 
 
 def _n(v: Any) -> str:
@@ -176,6 +197,9 @@ quorum {run["quorum"]} · audit steps {run["audit_steps"]} · updated {_time(d["
 <h2>global model eval loss <span class="dim">({d["eval_rows"]} validation rows, recomputed from the store)</span></h2>
 {loss_svg(d["loss_curve"])}
 <h2>slashes</h2>{f"<ul>{slashes}</ul>" if slashes else '<p class="dim">nobody slashed</p>'}
+<h2>earnings <span class="dim">(each account's rewards, bounties and slashes in this run, from the contract's
+events: <code>veriloco earnings --run {d["run_id"]} --address …</code>)</span></h2>
+<p>{" · ".join(_addr(a) for a in d.get("accounts", [])) or '<span class="dim">no members yet</span>'}</p>
 {"".join(_epoch_html(r) for r in reversed(d["epochs"]))}
 <p class="dim">Bytes are what each trainer published to the store (payload, audit manifest, audit states), against
 a ring AllReduce of fp32 gradients for the steps it trained; downloads are on the nodes' metrics.</p>
@@ -184,6 +208,25 @@ a ring AllReduce of fp32 gradients for the steps it trained; downloads are on th
 
 
 # ---------------------------------------------------------------- the server
+
+
+def earnings_page(r: dict[str, Any], run_id: Any) -> str:
+    """An account's earnings in the run: `veriloco earnings`'s own table (veriloco/earnings.py `render`)."""
+    from veriloco.earnings import render as render_earnings
+
+    a = r["account"]
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>earnings of {_e(a)}</title>'
+            f'<style>{CSS}</style></head><body><h1>earnings of {_e(a)} in run {_e(run_id)}</h1>'
+            f'<p class="dim"><a href="/">the run</a> · <a href="/api/earnings/{_e(a)}.json">JSON</a> · the same as '
+            f'<code>veriloco earnings --run {_e(run_id)} --address {_e(a)}</code></p>'
+            f'<pre>{_e(render_earnings(r))}</pre></body></html>')
+
+
+def _account(text: str) -> str | None:
+    """The checksummed address in a request path, or None."""
+    from eth_utils import is_address, to_checksum_address
+
+    return str(to_checksum_address(text)) if text.startswith("0x") and is_address(text) else None
 
 
 def make_handler(view: View, store: Any, refresh_s: int) -> type[BaseHTTPRequestHandler]:
@@ -214,10 +257,27 @@ def make_handler(view: View, store: Any, refresh_s: int) -> type[BaseHTTPRequest
                     data = store.get(cid)
                     json_like = data[:1] in (b"{", b"[")
                     self._send(200, data, "text/plain; charset=utf-8" if json_like else "application/octet-stream")
+                elif path.startswith(("/earnings/", "/api/earnings/")):
+                    self._earnings(path)
                 else:
                     self._send(404, b"not found: try / or /api/run.json\n", "text/plain; charset=utf-8")
             except VerilocoError as exc:  # the chain or the store is unreachable: say so, keep serving
                 self._send(503, f"{type(exc).__name__}: {exc}\n".encode(), "text/plain; charset=utf-8")
+
+        def _earnings(self, path: str) -> None:
+            as_json = path.startswith("/api/")
+            text = path.rsplit("/", 1)[1].removesuffix(".json") if as_json else path.rsplit("/", 1)[1]
+            account = _account(text)
+            if account is None:
+                self._send(404, f"{text} is not an address (0x and 40 hex digits)\n".encode(), "text/plain; charset=utf-8")
+                return
+            r = view.earnings(account)
+            if r is None:
+                self._send(404, b"this dashboard reports no earnings\n", "text/plain; charset=utf-8")
+            elif as_json:
+                self._send(200, json.dumps(r, indent=1).encode(), "application/json")
+            else:
+                self._send(200, earnings_page(r, r["run_id"]).encode(), "text/html; charset=utf-8")
 
     return Handler
 
@@ -231,10 +291,8 @@ def serve(view: View, store: Any, port: int = 0, refresh_s: int = 5) -> Threadin
 
 def start_dashboard(chain: Any, store: Any, run: int, port: int, refresh_s: int = 5, eval_rows: int = 64) -> ThreadingHTTPServer:
     """Serve a run's dashboard from a daemon thread (the demo's --dashboard); `.shutdown()` stops it."""
-    cache = Cache()
     try:
-        server = serve(View(lambda: gather(chain, store, run, cache, eval_rows=eval_rows), max_age=refresh_s / 2),
-                       store, port, refresh_s)
+        server = serve(run_view(chain, store, run, refresh_s / 2, eval_rows), store, port, refresh_s)
     except OSError as exc:
         raise DashboardError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}; pick another port") from None
     threading.Thread(target=server.serve_forever, name="dashboard", daemon=True).start()
@@ -250,8 +308,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     chain = Chain(s.rpc_url, str(s.contract))
     check_run(chain, args.run)
     store = open_store(s)
-    cache = Cache()
-    view = View(lambda: gather(chain, store, args.run, cache, eval_rows=args.eval_rows), max_age=args.refresh / 2)
+    view = run_view(chain, store, args.run, args.refresh / 2, args.eval_rows)
     view.get()  # a run that cannot be read fails here, with one line, rather than on the first request
     try:
         server = serve(view, store, args.port, args.refresh)

@@ -21,7 +21,7 @@ from protocol.errors import VerilocoError
 from protocol.membership import ROLE_NAMES
 from protocol.statedir import check_run
 from veriloco.argtypes import run_id
-from veriloco.settings import add_connection_args, resolve
+from veriloco.settings import add_connection_args, resolve, withdraw_command
 
 
 class LifecycleError(VerilocoError):
@@ -61,15 +61,16 @@ def cmd_leave(args: argparse.Namespace) -> int:
     if m.leave_epoch is not None:
         raise LifecycleError(
             f"{chain.sender} already left run {args.run} (its last epoch was {m.leave_epoch - 1}); its stake unbonds "
-            f"at {_at(available, chain.now())}, then `veriloco withdraw --run {args.run}`"
+            f"at {_at(available, chain.now())}, then `{withdraw_command(args)}`"
         )
     chain.leave(args.run)
     m, available = _member(chain, args.run, f"is not a member of run {args.run}")
     role = ROLE_NAMES.get(m.role, str(m.role))
     print(f"left run {args.run} as {role} {chain.sender}: "
-          + (f"it takes part in no epoch from {m.leave_epoch} on; " if m.role == 1 else "")
+          + (f"it takes part in no epoch from {m.leave_epoch} on (a running trainer node stops before training it); "
+             if m.role == 1 else "")
           + f"the stake of {_eth(m.stake)} unbonds at {_at(available, chain.now())}; "
-          f"then `veriloco withdraw --run {args.run}`")
+          f"then `{withdraw_command(args)}`")
     return 0
 
 

@@ -14,7 +14,9 @@ and the nodes stay unchanged:
 Two facts are not events: the bytes the node moves through its store are read from a `Metered`
 store at scrape time (veriloco_store_sent_bytes_total, veriloco_store_received_bytes_total), and
 slashes are observed on the chain (veriloco_slashes_observed_total{kind}: the run's Slashed and
-VerifierSlashed events so far, whoever was slashed). The endpoint binds 127.0.0.1.
+VerifierSlashed events so far, whoever was slashed). The endpoint binds 127.0.0.1 unless the node is
+given `--metrics-host` (it has no authentication: veriloco/nodes.py warns when it is reachable from
+other machines).
 """
 
 from __future__ import annotations
@@ -129,11 +131,11 @@ class NodeMetrics:
         """Report the run's slashes as `chain` (a protocol.chain.binding.Chain, read only) shows them."""
         self.registry.register(_Slashes(chain, run_id))
 
-    def serve(self, port: int) -> Any:
-        """Serve /metrics on 127.0.0.1:`port` from a daemon thread; returns the HTTP server."""
+    def serve(self, port: int, host: str = "127.0.0.1") -> Any:
+        """Serve /metrics on `host`:`port` from a daemon thread; returns the HTTP server."""
         try:
-            server, _ = start_http_server(port, addr="127.0.0.1", registry=self.registry)
+            server, _ = start_http_server(port, addr=host, registry=self.registry)
         except OSError as exc:
-            raise MetricsError(f"cannot serve metrics on 127.0.0.1:{port}: {exc.strerror or exc}; "
-                               "pick another --metrics-port") from None
+            raise MetricsError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; "
+                               "pick another --metrics-port (or --metrics-host)") from None
         return server

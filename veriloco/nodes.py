@@ -12,11 +12,12 @@ A requested stop (SIGTERM, as systemd and docker send, or SIGINT, Ctrl-C) ends t
 normal cleanup with one `stopped` line naming the signal, the state folder it kept and the command
 that resumes it, and exit status 0; a second signal ends the process at once (the default action).
 
-A trainer or verifier that was slashed in its run (and so removed from it) ends with one `slashed`
-line, an ERROR: the reason by name (protocol/chain/binding.py SLASH_REASONS; a verifier's read from
-the votes around it, veriloco/earnings.py), the epochs, the amount and the stake left, and the
-commands that show the account's earnings and take the rest of the stake back; exit status
-SLASHED_EXIT (3), so a supervisor sees an ending that is no success.
+A node that was slashed in its run (and so removed from it) ends with one `slashed` line, an ERROR:
+the reason by name (protocol/chain/binding.py SLASH_REASONS; a verifier's read from the votes around
+it, a coordinator's from the model the attestation committee replaced, veriloco/earnings.py), the
+epochs, the amount and the stake left, and the commands that show the account's earnings and take
+the rest of the stake back; exit status SLASHED_EXIT (3), so a supervisor sees an ending that is no
+success.
 """
 
 from __future__ import annotations
@@ -31,16 +32,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from veriloco.argtypes import device, gibibytes, positive, run_id, tcp_port
+from veriloco.argtypes import device, gibibytes, host, is_loopback, positive, run_id, tcp_port
 from veriloco.logs import Log, add_log_args, logger_from_args, node_logger, with_upload_progress
-from veriloco.settings import Settings, add_connection_args, open_store, resolve
+from veriloco.settings import Settings, add_connection_args, open_store, resolve, withdraw_command
 
 if TYPE_CHECKING:
     from protocol.chain.binding import Chain
 
-SLASHED_EXIT = 3  # a trainer or verifier that ends slashed (1: a crash, 2: a foreseeable error, 130: interrupted)
-# the connection flags of a node's command line that `veriloco withdraw` takes too (its key and where)
-_KEY_FLAGS = ("--devnet", "--rpc-url", "--contract", "--key", "--password-file", "--account", "--max-fee-gwei")
+SLASHED_EXIT = 3  # a node that ends slashed (1: a crash, 2: a foreseeable error, 130: interrupted)
 # adversarial behaviours for demos and security tests (trainer/cheats.py, trainer/adversaries.py)
 CHEAT_KINDS = ["lazy", "noise", "copy", "forge-final", "stale-copy", "skip-merge"]
 
@@ -81,24 +80,9 @@ def resume_command(args: argparse.Namespace) -> str:
     return shlex.join(["veriloco", *getattr(args, "argv", sys.argv[1:])])
 
 
-def withdraw_command(args: argparse.Namespace) -> str:
-    """`veriloco withdraw` for this node's run and key: its command line's connection flags, nothing else."""
-    argv, kept = list(getattr(args, "argv", sys.argv[1:])), []
-    i = 0
-    while i < len(argv):
-        flag = argv[i].split("=", 1)[0]
-        if flag in _KEY_FLAGS:
-            take = 1 if "=" in argv[i] else 2
-            kept += argv[i:i + take]
-            i += take
-        else:
-            i += 1
-    return shlex.join(["veriloco", "withdraw", "--run", str(args.run), *kept])
-
-
 def slashed_ending(args: argparse.Namespace, s: Settings, log: Log) -> int:
-    """After a trainer's or verifier's loop has ended: SLASHED_EXIT and one `slashed` line if the chain
-    records a slash of this node's account in its run, else 0."""
+    """After a node's loop has ended: SLASHED_EXIT and one `slashed` line if the chain records a slash of
+    this node's account in its run, else 0."""
     from veriloco.earnings import slashes
 
     chain = open_chain(s)
@@ -118,8 +102,7 @@ def run_node(args: argparse.Namespace, role: str, body: Callable[[Settings, Log,
     """Start the node (settings, first line), run `body` until it returns or a stop is requested.
 
     `body` appends the run folder it keeps its state in to its last argument once it holds the lock,
-    which the `stopped` line then names. A trainer or verifier whose loop ended slashed says so last
-    (`slashed_ending`).
+    which the `stopped` line then names. A node whose loop ended slashed says so last (`slashed_ending`).
     """
     s, log = starting(args, role)
     kept: list[Path] = []
@@ -132,7 +115,7 @@ def run_node(args: argparse.Namespace, role: str, body: Callable[[Settings, Log,
             where += " (a coordinator's record is on the chain; the folder holds its lock)"
         log("stopped", signal=stop.signal, kept=where, resume=resume_command(args))
         return 0
-    return slashed_ending(args, s, log) if role in ("trainer", "verifier") else 0
+    return slashed_ending(args, s, log)
 
 
 def json_logger(node: str, stream: Any = None) -> Callable[..., None]:
@@ -186,7 +169,8 @@ def locked(s: Settings, chain: Chain, run: int, role: str, kept: list[Path] | No
 
 
 def observed(args: argparse.Namespace, s: Settings, chain: Chain, role: str, log: Log) -> tuple[Any, Log]:
-    """The node's store and log, with Prometheus metrics on `--metrics-port` (veriloco/metrics.py) unless 0."""
+    """The node's store and log, with Prometheus metrics on `--metrics-host`:`--metrics-port` (veriloco/metrics.py)
+    unless the port is 0; a warning when that address is reachable from other machines (no authentication)."""
     store = with_upload_progress(open_store(s), log)  # a byte bar for large uploads, on a readable console only
     if not getattr(args, "metrics_port", 0):
         return store, log
@@ -197,8 +181,14 @@ def observed(args: argparse.Namespace, s: Settings, chain: Chain, role: str, log
     metrics, store = NodeMetrics(role, args.run, str(chain.sender or "")), Metered(store)
     metrics.watch_store(store)
     metrics.watch_slashes(Chain(s.rpc_url, str(s.contract)), args.run)  # its own client: scrapes run on another thread
-    metrics.serve(args.metrics_port)
-    log("metrics", url=f"http://127.0.0.1:{args.metrics_port}/metrics")
+    host = getattr(args, "metrics_host", "127.0.0.1")
+    metrics.serve(args.metrics_port, host)
+    shown = f"[{host}]" if ":" in host else host
+    log("metrics", url=f"http://{shown}:{args.metrics_port}/metrics")
+    if not is_loopback(host):
+        log("warning", what="metrics", detail=f"the metrics endpoint listens on {host}:{args.metrics_port}, reachable "
+            "from other machines, with no authentication (it shows this node's address, run and activity): "
+            "firewall the port, or leave --metrics-host at 127.0.0.1 and scrape through a tunnel")
     return store, metrics.wrap(log)
 
 
@@ -261,7 +251,10 @@ def register(sub: Any) -> None:
         add_connection_args(p, workdir=True)
         add_log_args(p)
         p.add_argument("--metrics-port", type=tcp_port, default=0,
-                       help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off, the default)")
+                       help="serve Prometheus metrics on HOST:PORT/metrics (0: off, the default)")
+        p.add_argument("--metrics-host", type=host, default="127.0.0.1",
+                       help="the address the metrics endpoint listens on (default 127.0.0.1, this machine only; "
+                            "0.0.0.0: every interface, unauthenticated: a warning says so)")
         if name != "coordinator":
             p.add_argument("--threads", type=positive, default=1, help="torch threads; replay is exact only at equal settings")
             p.add_argument("--device", type=device, default="cpu",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,8 @@ from protocol.errors import VerilocoError
 from veriloco.argtypes import non_negative
 
 DEFAULT_DEVNET_FILE = Path(".veriloco/devnet.json")
+# the connection flags that name a command's key and where it signs: what a later command for the same account repeats
+KEY_FLAGS = ("--devnet", "--rpc-url", "--contract", "--key", "--password-file", "--account", "--max-fee-gwei")
 
 
 class SettingsError(VerilocoError):
@@ -195,6 +199,22 @@ def resolve(args: argparse.Namespace, *, need_key: bool = True, need_contract: b
     workdir = Path(pick("workdir", "VERILOCO_WORKDIR", ".veriloco/node"))
     max_fee = max_fee_wei(pick("max_fee_gwei", "VERILOCO_MAX_FEE_GWEI", None))
     return Settings(rpc_url, contract, key, store, store_dir, ipfs_api, workdir, max_fee)
+
+
+def withdraw_command(args: argparse.Namespace) -> str:
+    """`veriloco withdraw` for this command's run and key: the key flags of its command line (veriloco/cli.py
+    keeps it as `args.argv`), nothing else, so the hint works as typed (a node's `slashed` line, `leave`)."""
+    argv, kept = list(getattr(args, "argv", sys.argv[1:])), []
+    i = 0
+    while i < len(argv):
+        flag = argv[i].split("=", 1)[0]
+        if flag in KEY_FLAGS:
+            take = 1 if "=" in argv[i] else 2
+            kept += argv[i:i + take]
+            i += take
+        else:
+            i += 1
+    return shlex.join(["veriloco", "withdraw", "--run", str(args.run), *kept])
 
 
 def open_store(s: Settings) -> Any:

@@ -66,6 +66,7 @@ OFFLINE = [
     (["trainer", "--run", "-1"], "runs are numbered from 1"),
     (["trainer", "--run", "1", "--threads", "0"], "at least 1"),
     (["trainer", "--run", "1", "--cheat", "bogus"], "invalid choice"),
+    (["trainer", "--run", "1", "--metrics-host", "all"], "not an IP address to listen on"),
     (["verifier", "--run", "0"], "runs are numbered from 1"),
     (["coordinator", "--run", "1", "--account", "-2"], "must not be negative"),
     (["coordinator", "--run", "1"], "no RPC endpoint"),

@@ -114,3 +114,46 @@ def test_refusals_are_one_line(devnet: Any, capsys: pytest.CaptureFixture[str], 
     ]:
         code, _, err = cli(capsys, *argv)
         assert code == 2 and len(err.strip().splitlines()) == 1 and phrase in err, (argv, err)
+
+
+def test_the_dashboard_links_every_member_to_its_earnings(played: tuple[DevnetNet, Run, str], devnet: Any,
+                                                          capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    """Issue 32: the dashboard's page links each account of the run (coordinator, trainers, verifiers) to
+    its earnings in the run, which the dashboard serves as `veriloco earnings --run` reports them, table and
+    JSON alike (veriloco/earnings.py computes both)."""
+    import html
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from protocol.chain.binding import Chain
+    from protocol.store.backends import LocalStore
+    from veriloco.dashweb import run_view, serve
+
+    net, r, dissenter = played
+    store = LocalStore(tmp_path)  # the fixture run's config is not in a store: the page shows what the chain has
+    server = serve(run_view(Chain(devnet.info.rpc_url, devnet.info.contract), store, r.run_id, 60, eval_rows=0), store)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+
+    def get(path: str) -> str:
+        return urllib.request.urlopen(base + path, timeout=60).read().decode()
+
+    try:
+        page = get("/")
+        for account in [net.accounts[COORD], *(net.accounts[i] for i in TRAINERS + VERIFIERS)]:
+            assert f'href="/earnings/{account}"' in page, account
+        failed = r.trainers[2].address
+        code, text, err = cli(capsys, "earnings", "--devnet", str(devnet.config.devnet_file), "--run", str(r.run_id),
+                              "--address", failed)
+        assert code == 0, err
+        assert html.escape(text.strip()) in get(f"/earnings/{failed}")  # the CLI's own table
+        code, out, err = cli(capsys, "earnings", "--devnet", str(devnet.config.devnet_file), "--run", str(r.run_id),
+                             "--address", dissenter.lower(), "--json")
+        assert code == 0, err
+        assert json.loads(get(f"/api/earnings/{dissenter.lower()}.json")) == json.loads(out)
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            get("/earnings/0x12")
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -110,7 +110,9 @@ def test_a_runs_life_through_the_cli(devnet: Any, tmp_path: Path, monkeypatch: p
     assert "withdraw" in refused(capsys, "withdraw", "--run", r, "--account", "1")  # still a member: leave first
     out = ok(capsys, "leave", "--run", r, "--account", "1")
     assert f"left run {rid} as trainer" in out and "unbonds at" in out and "in 10" in out
-    assert "already left" in refused(capsys, "leave", "--run", r, "--account", "1")
+    assert f"then `veriloco withdraw --run {rid} --account 1`" in out, out  # the hint works as typed: same key
+    line = refused(capsys, "leave", "--run", r, "--account", "1")
+    assert "already left" in line and f"`veriloco withdraw --run {rid} --account 1`" in line
     line = refused(capsys, "withdraw", "--run", r, "--account", "1")
     assert "still bonded" in line and "unbonds at" in line
     before = coord.w3.eth.get_balance(net.accounts[1])
@@ -175,3 +177,49 @@ def test_a_run_with_fewer_verifiers_than_its_quorum_says_it_is_stalled(devnet: A
     assert "has 1 verifier(s) of its quorum 3: no epoch is audited" in out and "2 more join" in out, out
     row = next(x for x in json.loads(ok(capsys, "runs", "--json"))["runs"] if x["run_id"] == rid)
     assert row["state"] == "stalled"
+
+
+def test_a_silent_coordinator_is_named_with_what_anyone_can_do(devnet: Any, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 32: an audited epoch nobody finalizes. Within the coordinator's half of the finalize window the
+    run is running; past it `status` and `runs` call it stalled, naming the coordinator, the time left
+    and the command that finalizes in its place; once the deadline has passed, the aborted epoch is named."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VERILOCO_DEVNET", str(devnet.config.devnet_file))
+    (tmp_path / "run.toml").write_text(RUN_TOML.replace("epochs = 1", "epochs = 2"))
+    net = DevnetNet(devnet)
+    rid = json.loads(ok(capsys, "run", "create", "--config", "run.toml", "--account", "0", "--json"))["run_id"]
+    coord, trainer, verifier = net.chain(0), Trainer(net.chain(1), rid), net.chain(2)
+    trainer.chain.join_trainer(rid)
+    verifier.join_verifier(rid)
+    coord.stake_coordinator(rid)
+    run = Run(net, rid, coord, [trainer], [verifier])
+    trainer.commit(0)
+    trainer.reveal(0)
+    net.advance(1)
+    trainer.respond(0)
+    run.judge_all(0)  # decided: the coordinator may finalize now, and alone until half its window is gone
+
+    def state() -> tuple[str, str]:
+        rep = json.loads(ok(capsys, "status", "--run", str(rid), "--json"))
+        row = next(x for x in json.loads(ok(capsys, "runs", "--json"))["runs"] if x["run_id"] == rid)
+        assert (row["state"], row["summary"]) == (rep["run_state"], rep["run_summary"])
+        return rep["run_state"], rep["run_summary"]
+
+    assert state() == ("running", "epoch 0 of 2 auditing")
+    times = coord.epoch_times(rid, 0)
+    half = times.finalize_deadline - 30  # finalize_s = 60: from here on the coordinator's half is over
+    while coord.now() < half:  # the devnet's clock may lag what it was told
+        net.advance(half - coord.now() + 1)
+    run_state, summary = state()
+    assert run_state == "stalled", summary
+    assert f"its coordinator {coord.sender} has not sent" in summary and "any staked member may finalize it" in summary
+    assert f"`veriloco verifier --run {rid}`" in summary and f"`veriloco coordinator --run {rid}`" in summary
+    assert summary in ok(capsys, "status", "--run", str(rid))  # the readable report's first line says the same
+
+    while coord.now() <= times.finalize_deadline:  # nobody finalized: the epoch aborts, with no new model
+        net.advance(times.finalize_deadline - coord.now() + 1)
+    run_state, summary = state()
+    assert run_state == "waiting" and summary.startswith("waiting for epoch 1 of 2 (epoch 0 aborted"), summary
+    assert "epoch 0 aborted: nobody finalized it by its deadline" in summary and f"--run {rid}" in summary

@@ -125,3 +125,54 @@ def test_sigterm_and_sigint_stop_each_node_cleanly_and_the_trainer_resumes(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+LONG_EPOCH = 2000  # steps: the trainer is still inside epoch 0 when it leaves
+
+
+def test_a_trainer_that_leaves_while_training_stops_before_finishing_the_epoch(
+        devnet: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 32: `veriloco leave` while the node trains an epoch the contract will no longer let it commit
+    stops the node within seconds (`removed`, then `finished`, status 0), not after training the whole
+    epoch; leave's own message says so and gives the withdraw command for the same key.
+
+    The same trainer serves its metrics on every interface (`--metrics-host 0.0.0.0`): it says once, as a
+    warning, that the endpoint is reachable from other machines, and the endpoint answers."""
+    import socket
+    import urllib.request
+
+    from tests.fixtures.cli import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VERILOCO_DEVNET", str(devnet.config.devnet_file))
+    (tmp_path / "run.toml").write_text(RUN_TOML.replace("h_initial = 64\nh_min = 64\nh_max = 64",
+                                                        f"h_initial = {LONG_EPOCH}\nh_min = 64\nh_max = {LONG_EPOCH}"))
+    run = str(create_run(capsys))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "trainer.jsonl"
+    proc = start(["trainer", "--run", run, "--devnet", str(devnet.config.devnet_file), "--workdir", str(tmp_path / "n"),
+                  "--log-format", "json", "--account", "1", "--checkpoint-every", "500",
+                  "--metrics-port", str(port), "--metrics-host", "0.0.0.0"], log)
+    try:
+        wait_for("step", proc, log)
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+        assert "veriloco_steps_trained_total" in scraped
+        code, out, err = run_cli(capsys, "leave", "--run", run, "--account", "1")
+        assert code == 0, err
+        assert "it takes part in no epoch from 0 on (a running trainer node stops before training it)" in out, out
+        assert f"`veriloco withdraw --run {run} --account 1`" in out, out
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    names = [e["event"] for e in events]
+    assert proc.returncode == 0 and err.decode() == "", (proc.returncode, err.decode()[-3000:])
+    assert names[-2:] == ["removed", "finished"] and events[-2]["epoch"] == 0, events[-3:]
+    assert "trained" not in names and "committed" not in names
+    assert names.count("step") < LONG_EPOCH, "it trained the whole epoch it could no longer commit"
+    warnings = [e for e in events if e["event"] == "warning" and e.get("what") == "metrics"]
+    assert len(warnings) == 1 and warnings[0]["level"] == "WARN" and f"0.0.0.0:{port}" in warnings[0]["detail"]

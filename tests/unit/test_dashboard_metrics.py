@@ -64,6 +64,27 @@ def test_the_endpoint_serves_store_bytes_and_refuses_a_taken_port(tmp_path: Any)
         server.server_close()
 
 
+def test_the_endpoint_listens_where_it_is_told_and_a_bad_host_is_refused() -> None:
+    """`--metrics-host`: 0.0.0.0 is every interface (the node warns, veriloco/nodes.py); the flag takes
+    IP literals and localhost only, and only loopback counts as this machine alone."""
+    import argparse
+
+    from veriloco.argtypes import host, is_loopback
+
+    server = NodeMetrics("trainer", 1).serve(0, "0.0.0.0")
+    try:
+        assert server.server_address[0] == "0.0.0.0"
+        port = server.server_address[1]
+        assert "veriloco_node_info" in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [host(x) for x in ("127.0.0.1", "0.0.0.0", "[::1]", "localhost")] == ["127.0.0.1", "0.0.0.0", "::1", "localhost"]
+    assert [is_loopback(x) for x in ("127.0.0.1", "::1", "localhost", "0.0.0.0", "192.168.1.5")] == [True] * 3 + [False] * 2
+    with pytest.raises(argparse.ArgumentTypeError, match="not an IP address to listen on"):
+        host("metrics.example.org")
+
+
 def _data() -> dict[str, Any]:
     trainer = {"address": "0x" + "ab" * 20, "slot": 0, "state": "responded", "steps": 8, "trace_root": "0x" + "11" * 32,
                "payload_cid": "QmPayload<script>", "manifest_cid": "QmManifest", "state_cids": ["QmState"],

@@ -1,6 +1,6 @@
 """`veriloco doctor`: check, before starting a node, everything that would otherwise fail minutes later.
 
-    veriloco doctor [--role trainer|verifier|coordinator] [--run ID] [--device D] [--metrics-port P] [...]
+    veriloco doctor [--role trainer|verifier|coordinator] [--run ID] [--device D] [--metrics-port P [--metrics-host H]] [...]
 
 One line per check, `ok` or `FAIL` and what to do (`skip` where a check lacks what it needs, e.g.
 no --run), exit status 1 if any check failed. The settings come from the same flags, VERILOCO_*
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from protocol.errors import VerilocoError
-from veriloco.argtypes import positive, run_id, tcp_port
+from veriloco.argtypes import host, is_loopback, positive, run_id, tcp_port
 from veriloco.settings import Settings, add_connection_args, resolve
 
 if TYPE_CHECKING:
@@ -85,6 +85,7 @@ def register(sub: Any) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N, as the node's --device (default: cpu)")
     p.add_argument("--threads", type=positive, default=1, help="torch threads, as the node's --threads (default: 1)")
     p.add_argument("--metrics-port", type=tcp_port, default=0, help="the node's --metrics-port, checked to be free")
+    p.add_argument("--metrics-host", type=host, default="127.0.0.1", help="the node's --metrics-host (default 127.0.0.1)")
     add_connection_args(p, workdir=True)
     p.set_defaults(func=cmd_doctor)
 
@@ -378,15 +379,19 @@ def check_key(ctx: Context) -> Result:
 
 
 def check_ports(ctx: Context) -> Result:
-    port = ctx.args.metrics_port
+    port, where = ctx.args.metrics_port, getattr(ctx.args, "metrics_host", "127.0.0.1")
     if not port:
         return skip("no --metrics-port given")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    family = socket.AF_INET6 if ":" in where else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         try:
-            sock.bind(("127.0.0.1", port))
+            sock.bind((where, port))
         except OSError as exc:
-            return fail(f"metrics port {port} on 127.0.0.1 is taken ({exc.strerror}): pick another --metrics-port")
-    return ok(f"metrics port {port} on 127.0.0.1 is free")
+            return fail(f"metrics port {port} on {where} is taken or not this machine's ({exc.strerror}): "
+                        "pick another --metrics-port (or --metrics-host)")
+    if not is_loopback(where):
+        return ok(f"metrics port {port} on {where} is free; reachable from other machines, unauthenticated: firewall it")
+    return ok(f"metrics port {port} on {where} is free")
 
 
 def _gib(n: int) -> str:

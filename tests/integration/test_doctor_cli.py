@@ -78,6 +78,10 @@ def test_a_healthy_trainer_setup_passes_and_each_broken_piece_fails(where: Path,
     assert f"run {run}'s config" in got["store"][1] and "digest checked" in got["store"][1]
     assert "a trainer needs about" in got["key"][1] and "stake 1e-15 ETH" in got["key"][1]
     assert "replays in exact mode on 'cpu'" in got["device pin"][1]
+    port = free_port()  # the node's --metrics-host: every interface is fine, and said to be reachable from elsewhere
+    code, got = doctor(capsys, *node, "--account", "1", "--metrics-port", str(port), "--metrics-host", "0.0.0.0")
+    assert code == 0 and got["ports"][0] == "ok", got["ports"]
+    assert got["ports"][1] == f"metrics port {port} on 0.0.0.0 is free; reachable from other machines, unauthenticated: firewall it"
 
     # an unfunded key, a taken metrics port: two FAIL lines that say what to do, exit status 1
     key = where / "empty.key"

@@ -28,7 +28,10 @@ as often as `final_check_bps` says):
 - received: the other K − 1 payloads (a trainer rebuilds G_e from the payloads);
 - each byte once: AllReduce (a ring over fp32 gradients, `2 (K − 1) / K · 4 P` per step, H steps)
   over sent + received; per verifier fetch: the audit answer counted once per judging verifier (q);
-- the boundary log: what a trainer keeps until the epoch is answered (every step's boundaries).
+- what a trainer keeps to answer: its checkpoints (every `c = max(4, r)` steps, each the whole state
+  with its error buffer) and, unless it runs without one, the boundary log (every step's boundaries);
+  answering a challenge starts at the checkpoint at or before it, `(c − r) / 2` steps before on
+  average, and runs `r` more: block b alone on the log, or whole steps without it.
 
 `--validate JSON` compares the model with a measured network run (`benchmarks/protocol.py` results:
 each scenario's preset, H, K, batch and policy) and reports model / measured for every byte figure.
@@ -77,6 +80,7 @@ SHAPES: dict[str, GPTConfig] = {
                            n_kv_head=8, d_ff=49152),
 }
 SEGMENT_TOKENS = 8192
+CHECKPOINT_EVERY = 4  # trainer/node.py's default --checkpoint-every (a sharded run keeps max(it, r))
 WRAP_BYTES = 74  # protocol.formats.payload.wrap: magic, version, run id, epoch, address, length
 CID = Cid("QmPpqKocqm3WSUSVrTS4wCUXJW1eFQKgbszWH5HvLdLKBf")  # any CIDv0 (what `ipfs add` names)
 
@@ -196,6 +200,10 @@ def project(st: Setting) -> dict[str, Any]:
     received = (st.K - 1) * payload
     allreduce = ring_allreduce_bytes(w * P, st.K) * st.H
     state = 3 * w * P  # parameters and the two AdamW moments
+    c = max(CHECKPOINT_EVERY, seg)
+    checkpoints = (st.H // c + 1 + int(st.H % c > 0)) * 4 * w * P  # d_0, every c-th, d_H: params, moments, ef
+    answer_steps = st.s * ((c - seg) / 2 + seg)  # per epoch, from the checkpoint at or before each challenge
+    block_share = sum(flops_per_token(cfg, names) for names in blocks) / B / flops_per_token(cfg)
     train = flops_per_token(cfg) * st.tokens * st.H
     replay = sum(flops_per_token(cfg, names) for names in blocks) / B * (st.tokens / M) * seg * st.s
     # per step: every block's boundaries (whole batch), M − 1 running sums of every block, and the
@@ -225,7 +233,12 @@ def project(st: Setting) -> dict[str, Any]:
         "traffic_reduction_per_verifier_fetch": round(allreduce / (payload + st.q * answer + received), 2) if st.K > 1 else None,
         "boundary_log_bytes_per_epoch": log_step * st.H,
         "training_state_bytes": state,
-        "answer_memory_fraction_of_state": round(log_step * st.H / state, 3),
+        "checkpoint_every": c,
+        "checkpoint_bytes_per_epoch": checkpoints,
+        "answer_memory_fraction_of_state": round((log_step * st.H + checkpoints) / state, 3),
+        "answer_memory_without_log_fraction_of_state": round(checkpoints / state, 3),
+        "answer_flops_fraction": round(answer_steps * block_share / st.H, 5),
+        "answer_flops_without_log_fraction": round(answer_steps / st.H, 5),
         "verifier_replay_flops_fraction": round(st.q * replay / train, 5),
         "hashed_bytes_per_training_flop": hashed / (flops_per_token(cfg) * st.tokens),
         "detect_one_group_forgery_per_epoch": min(1.0, st.s * seg / (st.H * B * M)),
@@ -318,8 +331,8 @@ def render(doc: dict[str, Any]) -> str:
         doc["command"],
         "```",
         "",
-        "| model | params | tokens / step | H | K | groups M (tokens) | r | boundary log / epoch | log / state | per challenge (boundaries) | start file | answer / epoch | vs AllReduce, each byte once | per verifier fetch | replay FLOPs / training | hashed bytes / training FLOP | one-group forgery caught / epoch |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | params | tokens / step | H | K | groups M (tokens) | r | boundary log / epoch | answer memory / state: with the log (without) | answer FLOPs / training: with the log (without) | per challenge (boundaries) | start file | answer / epoch | vs AllReduce, each byte once | per verifier fetch | replay FLOPs / training | hashed bytes / training FLOP | one-group forgery caught / epoch |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in doc["rows"]:
         st = r["setting"]
@@ -327,7 +340,8 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(
             f"| {st['model']}{' (bf16)' if st['element_bytes'] == 2 else ''} | {r['params'] / 1e6:,.1f}M | {r['tokens_per_step']:,} "
             f"| {st['H']} | {st['K']} | {r['groups']} ({r['group_tokens']:,}) | {seg} "
-            f"| {_gb(r['boundary_log_bytes_per_epoch'])} | {r['answer_memory_fraction_of_state']:,.1f} "
+            f"| {_gb(r['boundary_log_bytes_per_epoch'])} | {r['answer_memory_fraction_of_state']:,.1f} ({r['answer_memory_without_log_fraction_of_state']:,.1f}) "
+            f"| {r['answer_flops_fraction']:.4f} ({r['answer_flops_without_log_fraction']:.3f}) "
             f"| {_gb(r['audit_bytes_per_challenge'])} ({_gb(r['boundary_bytes_per_challenge'])}) | {_gb(r['start_file_bytes'])} "
             f"| {_gb(r['audit_answer_bytes_per_epoch'])} | {r['traffic_reduction_vs_allreduce']:,.1f}x "
             f"| {r['traffic_reduction_per_verifier_fetch']:,.1f}x | {r['verifier_replay_flops_fraction']:.4f} "
@@ -338,7 +352,9 @@ def render(doc: dict[str, Any]) -> str:
               f"{st0['group_tokens']:,} tokens opened per step, quorum {st0['q']}, the final check drawn every epoch, "
               "the merge rule, rank 128 at 4 bits (examples/small.toml). Hashed bytes per training FLOP: every "
               "block's boundaries, M − 1 running gradient sums and the state every r steps; the fraction of a step "
-              "is that times the FLOP rate over the hash rate, which is the hardware's.")]
+              "is that times the FLOP rate over the hash rate, which is the hardware's. Answer memory: checkpoints every "
+              f"max({CHECKPOINT_EVERY}, r) steps (the whole state with its error buffer) plus the boundary log, over parameters "
+              "and moments; without the log a challenge replays whole steps from its checkpoint.")]
     if doc.get("validation"):
         lines += ["", "Validation against measured network runs (`benchmarks/protocol.py --keep`): every audit answer the",
                   "trainers sent, priced by the model for the segments, blocks and files its manifest names, over the bytes",

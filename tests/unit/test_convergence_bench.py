@@ -4,6 +4,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from benchmarks.convergence import (
     projection,
     render,
 )
+from veriloco.simulate import round_timings, simulated_seconds
 
 pytestmark = pytest.mark.unit
 
@@ -191,7 +193,8 @@ def test_runs_of_other_methods_on_the_same_seeds_join_against_one_baseline(
     loss = rb["per_seed"][0]["methods"]["fixed_rank_merge"]["final_eval_loss"]
     assert j["methods"]["fixed_rank_merge"]["final_eval_loss_per_seed"] == [loss]
     assert set(j["equal_simulated_time"]["eval_loss_mean"]) == set(j["methods"])
-    # a joined run made under other load (3x its step time) is simulated at the first run's step time
+    # a joined run made under other load (3x its step time): every method of the file is simulated at one
+    # clock, the median of the runs' measured step times, whatever clock its own run had
     slow = json.loads(json.dumps(rb))
     for sd in slow["per_seed"]:
         sd["step_seconds_for_simulation"] *= 3
@@ -202,15 +205,23 @@ def test_runs_of_other_methods_on_the_same_seeds_join_against_one_baseline(
     Path(bs).write_text(json.dumps(slow))
     assert main(["--merge", a, bs, "--out", x]) == 0
     js = json.loads(Path(x).read_text())
-    assert js["per_seed"][0]["retimed"] == ["fixed_rank_merge"]
-    assert js["per_seed"][0]["methods"]["fixed_rank_merge"] == j["per_seed"][0]["methods"]["fixed_rank_merge"]
-    assert js["equal_simulated_time"] == j["equal_simulated_time"]
+    measured = sorted({ra["per_seed"][0]["step_seconds_for_simulation"], 3 * rb["per_seed"][0]["step_seconds_for_simulation"]})
+    assert js["clock"]["measured_step_seconds"] == pytest.approx(measured) and js["clock"]["untimed"] == []
+    clock = js["clock"]["step_seconds"]
+    assert clock == pytest.approx(statistics.median(measured)) and js["per_seed"][0]["step_seconds_for_simulation"] == clock
+    for r in js["per_seed"][0]["methods"].values():
+        rounds, overlaps = round_timings(r["timing"]["rounds"]), r["timing"]["overlaps"]
+        assert r["simulated_seconds_1gbps"] == pytest.approx(simulated_seconds(rounds, overlaps, clock))
+    assert js["equal_simulated_time"]["budget_s_per_seed"] == [
+        pytest.approx(min(r["simulated_seconds_1gbps"] for r in js["per_seed"][0]["methods"].values()))]
     for r in slow["per_seed"][0]["methods"].values():  # a file without the stored timing keeps its own times
         del r["timing"]
     Path(bs).write_text(json.dumps(slow))
     assert main(["--merge", a, bs, "--out", x]) == 0
     js = json.loads(Path(x).read_text())
-    assert "retimed" not in js["per_seed"][0]
+    # named: its time is its own run's, so the seed stays at its first run's clock (the others join it)
+    assert js["clock"]["untimed"] == ["fixed_rank_merge"] and js["clock"]["step_seconds"] is None
+    assert js["per_seed"][0]["step_seconds_for_simulation"] == ra["per_seed"][0]["step_seconds_for_simulation"]
     assert js["per_seed"][0]["methods"]["fixed_rank_merge"]["simulated_seconds_1gbps"] == pytest.approx(
         3 * rb["per_seed"][0]["methods"]["fixed_rank_merge"]["simulated_seconds_1gbps"])
     assert main(["--merge", a, b, "--keep", "diloco,fixed_rank_merge", "--out", x]) == 0

@@ -14,9 +14,9 @@ A second network has a coordinator that finalizes the true aggregate times 1e30 
 training on it gives `loss is nan`). Every node recomputes the model itself (coordinator/build.py
 `VerifiedGlobals`) and the committee corrects it on-chain, so the honest trainers train on the true
 model, nobody but the coordinator is slashed, and every epoch finalizes.
-A third network runs a trainer with a planted epoch-0 start state (T16) next to two honest ones; a
-fourth one whose first continued start (epoch 1) carries a changed error buffer in one block (issue
-30: every block of a continued start is checked). A fifth network has quorum 3 but one verifier: no
+A third network runs, next to two honest trainers, one with a planted epoch-0 start state (T16) and
+one whose first continued start (epoch 1) carries a changed error buffer in one block (issue 30:
+every block of a continued start is checked). A fourth network has quorum 3 but one verifier: no
 epoch is audited, each aborts at its deadline, nobody is slashed, and the run says it is stalled.
 """
 
@@ -38,7 +38,12 @@ from protocol.leaf import block_count
 from protocol.model import preset
 from protocol.run import open_run
 from tests.fixtures.cli import run_cli
-from tests.fixtures.network import run_network, skip_to_verifier_finalize, skip_unaudited, skip_unrevealed
+from tests.fixtures.network import (
+    run_network,
+    skip_to_verifier_finalize,
+    skip_unaudited,
+    skip_unrevealed,
+)
 from veriloco.netdemo import Control, DemoOptions
 
 pytestmark = pytest.mark.e2e
@@ -167,37 +172,61 @@ def test_a_coordinator_finalizing_an_unusable_model_changes_no_honest_model(
     assert [ev["epoch"] for ev in _events(verifier_log, "finalized")] == [1, 2]
 
 
-def test_a_planted_start_state_is_slashed_in_epoch_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """T16 as a network: one trainer starts epoch 0 with a planted error buffer and otherwise trains,
-    encodes and answers honestly. Its epoch-0 audit fails on the start check alone; it is slashed in
-    epoch 0 and never aggregated there; no honest trainer or verifier is slashed."""
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    swap = _swapper({"trainer0": ["--behaviour", "planted-start"]})
+def test_planted_start_states_are_slashed_in_the_epoch_they_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two planted start states in one network of four trainers, three verifiers at quorum 3:
 
+    - T16: trainer1 (`planted-start`) starts epoch 0 with a planted error buffer and otherwise trains,
+      encodes and answers honestly. Its epoch-0 audit fails on the start check alone; it is slashed
+      in epoch 0 and never aggregated there.
+    - Issue 30: trainer0 (trainer/adversaries.py `planted-carry`) trains epoch 0 honestly, then at its
+      continued start of epoch 1 changes the carried error buffer of one block (the last), and
+      otherwise trains, encodes and answers honestly. Every block's carried buffer is recomputed at
+      every continued start (docs/protocol.md §5.3 check 5), so its epoch-1 audit fails on the start
+      check alone, by all three verifiers of quorum 3: it is slashed in epoch 1 and not aggregated there.
+
+    Every epoch finalizes and nobody honest (trainer or verifier) is slashed."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    epochs = 3
+    swap = _swapper({"trainer0": ["--behaviour", "planted-carry"], "trainer1": ["--behaviour", "planted-start"]})
     seen: dict[str, Any] = {}
 
     def inspect(chain: Chain, store: Any, run_id: int) -> None:
         seen["slashes"] = [(e.args["trainer"], e.args["epoch"], e.args["reason"])
                            for e in chain.events(["Slashed"], run_id=run_id)]
-        seen["included0"] = set(passing_trainers(chain, run_id, 0))
+        seen["verifier_slashes"] = chain.events(["VerifierSlashed"], run_id=run_id)
+        seen["included"] = {e: set(passing_trainers(chain, run_id, e)) for e in range(epochs)}
         seen["continued1"] = {ev.args["trainer"]: bool(shard_audit.decode_manifest(
             store.get(ev.args["manifestCid"]), block_count(preset("tiny")), max_bytes=1 << 20).previous)
                               for ev in chain.events(["Responded"], run_id=run_id, epoch=1)}
 
-    opts = DemoOptions(trainers=3, verifiers=2, quorum=1, epochs=2, steps=4, workdir=tmp_path / "demo", timeout_s=480)
+    opts = DemoOptions(trainers=4, verifiers=3, quorum=3, epochs=epochs, steps=4, workdir=tmp_path / "demo", timeout_s=600)
     s, log = run_network(opts, inspect=inspect, on_tick=swap)
-    (planter,) = s["cheaters"]
-    assert s["epochs_finalized"] == 2, log
-    assert s["slashed"] == [planter], log  # neither an honest trainer nor a verifier
-    assert (planter, 0, FAILED_AUDIT) in seen["slashes"]
-    assert planter not in seen["included0"] and len(seen["included0"]) == 2
-    honest1 = {t: c for t, c in seen["continued1"].items() if t != planter}
-    assert len(honest1) == 2 and all(honest1.values())  # honest epoch-1 starts were checked as continued
-    events = [json.loads(line) for i in range(opts.verifiers)
-              for line in (opts.workdir / "logs" / f"verifier{i}.jsonl").read_text().splitlines() if line.startswith("{")]
-    failed = [ev["failed"] for ev in events
-              if ev.get("event") == "verified" and ev["trainer"] == planter and ev["epoch"] == 0]
+    by_kind = {kind: addr for addr, kind in s["cheaters"].items()}
+    assert sorted(by_kind) == ["planted-carry", "planted-start"], s["cheaters"]
+    starter, carrier = by_kind["planted-start"], by_kind["planted-carry"]
+    assert s["epochs_finalized"] == epochs, log
+    # neither an honest trainer nor a verifier
+    assert s["slashed"] == sorted([starter, carrier]) and seen["verifier_slashes"] == [], log
+    assert (starter, 0, FAILED_AUDIT) in seen["slashes"]
+    assert (carrier, 1, FAILED_AUDIT) in seen["slashes"], seen["slashes"]
+    assert all(e >= 1 for t, e, _ in seen["slashes"] if t == carrier), seen["slashes"]
+    # epoch 0: the planted start left out, the carrier honest and in; epochs 1, 2: the two honest trainers
+    assert starter not in seen["included"][0] and carrier in seen["included"][0] and len(seen["included"][0]) == 3
+    assert all(not {starter, carrier} & seen["included"][e] and len(seen["included"][e]) == 2 for e in (1, 2))
+    # every epoch-1 start but the removed starter's was checked as continued, the carrier's too
+    continued1 = {t: c for t, c in seen["continued1"].items() if t != starter}
+    assert len(continued1) == 3 and carrier in continued1 and all(continued1.values()), seen["continued1"]
+    verified = [ev for i in range(opts.verifiers) for ev in _events(opts.workdir / "logs" / f"verifier{i}.jsonl", "verified")]
+    failed = [ev["failed"] for ev in verified if ev["trainer"] == starter and ev["epoch"] == 0]
     assert failed and all(len(f) == 1 and f[0].startswith("start:") for f in failed)
+    last = block_count(preset("tiny")) - 1
+    planted = _events(opts.workdir / "logs" / "trainer0.jsonl", "planting")
+    assert [(ev["epoch"], ev["block"]) for ev in planted] == [(1, last)]
+    carried = [ev for ev in verified if ev["trainer"] == carrier and ev["epoch"] == 1]
+    assert len(carried) == opts.quorum, carried  # V = q: every verifier judged it
+    for ev in carried:  # the start check alone, naming the planted block
+        assert not ev["passed"] and len(ev["failed"]) == 1, ev
+        assert ev["failed"][0].startswith("start:") and f"block(s) [{last}]" in ev["failed"][0], ev
 
 
 def test_a_lazy_verifier_is_slashed_when_everyone_else_is_honest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -239,49 +268,6 @@ def test_a_lazy_verifier_is_slashed_when_everyone_else_is_honest(tmp_path: Path,
         assert lazy not in seen["list"]  # removed when epoch 1's audit was scheduled
     honest = [w for (e, v, t), w in seen["witnesses"].items() if e == first and v != lazy and t in seen["trainers"]]
     assert honest and all(w != bytes(32) for w in honest)
-
-
-def test_a_buffer_planted_at_the_first_continued_start_is_slashed_in_that_epoch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Issue 30 as a network: one trainer (trainer/adversaries.py `planted-carry`) trains epoch 0
-    honestly, then at its continued start of epoch 1 changes the carried error buffer of one block
-    (the last), and otherwise trains, encodes and answers honestly. Every block's carried buffer is
-    recomputed at every continued start (docs/protocol.md §5.3 check 5), so its epoch-1 audit fails
-    on the start check alone, by all three verifiers of quorum 3: it is slashed in epoch 1 and not
-    aggregated there; every epoch finalizes and nobody honest is slashed."""
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    epochs = 3
-    swap = _swapper({"trainer0": ["--behaviour", "planted-carry"]})
-    seen: dict[str, Any] = {}
-
-    def inspect(chain: Chain, store: Any, run_id: int) -> None:
-        seen["slashes"] = [(e.args["trainer"], e.args["epoch"], e.args["reason"])
-                           for e in chain.events(["Slashed"], run_id=run_id)]
-        seen["verifier_slashes"] = chain.events(["VerifierSlashed"], run_id=run_id)
-        seen["included"] = {e: set(passing_trainers(chain, run_id, e)) for e in range(epochs)}
-        seen["continued1"] = {ev.args["trainer"]: bool(shard_audit.decode_manifest(
-            store.get(ev.args["manifestCid"]), block_count(preset("tiny")), max_bytes=1 << 20).previous)
-                              for ev in chain.events(["Responded"], run_id=run_id, epoch=1)}
-
-    opts = DemoOptions(trainers=3, verifiers=3, quorum=3, epochs=epochs, steps=4, workdir=tmp_path / "demo", timeout_s=600)
-    s, log = run_network(opts, inspect=inspect, on_tick=swap)
-    (planter,) = s["cheaters"]
-    assert s["epochs_finalized"] == epochs, log
-    assert s["slashed"] == [planter] and seen["verifier_slashes"] == [], log  # no honest trainer, no verifier
-    assert (planter, 1, FAILED_AUDIT) in seen["slashes"] and all(e >= 1 for _, e, _ in seen["slashes"]), seen["slashes"]
-    assert planter in seen["included"][0] and len(seen["included"][0]) == 3  # honest in epoch 0
-    assert all(planter not in seen["included"][e] and len(seen["included"][e]) == 2 for e in (1, 2))  # slashed, removed
-    assert len(seen["continued1"]) == 3 and all(seen["continued1"].values())  # epoch 1 continued epoch 0, planter too
-    last = block_count(preset("tiny")) - 1
-    planted = _events(opts.workdir / "logs" / "trainer0.jsonl", "planting")
-    assert [(ev["epoch"], ev["block"]) for ev in planted] == [(1, last)]
-    verified = [ev for i in range(opts.verifiers) for ev in _events(opts.workdir / "logs" / f"verifier{i}.jsonl", "verified")
-                if ev["trainer"] == planter and ev["epoch"] == 1]
-    assert len(verified) == opts.quorum, verified  # V = q: every verifier judged it
-    for ev in verified:  # the start check alone, naming the planted block
-        assert not ev["passed"] and len(ev["failed"]) == 1, ev
-        assert ev["failed"][0].startswith("start:") and f"block(s) [{last}]" in ev["failed"][0], ev
 
 
 def test_a_quorum_three_run_with_one_verifier_audits_no_epoch_and_slashes_nobody(

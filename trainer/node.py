@@ -44,7 +44,7 @@ from protocol.statedir import run_dir
 from protocol.store.backends import IntegrityError, Metered, Store
 from protocol.types import Cid
 from trainer.answering import AnswerWorker, Built, FileSink, build
-from trainer.boundaries import quarter_of_memory
+from trainer.boundaries import quarter_of_free_disk, quarter_of_memory
 from trainer.checkpoints import EpochDir
 from trainer.delay import MergeBase, StartRule, public_history_end
 from trainer.device import check_device, resolve_device
@@ -111,7 +111,7 @@ class TrainerNode:
         behaviour: Behaviour | None = None, log: Log | None = None, poll_s: float = 0.25,
         checkpoint_every: int = 4, threads: int = 1, max_epochs: int | None = None,
         stages: int = 1, microbatches: int = 2, keep_boundaries: bool = True, boundary_log_ram: int | None = None,
-        device: str = "cpu",
+        boundary_log_disk: int | None = None, device: str = "cpu",
     ) -> None:
         if chain.sender is None:
             raise TrainerError("a trainer node needs a signing key")
@@ -126,9 +126,11 @@ class TrainerNode:
         self._last_member_check = 0.0  # while training: when it last read whether it may still commit
         self._short_of_verifiers: set[int] = set()  # epochs whose audit waits for verifiers (said once)
         self.stages, self.microbatches = stages, microbatches
-        # trainer/boundaries.py: memory (up to this many bytes), then disk, for a cheaper audit answer
+        # trainer/boundaries.py: memory (up to this many bytes), then disk (up to that many), for a cheaper
+        # audit answer; past both a challenge replays whole steps
         self.keep_boundaries = keep_boundaries
         self.boundary_log_ram = quarter_of_memory() if boundary_log_ram is None else boundary_log_ram
+        self.boundary_log_disk = quarter_of_free_disk(self.root) if boundary_log_disk is None else boundary_log_disk
         self.pipeline: PipelineSteps | None = None
         self.engine: Engine | None = None  # sharded runs: where the training state lives
         self.answers = AnswerWorker(threads)  # shard answers built while the next epoch trains
@@ -171,7 +173,8 @@ class TrainerNode:
         """The sharded run's state holder: this process (S = 1) or S stage processes."""
         if self.stages == 1:
             return LocalEngine(self.spec, self.shard_checkpoint_every, keep_boundaries=self.keep_boundaries,
-                               log_ram_bytes=self.boundary_log_ram, device=self.device)
+                               log_ram_bytes=self.boundary_log_ram, log_disk_bytes=self.boundary_log_disk,
+                               device=self.device)
         from trainer.stages import StagedEngine
 
         return StagedEngine(self.spec, self.shard_checkpoint_every, self.stages, self.threads, self.device.type)
@@ -463,7 +466,11 @@ class TrainerNode:
             self.log("warning", epoch=e, what="boundary log", error=eng.log_error,
                      effect="audit answers of the steps it misses replay whole steps")
             eng.log_error = None
-        log_bytes = eng.boundary_log_bytes(d)
+        log_bytes, unlogged = eng.boundary_log_bytes(d), eng.unlogged_steps(d)
+        if unlogged:  # expected at large batches: said, not warned
+            self.log("boundary-log-full", epoch=e, unlogged_steps=unlogged, of=steps, ram_budget=self.boundary_log_ram,
+                     disk_budget=self.boundary_log_disk, effect="audit answers over those steps replay whole steps "
+                     "(--boundary-log-ram, --boundary-log-disk raise the budgets)")
         payload, stats = eng.finish(d, rank, compress_seed(self.spec.run_seed, e, self.slot))
         final = Final(wrap(self.run_id, e, self.me, payload), {}, stats)
         d.write_bytes("payload.bin", self.behaviour.publication(self, final, e))
@@ -472,7 +479,8 @@ class TrainerNode:
         self.log("trained", epoch=e, steps=steps, rank=rank, loss=round(sum(losses[-4:]) / max(1, len(losses[-4:])), 4),
                  seconds=round(time.monotonic() - t0, 2), compute_s=spent.get("compute_s", 0.0),
                  digest_s=spent.get("commit_s", 0.0), log_s=spent.get("log_s", 0.0),
-                 boundary_log_bytes=sum(log_bytes), boundary_log_ram_bytes=log_bytes[0], step_wall_s=round(step_wall_s, 3),
+                 boundary_log_bytes=sum(log_bytes), boundary_log_ram_bytes=log_bytes[0], boundary_log_unlogged_steps=unlogged,
+                 step_wall_s=round(step_wall_s, 3),
                  payload_bytes=stats.payload_bytes, dense_bytes=stats.dense_bytes,
                  base_epoch=meta.get("base_epoch"), base_digest=meta.get("base_digest"), **self.traffic())
 

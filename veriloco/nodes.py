@@ -209,7 +209,7 @@ def _train(args: argparse.Namespace, s: Settings, log: Log, kept: list[Path]) ->
             threads=args.threads, checkpoint_every=args.checkpoint_every,
             max_epochs=args.epochs, stages=args.stages, microbatches=args.microbatches,
             keep_boundaries=not args.no_boundary_log,
-            boundary_log_ram=args.boundary_log_ram, device=args.device,
+            boundary_log_ram=args.boundary_log_ram, boundary_log_disk=args.boundary_log_disk, device=args.device,
         ).run()
 
 
@@ -272,5 +272,9 @@ def register(sub: Any) -> None:
             p.add_argument("--boundary-log-ram", type=gibibytes, metavar="GIB", default=None,
                            help="memory the boundary log may hold before it writes to disk (default: a quarter of "
                                 "this machine's memory; 0: disk only)")
+            p.add_argument("--boundary-log-disk", type=gibibytes, metavar="GIB", default=None,
+                           help="disk the boundary log may use past its memory (default: a quarter of the free space "
+                                "in the state folder at start); steps past both are not logged and their audit "
+                                "answers replay whole steps")
             p.add_argument("--cheat", choices=CHEAT_KINDS, help=argparse.SUPPRESS)
         p.set_defaults(func=func)

@@ -20,7 +20,7 @@ from protocol.chain.binding import Chain, Phase
 from protocol.run import open_run
 from tests.fixtures.network import run_network, skip_killed_commits, skip_unrevealed
 from veriloco.logs import level
-from veriloco.netdemo import DemoOptions
+from veriloco.netdemo import Control, DemoOptions
 
 pytestmark = pytest.mark.e2e
 
@@ -57,8 +57,20 @@ def _events(tmp_path: Path, event: str) -> list[dict[str, Any]]:
 @pytest.mark.integration
 def test_honest_network_on_anvil_and_ipfs_learns_and_nobody_is_slashed(tmp_path: Path) -> None:
     """The honest network on the real chain and store (anvil, a js-ipfs node); the embedded py-evm
-    chain and the LocalStore carry the cheaters', the merging, the killed and the pipelined networks."""
-    s, included = _run(tmp_path, chain="anvil", store="ipfs")
+    chain and the LocalStore carry the cheaters', the merging, the killed and the pipelined networks.
+    trainer2 runs with no room for a boundary log (`--boundary-log-ram 0 --boundary-log-disk 0`, what a
+    large batch comes to): it logs no step, says so each epoch, and answers by replaying whole steps."""
+    restarted: list[str] = []
+
+    def no_log_room(control: Control) -> None:
+        if not restarted:
+            n = control.node("trainer2")
+            control.kill("trainer2")
+            n.cmd = [*n.cmd, "--boundary-log-ram", "0", "--boundary-log-disk", "0"]
+            control.restart("trainer2")
+            restarted.append("trainer2")
+
+    s, included = _run(tmp_path, chain="anvil", store="ipfs", on_tick=no_log_room)
     assert s["epochs_finalized"] == 2
     assert s["verdicts"]["fail"] == 0 and s["verdicts"]["pass"] >= 6
     assert s["slashed"] == []
@@ -72,11 +84,19 @@ def test_honest_network_on_anvil_and_ipfs_learns_and_nobody_is_slashed(tmp_path:
                for line in log.read_text().splitlines() if '"responded"' in line]
     assert answers and all(a["answer_cpu_s"] > 0 and a["answer_s"] > 0 for a in answers)  # replaying a segment costs
     assert all(a["beside_training"] for a in answers)  # built on the answer worker, not in the node's loop
-    trained = [json.loads(line) for log in (tmp_path / "demo" / "logs").glob("trainer*.jsonl")
-               for line in log.read_text().splitlines() if '"trained"' in line]
+    logs = tmp_path / "demo" / "logs"
+    trained = [json.loads(line) for name in ("trainer0", "trainer1") for line in (logs / f"{name}.jsonl").read_text().splitlines()
+               if '"trained"' in line]
     # every step's boundaries kept, in memory (a tiny model's log fits the default budget: no copy, ~0 CPU)
     assert trained and all(t["boundary_log_bytes"] == t["boundary_log_ram_bytes"] > 0 for t in trained)
+    assert all(t["boundary_log_unlogged_steps"] == 0 for t in trained)
     assert not list((tmp_path / "demo").rglob("bounds/step-*"))  # nothing spilled to disk
+    roomless = [json.loads(line) for line in (logs / "trainer2.jsonl").read_text().splitlines() if line.startswith("{")]
+    kept = [ev for ev in roomless if ev.get("event") == "trained"]
+    assert kept and all(t["boundary_log_bytes"] == 0 and t["boundary_log_unlogged_steps"] == t["steps"] for t in kept)
+    full = [ev for ev in roomless if ev.get("event") == "boundary-log-full"]
+    assert sorted(ev["epoch"] for ev in full) == sorted(t["epoch"] for t in kept) and all(ev["level"] == "INFO" for ev in full)
+    assert any(ev.get("event") == "responded" for ev in roomless)  # and it answered (whole steps), every verdict a pass
     # quiet when healthy: an expected retry (a reveal before the others have judged, a finalize before
     # every reveal is in) is no error. Warnings are not asserted: a loaded machine can raise real ones
     # (an RPC outage waited out, content not yet served)

@@ -1,11 +1,12 @@
 """The README's adversary demo, as a user types it, runs to its summary.
 
-Four epochs: a cheater caught in epoch 0 is removed from epoch 2 on while it still owes epoch 1's
-audit, and must answer it and stop cleanly rather than crash the demo. The copier cannot reveal, so
-an epoch it committed in waits out its reveal window: 30 s windows (of the demo's 60) halve that
-wait, and the test moves the devnet's clock over the rest from outside the demo's process, as
-tests/fixtures/network.py's skip_unrevealed does for run_network's tests (it reads the devnet file
-and the trainers' logs the demo writes; the command itself is the user's).
+Three epochs: a cheater caught in epoch 0 is removed from epoch 1 on (under the demo's merge rule an
+epoch-1 commitment waits for epoch 0 to be final), or, under the one-step delay, from epoch 2 on
+while it still owes epoch 1's audit, and must answer it and stop cleanly rather than crash the demo.
+The copier cannot reveal, so an epoch it committed in waits out its reveal window: 30 s windows (of
+the demo's 60) halve that wait, and the test moves the devnet's clock over the rest from outside the
+demo's process, as tests/fixtures/network.py's skip_unrevealed does for run_network's tests (it
+reads the devnet file and the trainers' logs the demo writes; the command itself is the user's).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from veriloco.netdemo import Control, NodeProc
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-TRAINERS, EPOCHS = 5, 4
+TRAINERS, EPOCHS = 5, 3
 
 
 class _Running:

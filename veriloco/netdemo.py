@@ -403,7 +403,9 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
         if on_tick is not None:
             on_tick(control)
         if coordinator.proc.poll() is not None and not coordinator.killed:
-            break
+            # a coordinator slashed and removed stops at once; a verifier finalizes the rest in its place
+            if not _removed(coordinator) or _all_terminal(chain, run_id, cfg.schedule.epochs):
+                break
         # a cheater caught ends slashed (SLASHED_EXIT): the summary's slashes say whom, and the tests check them
         dead = [n for n in nodes if n.proc.poll() not in (None, 0, SLASHED_EXIT) and not n.killed]
         if dead:
@@ -411,7 +413,7 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
         if time.monotonic() > deadline:
             raise DemoError(f"the network did not finish within {opts.timeout_s:.0f} s; logs in {opts.workdir / 'logs'}")
         time.sleep(0.5)
-    if coordinator.proc.returncode != 0:
+    if coordinator.proc.returncode != 0 and not _removed(coordinator):
         raise DemoError(f"the coordinator failed; see {coordinator.log_path}")
     # trainers and verifiers finish once the last epoch's audits close
     end = time.monotonic() + 60
@@ -421,6 +423,15 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
         time.sleep(0.3)
     for n in nodes:
         n.read()
+
+
+def _removed(n: NodeProc) -> bool:
+    """Whether a node ended because the run removed it (slashed, or it left)."""
+    return any(ev.get("event") in ("removed", "slashed") for ev in n.events)
+
+
+def _all_terminal(chain: Chain, run_id: int, epochs: int) -> bool:
+    return all(chain.epoch_status(run_id, e).phase in (Phase.FINALIZED, Phase.ABORTED) for e in range(epochs))
 
 
 def _store_args(store: Any) -> str:

@@ -307,7 +307,12 @@ def test_a_quorum_three_run_with_one_verifier_audits_no_epoch_and_slashes_nobody
 
     # each epoch's response and verdict windows pass unused: skip them once every trainer was refused
     skip = skip_unaudited(epochs)
-    s, log = run_network(opts, inspect=inspect, on_tick=lambda c: (ask(c), skip(c)), config=config)
+
+    def ask_and_skip(control: Control) -> None:
+        ask(control)
+        skip(control)
+
+    s, log = run_network(opts, inspect=inspect, on_tick=ask_and_skip, config=config)
     assert seen["quorum"] == 3 and s["verifiers"] == 1
     assert seen["phases"] == [Phase.ABORTED] * epochs, log
     # the trainers did their part (a trainer that started too late for a commit window sits that epoch out)

@@ -12,13 +12,18 @@ finalized model in the store on the run's validation rows (the rows the coordina
 Downloads are not public, so bytes here are uploads only; a node's own traffic in both directions
 is on its metrics endpoint (`--metrics-port`). Facts that cannot change (receipts, sizes, eval
 losses, the reports of finished epochs) are cached in `Cache`, so a refresh costs a few RPC calls
-per live epoch.
+per live epoch. What needs torch (the model's parameter count, eval losses) is computed on a worker
+thread beside the page (`Cache.later`): the first page answers without it, says it is evaluating
+(`evaluating` in the JSON), and the figures appear on a later refresh.
 """
 
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,11 +48,38 @@ class Cache:
     gas: dict[str, int] = field(default_factory=dict)  # tx hash -> gas used
     sizes: dict[str, int] = field(default_factory=dict)  # cid -> bytes
     states: dict[str, list[str]] = field(default_factory=dict)  # manifest cid -> state file cids
-    evals: dict[bytes, float] = field(default_factory=dict)  # model digest -> eval loss
     epochs: dict[int, tuple[int, dict[str, Any]]] = field(default_factory=dict)  # finished epoch -> (its event count, report)
     ctx: Any = None  # protocol.run.RunContext, opened on the first eval
     events: list[ChainEvent] = field(default_factory=list)  # the run's events so far, in chain order
     stream: Any = None  # the EventStream that reads the ones after them
+    slow: dict[Hashable, Any] = field(default_factory=dict)  # what the worker thread computed, by key
+    queued: set[Hashable] = field(default_factory=set)  # what it has still to compute
+    _jobs: queue.Queue[tuple[Hashable, Callable[[], Any]]] = field(default_factory=queue.Queue)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _worker: threading.Thread | None = None
+
+    def later(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """``compute()``'s value once the worker thread has it, None until then. A None result (the
+        store or chain could not serve it yet) is not kept: the next refresh asks again."""
+        with self._lock:
+            if key in self.slow:
+                return self.slow[key]
+            if key not in self.queued:
+                self.queued.add(key)
+                self._jobs.put((key, compute))
+                if self._worker is None:
+                    self._worker = threading.Thread(target=self._work, name="dashboard-eval", daemon=True)
+                    self._worker.start()
+        return None
+
+    def _work(self) -> None:
+        while True:
+            key, compute = self._jobs.get()
+            value = compute()
+            with self._lock:
+                self.queued.discard(key)
+                if value is not None:
+                    self.slow[key] = value
 
 
 def run_events(chain: Chain, run_id: int, cache: Cache) -> list[ChainEvent]:
@@ -118,29 +150,39 @@ def eval_loss(chain: Chain, store: Store, run_id: int, cid: str, digest: bytes, 
     """The model's loss on the run's first `rows` validation rows (64: what the coordinator logs)."""
     if rows <= 0:
         return None
-    if digest not in cache.evals:
-        from protocol.run import eval_model, load_model, open_run, params_of
 
+    def compute() -> float | None:
+        from protocol.run import eval_model, load_model, params_of
+
+        ctx = _ctx(chain, store, run_id, cache)
         try:
-            if cache.ctx is None:
-                cache.ctx = open_run(chain, store, run_id)
-            state = load_model(store, cid, digest, cache.ctx.param_shapes)
-            cache.evals[digest] = round(eval_model(cache.ctx, params_of(state), rows), 4)
+            return None if ctx is None else round(eval_model(ctx, params_of(load_model(store, cid, digest, ctx.param_shapes)), rows), 4)
         except (VerilocoError, OSError):
             return None
-    return cache.evals[digest]
+
+    return cache.later(("eval", digest), compute)
+
+
+def _ctx(chain: Chain, store: Store, run_id: int, cache: Cache) -> Any:
+    """The run's context (protocol.run.RunContext: imports torch), opened once; None while unreadable."""
+    from protocol.run import open_run
+
+    if cache.ctx is None:
+        try:
+            cache.ctx = open_run(chain, store, run_id)
+        except (VerilocoError, OSError):
+            return None
+    return cache.ctx
 
 
 def _n_params(chain: Chain, store: Store, run_id: int, cache: Cache) -> int | None:
-    from protocol.model import n_params
-    from protocol.run import open_run
+    def compute() -> int | None:
+        from protocol.model import n_params
 
-    try:
-        if cache.ctx is None:
-            cache.ctx = open_run(chain, store, run_id)
-    except (VerilocoError, OSError):
-        return None
-    return int(n_params(cache.ctx.config.model_config()))
+        ctx = _ctx(chain, store, run_id, cache)
+        return None if ctx is None else int(n_params(ctx.config.model_config()))
+
+    return cache.later("params", compute)
 
 
 def epoch_facts(chain: Chain, store: Store, run_id: int, e: int, events: list[ChainEvent], cache: Cache,
@@ -176,7 +218,7 @@ def epoch_facts(chain: Chain, store: Store, run_id: int, e: int, events: list[Ch
     r["events"] = [event_json(ev) for ev in mine if ev.name in NOTABLE]
     # a terminal epoch changes only through transactions, and each emits an event of it: keyed by their count
     done = Phase(r["phase_code"]) in TERMINAL
-    if done and (r["eval_loss"] is not None or eval_rows <= 0 or r["phase"] != "finalized"):
+    if done and params is not None and (r["eval_loss"] is not None or eval_rows <= 0 or r["phase"] != "finalized"):
         cache.epochs[e] = (len(mine), r)
     return r
 
@@ -216,6 +258,7 @@ def gather(chain: Chain, store: Store, run_id: int, cache: Cache | None = None, 
         "epochs_finalized": sum(r["phase"] == "finalized" for r in epochs),
         "params": params,
         "eval_rows": eval_rows,
+        "evaluating": bool(cache.queued),  # figures that need torch still being computed beside the page
         "run": {
             "config_cid": p.config_cid, "config_digest": "0x" + p.config_digest.hex(),
             "init_model_cid": p.init_model_cid, "coordinator": p.coordinator, "creator": info.creator,

@@ -194,7 +194,7 @@ config {_cid(run["config_cid"])} · initial model {_cid(run["init_model_cid"])} 
 quorum {run["quorum"]} · audit steps {run["audit_steps"]} · updated {_time(d["generated_at"])} UTC ·
 <a href="/api/run.json">run.json</a></div>
 <div class="cards">{"".join(f'<div class="card"><span class="dim">{_e(k)}</span><b>{_e(v)}</b></div>' for k, v in cards)}</div>
-<h2>global model eval loss <span class="dim">({d["eval_rows"]} validation rows, recomputed from the store)</span></h2>
+<h2>global model eval loss <span class="dim">({d["eval_rows"]} validation rows, recomputed from the store{"; evaluating, the page fills in as it refreshes" if d.get("evaluating") else ""})</span></h2>
 {loss_svg(d["loss_curve"])}
 <h2>slashes</h2>{f"<ul>{slashes}</ul>" if slashes else '<p class="dim">nobody slashed</p>'}
 <h2>earnings <span class="dim">(each account's rewards, bounties and slashes in this run, from the contract's

@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -105,6 +106,10 @@ def test_dashboard_and_metrics_of_a_live_run(tmp_path: Path) -> None:
             seen["banner"] = proc.stdout.readline() if proc.stdout else ""
             url = f"http://127.0.0.1:{port}"
             seen["json"] = json.loads(get(url + "/api/run.json"))
+            waited = time.monotonic() + 120  # the figures that need torch come from a thread beside the page
+            while seen["json"]["evaluating"] and time.monotonic() < waited:
+                time.sleep(1)
+                seen["json"] = json.loads(get(url + "/api/run.json"))
             seen["html"] = get(url + "/").decode()
             seen["config"] = get(url + "/cid/" + seen["json"]["run"]["config_cid"])
             try:
@@ -140,6 +145,7 @@ def test_dashboard_and_metrics_of_a_live_run(tmp_path: Path) -> None:
     assert d["totals"]["slashes"] == 0 and d["slashes"] == []
     assert d["totals"]["gas_used"] >= summary["gas_used"]  # the nodes' transactions, and the demo's joins too
     # the loss curve is recomputed from the store: it equals what the coordinator logged when it finalized
+    assert not d["evaluating"]  # what needs torch, computed beside the page, is all in
     assert [p["epoch"] for p in d["loss_curve"]] == [-1, 0, 1]
     assert d["loss_curve"][0]["eval_loss"] == summary["initial_eval_loss"]
     logged = {p["epoch"]: p["eval_loss"] for p in summary["eval_curve"]}

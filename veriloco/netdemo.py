@@ -251,13 +251,20 @@ CHAIN_LEGEND = ("chain lines: eN:phase is epoch N and its phase; then trainers t
                 "ok passed their audit, x failed it")
 
 
-def _status_line(chain: Chain, run_id: int, epochs: int) -> str:
+def _status_line(chain: Chain, run_id: int, epochs: int, done: dict[int, str] | None = None) -> str:
+    """The chain line; `done` keeps the parts of finalized epochs (they never change), so each tick
+    asks the chain only about the epochs still open."""
     parts = []
     for e in range(epochs):
+        if done is not None and e in done:
+            parts.append(done[e])
+            continue
         s = chain.epoch_status(run_id, e)
         if s.phase is Phase.NOT_STARTED:
             break
         parts.append(f"e{e}:{PHASES[s.phase]} c{s.committed} r{s.revealed} ok{s.passed} x{s.failed}")
+        if done is not None and s.phase is Phase.FINALIZED:
+            done[e] = parts[-1]
     return " | ".join(parts) or "waiting for the first commitment"
 
 
@@ -380,6 +387,7 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
     control = Control(chain, run_id, nodes, devnet)
     coordinator = nodes[-1]
     last_line, last_table = "", 0.0
+    done: dict[int, str] = {}  # the status parts of finalized epochs: they no longer change
     deadline = time.monotonic() + opts.timeout_s
     say(CHAIN_LEGEND)
     while True:
@@ -390,7 +398,7 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
                     detail = {k: v for k, v in ev.items() if k not in ("t", "level", "node", "run", "address", "event", "sent_bytes", "received_bytes")}
                     say(f"  [{time.monotonic() - t_start:6.1f}s] {n.name:18s} {ev['event']:10s} {fields_text(detail)[:150]}")
         try:
-            line = _status_line(chain, run_id, cfg.schedule.epochs)
+            line = _status_line(chain, run_id, cfg.schedule.epochs, done)
         except ChainUnavailable:
             line = "chain unreachable (restarting?)"
         if line != last_line or time.monotonic() - last_table > 15:

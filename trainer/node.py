@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coordinator.build import ModelUnavailable, VerifiedGlobals
 from protocol import merkle, shard_audit
@@ -62,7 +62,9 @@ from trainer.round import (
 )
 from trainer.schedule import Schedule
 from trainer.shard_response import shard_response
-from trainer.stages import PipelineSteps
+
+if TYPE_CHECKING:
+    from trainer.stages import PipelineSteps
 
 Log = Callable[..., None]
 TERMINAL = (Phase.FINALIZED, Phase.ABORTED)
@@ -131,7 +133,7 @@ class TrainerNode:
         self.keep_boundaries = keep_boundaries
         self.boundary_log_ram = quarter_of_memory() if boundary_log_ram is None else boundary_log_ram
         self.boundary_log_disk = quarter_of_free_disk(self.root) if boundary_log_disk is None else boundary_log_disk
-        self.pipeline: PipelineSteps | None = None
+        self.pipeline: PipelineSteps | None = None  # tolerant whole-state audits, stages > 1
         self.engine: Engine | None = None  # sharded runs: where the training state lives
         self.answers = AnswerWorker(threads)  # shard answers built while the next epoch trains
         self.device = resolve_device(device)  # sharded runs only (make_engine); checked against the run in run()
@@ -153,6 +155,9 @@ class TrainerNode:
                     f"--stages {self.stages}: pipelined steps match a verifier's single-process replay only "
                     f"within fp32 tolerance, and run {self.run_id} audits in exact mode; use one stage"
                 )
+            # torch's pipelining takes about 1 s to import: only a pipelined trainer pays it
+            from trainer.stages import PipelineSteps
+
             self.pipeline = PipelineSteps(self.spec, self.stages, self.microbatches, self.threads)
         try:
             self._run()

@@ -410,10 +410,10 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
             last_line = line
         if on_tick is not None:
             on_tick(control)
-        if coordinator.proc.poll() is not None and not coordinator.killed:
-            # a coordinator slashed and removed stops at once; a verifier finalizes the rest in its place
-            if not _removed(coordinator) or _all_terminal(chain, run_id, cfg.schedule.epochs):
-                break
+        # a coordinator slashed and removed stops at once; a verifier finalizes the rest in its place
+        if (coordinator.proc.poll() is not None and not coordinator.killed
+                and (not _removed(coordinator) or _all_terminal(chain, run_id, cfg.schedule.epochs))):
+            break
         # a cheater caught ends slashed (SLASHED_EXIT): the summary's slashes say whom, and the tests check them
         dead = [n for n in nodes if n.proc.poll() not in (None, 0, SLASHED_EXIT) and not n.killed]
         if dead:

@@ -155,7 +155,7 @@ def test_asking_for_the_two_newest_bases_in_turn_recomputes_nothing(
     """A verifier asks for G_{e-1} and G_e in turn for every trainer it audits: after the first
     answers, neither G_0 nor any payload nor the disk cache is read again (a model-sized cost per
     audit otherwise: on the 107B, rebuilding and hashing 428 GB per trainer audited)."""
-    import coordinator.build as build
+    from coordinator import build
 
     vg = VerifiedGlobals(world["chain"], world["store"], world["ctx"], tmp_path / "cache")
     assert _same(vg.base(2), world["g2"]) and _same(vg.base(1), world["g1"])

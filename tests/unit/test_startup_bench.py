@@ -24,7 +24,7 @@ def test_the_version_and_help_figures_time_the_real_commands(tmp_path: Path) -> 
 
 
 def test_a_failing_command_is_an_error_not_a_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import benchmarks.startup as startup
+    from benchmarks import startup
 
     monkeypatch.setattr(startup, "veriloco", lambda: [startup.sys.executable, "-c", "import sys; sys.exit(3)"])
     with pytest.raises(RuntimeError, match="exited 3"):

@@ -224,6 +224,8 @@ def method_record(r: MethodResult, step_s: float) -> dict[str, Any]:
         "description": r.description,
         # what the simulated times are made of, so a run joined to another can be retimed at its step time
         "timing": {"overlaps": r.overlaps, "rounds": [asdict(x) for x in r.rounds_detail]},
+        # the field's baselines (sparseloco_merge, demo_merge): the fitted k and the byte budget it meets
+        **({"codec": r.codec} if r.codec is not None else {}),
     }
 
 

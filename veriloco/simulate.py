@@ -8,6 +8,13 @@ budget (every worker runs the same number of inner steps on batches of the same 
 - ``allreduce``: data-parallel AdamW, gradients averaged every step (ring all-reduce, fp32);
 - ``diloco``: H local AdamW steps, fp32 pseudo-gradients all-reduced, blocking;
 - ``dilocox``: one-step-delay overlap + adaptive low-rank int4 compression with error feedback;
+- the field's compressors at the shipped codec's bytes, on the shipped method's start rule
+  (``fixed_rank_merge_b1``: round 1's exchange awaited, later ones merged after ``merge_step``, H
+  fixed): ``sparseloco_merge`` (SparseLoCo-style top-k of 4096-element chunks, 2-bit values) and
+  ``demo_merge`` (DeMo-style top-k of 64 x 64 DCT blocks, 2-bit values: of the DeMo variants the best
+  at equal bytes in ``benchmarks/results/codec-baselines.json``), both with error feedback in the
+  state's EF section and k fitted once (``SparseBaseline``). Baselines (``veriloco/sparsecodec.py``),
+  not protocol codecs;
 - ablations: ``dilocox_blocking`` (no overlap), ``dilocox_eager`` (eager start), ``lowrank_only`` (fp32 factors), ``quant_only``
   (dense int4, no low rank), ``fixed_rank`` (no rank/H adaptation) and ``fixed_rank_blocking`` (the
   same without the delay: with ``fixed_rank`` and ``diloco`` it splits the gap into delay and
@@ -153,13 +160,37 @@ def ddp_step_seconds(
 
 
 @dataclass(frozen=True)
+class SparseBaseline:
+    """A local method's compression by one of the field's codecs (``veriloco.sparsecodec.SparseCodec``,
+    a baseline, not a protocol codec) at the shipped codec's bytes.
+
+    k is chosen once, deterministically: the largest whose payload of the first trainer's first round
+    x = Δ + ef (ef = 0 then) fits ``shipped_budget(shapes, rank)``, and is then held for the run. The
+    entropy-coded indices make later payloads vary by a few bytes around it: one that would exceed the
+    budget keeps the largest k below that fits instead (the decoder reads k from the bytes; error
+    feedback keeps what it drops), so no payload is larger than the shipped codec's. Error feedback as
+    the ``CompressionConfig`` path keeps it: x = Δ + ef, payload = encode(x), new ef = x − decode(payload)."""
+
+    transform: str  # SparseCodec.transform: "topk" (SparseLoCo-style) | "dct" (DeMo-style)
+    values: str  # SparseCodec.values: "2bit" | "int4" | "int8"
+    rank: int  # the byte budget: the shipped low-rank int4 payload at this rank
+
+
+def shipped_budget(shapes: Mapping[str, tuple[int, ...]], rank: int) -> int:
+    """Bytes of the shipped codec's payload (low-rank int4, ``trainer.compress``) at a fixed ``rank``."""
+    from trainer.compress import CompressionConfig, payload_size
+
+    return payload_size(shapes, rank, CompressionConfig(bits=4, rank_initial=rank, rank_min=rank, rank_max=rank))
+
+
+@dataclass(frozen=True)
 class Method:
     """How one method trains and communicates. ``compression`` None means fp32 pseudo-gradients."""
 
     name: str
     kind: str  # "allreduce" | "local"
     rule: StartRule = StartRule.BLOCKING
-    compression: object | None = None  # trainer.compress.CompressionConfig
+    compression: object | None = None  # trainer.compress.CompressionConfig | SparseBaseline
     description: str = ""
     own_weight: float = 1.0  # the delayed start's share of the trainer's own Δ (trainer.delay.delayed_start)
     merge_step: int | None = None  # StartRule.MERGE: steps into an epoch at which G_e is folded in
@@ -280,6 +311,26 @@ def methods(h: int = 16, rank: int = 8, merge_step: int = 1) -> dict[str, Method
             merge_step=merge_step,
             first_merge_step=0,
         ),
+        "sparseloco_merge": Method(
+            "sparseloco_merge",
+            "local",
+            StartRule.MERGE,
+            SparseBaseline("topk", "2bit", rank),
+            f"SparseLoCo-style top-k, 2-bit values, error feedback, at the bytes of low-rank int4 rank {rank}; "
+            f"H={h} fixed, round 1's exchange awaited, later ones merged after step {merge_step}",
+            merge_step=merge_step,
+            first_merge_step=0,
+        ),
+        "demo_merge": Method(
+            "demo_merge",
+            "local",
+            StartRule.MERGE,
+            SparseBaseline("dct", "2bit", rank),
+            f"DeMo-style 64x64 DCT top-k, 2-bit values, error feedback, at the bytes of low-rank int4 rank {rank}; "
+            f"H={h} fixed, round 1's exchange awaited, later ones merged after step {merge_step}",
+            merge_step=merge_step,
+            first_merge_step=0,
+        ),
         "fixed_rank_blocking": Method(
             "fixed_rank_blocking",
             "local",
@@ -389,6 +440,10 @@ class MethodResult:
     # compressed methods: the final global model with the workers' mean error buffer applied (what the
     # compressor still held back at the end; a diagnostic, not a model the protocol produces)
     unsent_eval_loss: float | None = None
+    # SparseBaseline methods: the codec as run (transform, values, the held k per full chunk and the
+    # chunk size, the budget's rank and bytes, the fitting payload's bytes, the largest payload sent,
+    # the payloads sent and the k of those that kept fewer to fit the budget)
+    codec: dict[str, object] | None = None
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -537,6 +592,7 @@ def _result(
     payload_bytes: list[int] | None = None,
     rel_error: list[float] | None = None,
     unsent_eval_loss: float | None = None,
+    codec: dict[str, object] | None = None,
 ) -> MethodResult:
     return MethodResult(
         name=name,
@@ -556,6 +612,7 @@ def _result(
         step_seconds=step_times,
         overlaps=overlaps,
         unsent_eval_loss=unsent_eval_loss,
+        codec=codec,
     )
 
 
@@ -624,14 +681,21 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
         compression_seed,
         payload_profile,
     )
+    from veriloco.sparsecodec import SparseCodec, baseline_decode, baseline_encode, largest_k
 
     m = cfg.model
     ccfg = method.compression
     outer = replace(cfg.outer, aggregate=method.aggregate) if method.aggregate else cfg.outer
-    if ccfg is not None and not isinstance(ccfg, CompressionConfig):
-        raise SimulationError(f"method {method.name}: compression must be a CompressionConfig")
+    if ccfg is not None and not isinstance(ccfg, (CompressionConfig, SparseBaseline)):
+        raise SimulationError(f"method {method.name}: compression must be a CompressionConfig or a SparseBaseline")
     evaluate = _Evaluator(cfg, corpus)
     shapes = param_shapes(m)
+    sparse = ccfg if isinstance(ccfg, SparseBaseline) else None
+    budget = shipped_budget(shapes, sparse.rank) if sparse is not None else 0
+    codec: SparseCodec | None = None  # fitted on the first payload, then held
+    codec_info: dict[str, object] | None = None
+    max_sent = 0  # the largest baseline payload of the run
+    lowered: list[int] = []  # the k of each payload that kept fewer than the held k to fit the budget
     dense_bytes = 4 * n_params(m)
     g = init_global(init_params(m, cfg.init_seed))
     globals_: list[Params] = [global_params(g)]  # G_0, G_1, ...
@@ -646,8 +710,10 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
     rel_errors: list[float] = []
     sent = done = epoch = 0
     while done < cfg.steps:
-        if ccfg is not None:
+        if isinstance(ccfg, CompressionConfig):
             rank, h = adapt(history[: public_history_end(method.rule, epoch)], ccfg)
+        elif sparse is not None:
+            rank, h = sparse.rank, cfg.h  # the budget's rank, fixed H
         else:
             rank, h = 0, cfg.h
         h = min(h, cfg.steps - done)
@@ -679,7 +745,36 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
                 carried[k] = s
                 deltas.append(_to(delta, "cpu"))
                 sizes.append(dense_bytes)
+            elif sparse is not None:
+                ef = section(s, EF)
+                x = {n: delta[n].detach().to("cpu", torch.float32) + ef[n].detach().to("cpu", torch.float32)
+                     for n in delta}
+                if not all(bool(torch.isfinite(t).all()) for t in x.values()):
+                    raise SimulationError(f"method {method.name}: the pseudo-gradient has NaN/Inf values; lower the learning rate")
+                if codec is None:
+                    kept = largest_k(x, budget, sparse.transform, sparse.values)
+                    if kept == 0:
+                        raise SimulationError(f"method {method.name}: not even k = 1 fits the {budget}-byte budget of rank {sparse.rank}")
+                    codec = SparseCodec(sparse.transform, kept, sparse.values)
+                    codec_info = {"transform": codec.transform, "values": codec.values, "k": codec.k, "chunk": codec.full,
+                                  "budget_rank": sparse.rank, "budget_bytes": budget}
+                payload, _ = baseline_encode(x, codec)
+                if len(payload) > budget:  # the coded indices came out a few bytes larger: keep fewer this time
+                    fewer = largest_k(x, budget, codec.transform, codec.values, hi=codec.k - 1)
+                    if fewer == 0:
+                        raise SimulationError(f"method {method.name}: not even k = 1 fits the {budget}-byte budget")
+                    payload, _ = baseline_encode(x, replace(codec, k=fewer))
+                    lowered.append(fewer)
+                dec = baseline_decode(payload, shapes, codec)
+                new_ef = {n: x[n] - dec[n] for n in x}
+                carried[k] = carry(s, _to(new_ef, cfg.device))
+                payloads.append(payload)
+                sizes.append(len(payload))
+                x2 = sum(float(t.double().square().sum()) for t in x.values())
+                r2 = sum(float(t.double().square().sum()) for t in new_ef.values())
+                errs.append(math.sqrt(r2 / x2) if x2 > 0 else 0.0)
             else:
+                assert isinstance(ccfg, CompressionConfig)
                 comp = compress(
                     delta, section(s, EF), rank, compression_seed(cfg.run_seed, epoch, k), ccfg
                 )
@@ -690,10 +785,12 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
             codec_t.append(time.perf_counter() - t0)
             starts[k] = start
         t0 = time.perf_counter()  # after the exchange: decode every payload, average, outer step
-        deltas += [decode(p, shapes) for p in payloads]
+        if codec is not None:
+            deltas += [baseline_decode(p, shapes, codec) for p in payloads]
+        else:
+            deltas += [decode(p, shapes) for p in payloads]
         g = aggregator(epoch, g, deltas, outer)
         agg = time.perf_counter() - t0
-        profiles = [payload_profile(p) for p in payloads]
         globals_.append(global_params(g))
         if ccfg is None:
             per_worker = ring_allreduce_bytes(dense_bytes, cfg.trainers)
@@ -701,7 +798,11 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
         else:
             per_worker = (cfg.trainers - 1) * max(sizes)
             comm = cfg.link.allgather_seconds(max(sizes), cfg.trainers)
-            history.append(EpochRecord(rank=rank, h=h, profiles=tuple(profiles)))
+            if isinstance(ccfg, CompressionConfig):
+                history.append(EpochRecord(rank=rank, h=h, profiles=tuple(payload_profile(p) for p in payloads)))
+            if codec_info is not None:
+                codec_info.setdefault("fit_bytes", sizes[0])  # round 1, trainer 0: the payload k was fitted on
+                max_sent = max(max_sent, max(sizes))
         sent += per_worker
         rounds.append(RoundTiming(h, max(train_t), max(codec_t), agg, comm, hide_steps=method.merge_step_at(epoch)))
         schedule.append((rank, h))
@@ -711,13 +812,17 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
         epoch += 1
         curve.append((done, evaluate(globals_[-1])))
         extra = (
-            f"  rank {rank:2d}  payload {payload_sizes[-1] / 1024:8.1f} KiB"
+            f"  {f'k {codec.k:4d}' if codec is not None else f'rank {rank:2d}'}  payload {payload_sizes[-1] / 1024:8.1f} KiB"
             if ccfg is not None
             else ""
         )
         progress(
             f"{method.name:16s} round {epoch:3d}  H {h:3d}  steps {done:5d}/{cfg.steps}  eval {curve[-1][1]:.4f}{extra}"
         )
+    if codec_info is not None:
+        codec_info["max_payload_bytes"] = max_sent
+        codec_info["payloads"] = len(payload_sizes) * cfg.trainers
+        codec_info["lowered_k"] = lowered  # in send order; empty when every payload kept k
     unsent = None
     if ccfg is not None:  # G_E - lr * mean(ef): the update the error buffers still hold
         held = _mean([_to(section(c, EF), "cpu") for c in carried if c is not None])
@@ -734,6 +839,7 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
         payload_sizes,
         rel_errors,
         unsent,
+        codec_info,
     )
 
 

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from benchmarks.codec import BASELINES, SparseCodec, baseline_decode, baseline_encode, run_baseline
+from benchmarks.codec import BASELINES, run_baseline
+from veriloco.sparsecodec import SparseCodec, baseline_decode, baseline_encode
 
 pytestmark = pytest.mark.unit
 

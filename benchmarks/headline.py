@@ -102,7 +102,8 @@ def per_run(seeds: Iterable[int], runs: Sequence[tuple[str, tuple[str, ...]]]) -
 
 
 # convergence-small.json (README "Training"): batch 128, AdamW 5e-4, rank 64, merge step 1, 512 eval rows;
-# the shipped DiLoCoX (examples/small.toml) is fixed_rank_merge_b1 at rank 128, joined as ..._r128.
+# the shipped DiLoCoX (examples/small.toml) is fixed_rank_merge_b1 at rank 128 under the trimmed mean,
+# joined as ..._trimmed_r128, beside the same under the plain mean (..._r128).
 SMALL = ("--preset", "small", "--batch-size", "128", "--inner-lr", "5e-4", "--rank", "64",
          "--merge-step", "1", "--eval-rows", "512")
 # convergence-tiny.json (`make bench`): the tiny preset at outer 0.7 / 0.5, the outer sweep beside it.
@@ -115,8 +116,8 @@ HEADLINES: dict[str, Headline] = {
         Headline(
             "convergence-small",
             per_run((0, 1, 2), [(m, SMALL) for m in ("allreduce", "diloco", "fixed_rank_merge", "fixed_rank_merge_b1")]
-                    + [("fixed_rank_merge_b1", with_flag(SMALL, "--rank", "128"))]),
-            dilocox="fixed_rank_merge_b1_r128",
+                    + [(m, with_flag(SMALL, "--rank", "128")) for m in ("fixed_rank_merge_b1", "fixed_rank_merge_b1_trimmed")]),
+            dilocox="fixed_rank_merge_b1_trimmed_r128",
         ),
         # the outer sweep pairs against AllReduce within a run: one piece per seed, every method in it
         Headline("convergence-tiny",

@@ -193,7 +193,7 @@ def _reflag(h: Headline, flag: str, value: str, only: str = "") -> Headline:
     pytest.param(lambda h: _reflag(h, "--batch-size", "64", "s1-diloco"), "(1, 'diloco'): settings differ",
                  id="one-run-batch-size"),
     pytest.param(lambda h: _reflag(h, "--eval-rows", "256"), "eval_rows 256", id="eval-rows"),
-    pytest.param(lambda h: dataclasses.replace(h, pieces=h.pieces[:-1]), "(2, 'fixed_rank_merge_b1_r128')",
+    pytest.param(lambda h: dataclasses.replace(h, pieces=h.pieces[:-1]), "(2, 'fixed_rank_merge_b1_trimmed_r128')",
                  id="missing-run"),
     pytest.param(lambda h: dataclasses.replace(h, dilocox="fixed_rank_merge_b1"), "--dilocox", id="dilocox"),
     pytest.param(lambda h: dataclasses.replace(h, pieces=h.pieces[1:]),
@@ -221,12 +221,12 @@ def test_dry_run_prints_one_command_per_piece_and_the_merge(tmp_path: Path, caps
     h = HEADLINES["convergence-small"]
     assert headline_main(["convergence-small.json", "--dry-run", "--work", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 1 + len(h.pieces) + 1 and lines[0].startswith("# convergence-small: 15 pieces (0 done)")
+    assert len(lines) == 1 + len(h.pieces) + 1 and lines[0].startswith("# convergence-small: 18 pieces (0 done)")
     assert all(" benchmarks/convergence.py --preset small " in x and x.endswith(f"# piece {i}: to run")
                for i, x in enumerate(lines[1:-1], 1))
-    assert " --merge " in lines[-1] and "--dilocox fixed_rank_merge_b1_r128" in lines[-1]
+    assert " --merge " in lines[-1] and "--dilocox fixed_rank_merge_b1_trimmed_r128" in lines[-1]
     assert headline_main(["convergence-small", "--dry-run", "--only", "2", "--work", str(tmp_path)]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 1 + 5 + 1
+    assert len(capsys.readouterr().out.splitlines()) == 1 + 6 + 1
 
 
 def test_unknown_headline_and_pieces_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
@@ -234,8 +234,8 @@ def test_unknown_headline_and_pieces_are_refused(capsys: pytest.CaptureFixture[s
         headline_main(["convergence-huge", "--dry-run"])
     assert e.value.code == 2 and "known: convergence-small" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        headline_main(["convergence-small", "--piece", "16", "--dry-run"])
-    assert "pieces 1 to 15" in capsys.readouterr().err
+        headline_main(["convergence-small", "--piece", "19", "--dry-run"])
+    assert "pieces 1 to 18" in capsys.readouterr().err
 
 
 def fake(calls: list[list[str]], fail: str = "") -> Any:

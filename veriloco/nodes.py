@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shlex
 import signal
 import sys
@@ -53,10 +54,24 @@ class Stopped(KeyboardInterrupt):
         self.signal = signal.Signals(signum).name
 
 
-def _stop(signum: int, frame: object) -> None:
+def _stop(signum: int, frame: Any) -> None:
+    if _in_finalizer(frame):
+        # Python prints and drops an exception raised inside __del__ or a weakref callback, so the stop
+        # would be lost and the node run on: the same signal again once the finalizer has returned
+        threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+        return
     for s in (signal.SIGINT, signal.SIGTERM):  # a second signal: the default action, at once
         signal.signal(s, signal.SIG_DFL)
     raise Stopped(signum)
+
+
+def _in_finalizer(frame: Any) -> bool:
+    """Whether the interrupted code runs inside an object's finalizer, where a raised exception is lost."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__" or frame.f_code.co_filename.endswith("weakref.py"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 @contextlib.contextmanager

@@ -117,6 +117,11 @@ class CompressionSection:
     rank_max: int = 32
     bits: int = 4
     group_size: int = 64
+    # where the compression residual waits for the next payload (docs/protocol.md §8): "buffer", a carried
+    # error buffer (every continued start then ships a start file of parameters and buffer to verifiers);
+    # "params" (the merge rule only), in the parameters: the merge step adds (G_e − G_{e-1}) plus the
+    # trainer's own decoded payload of e-1, all public, so no buffer exists and no start file is sent
+    error_feedback: str = field(default="buffer", metadata=_NEW)
 
 
 @dataclass(frozen=True)
@@ -241,6 +246,11 @@ def _check(cfg: RunConfig) -> list[str]:
         p.append(f"need 1 <= compression.rank_min <= rank_initial <= rank_max, got {c.rank_min}, {c.rank_initial}, {c.rank_max}")
     if c.bits not in (4, 8):
         p.append(f"compression.bits must be 4 or 8, got {c.bits}")
+    if c.error_feedback not in ("buffer", "params"):
+        p.append(f"compression.error_feedback must be 'buffer' or 'params', got {c.error_feedback!r}")
+    elif c.error_feedback == "params" and not s.merge_step:
+        p.append("compression.error_feedback = 'params' keeps the residual in the parameters through the merge rule's "
+                 "step: it needs schedule.merge_step > 0")
     if a.mode not in ("exact", "tolerant"):
         p.append(f"audit.mode must be 'exact' or 'tolerant', got {a.mode!r}")
     if not 0 <= a.final_check_bps <= 10_000 or not 0 <= st.slash_bps <= 10_000:

@@ -147,7 +147,8 @@ class ShardManifest:
     ``groups``: M, the groups (micro-batches) of every step. ``leaves``: every leaf the checks read (0, ``start..end`` of each challenge, ``L-1`` with the final
     check), sorted, distinct, proven against ``trace_root``. ``final``: block -1 when not drawn.
     ``previous``: leaves 0 and ``L'-1`` of epoch e-1, proven against ``previous_root``, when the start
-    continued e-1 (then ``start_cid`` is its start file, every block: ``start_spec``), else empty.
+    continued e-1 (then ``start_cid`` is its start file, every block: ``start_spec``, or empty when the run
+    keeps its error feedback in the parameters), else empty.
     (v1 named one drawn block of e-1 for the start check; v2 has no start draw; v3 opens one group
     per step instead of revealing the whole batch.)
     """
@@ -259,7 +260,8 @@ def validate(m: ShardManifest, n_blocks: int) -> None:
         raise ShardAuditError("previous-epoch leaves in epoch 0, or a previous leaf count out of range")
     if [p.index for p in m.previous] != [0, m.previous_leaf_count - 1]:
         raise ShardAuditError("previous leaves must be 0 and previous_leaf_count-1")
-    _cid_ok(m.start_cid, "start")
+    if m.start_cid:  # none with error feedback in the parameters (the verifier knows which the run keeps)
+        _cid_ok(m.start_cid, "start")
     _check_proofs(m.previous_root, m.previous_leaf_count, m.previous, "previous")
 
 
@@ -293,10 +295,11 @@ def build_manifest(
 ) -> ShardManifest:
     """Assemble and validate the answer; files are published through the ``cid_of_*`` callbacks
     (``cid_of_challenge`` also gives the challenge's group openings; ``cid_of_start``: the start
-    file of a continued start, every block)."""
+    file of a continued start, every block, None when the run keeps no error buffer). ``previous``:
+    e-1's preimages when this epoch continued it, else empty."""
     L = len(preimages)
     final = final_block >= 0
-    cont = bool(previous) and cid_of_start is not None
+    cont = bool(previous)
     m = ShardManifest(
         run_id=run_id, epoch=epoch, trainer=trainer, trace_root=merkle.root([merkle_leaf_value(p) for p in preimages]),
         leaf_count=L, segment=segment, groups=groups,

@@ -40,7 +40,7 @@ from typing import Any
 from protocol.formats.payload import decode, encode, encode_raw, unwrap, wrap
 from protocol.leaf import block_names
 from trainer.checkpoints import EpochDir
-from trainer.engine import Engine, LocalEngine, save_merged
+from trainer.engine import OFFSET, Engine, LocalEngine, save_merged
 from trainer.inner import EF, PARAM, Params, State, section, train_step, with_section
 from trainer.node import Behaviour, TrainerNode
 from trainer.round import Final, epoch_batch
@@ -185,8 +185,10 @@ class SkipMerge(Behaviour):
         """A sharded run: keep G_e for the honest-looking Δ = G_e − E_e, fold nothing in."""
 
         class Unmerged(LocalEngine):
-            def merge(self, d: EpochDir, g: Params) -> None:
+            def merge(self, d: EpochDir, g: Params, offset: Params | None = None) -> None:
                 save_merged(d, g)
+                if offset is not None:
+                    save_merged(d, offset, OFFSET)
 
         return Unmerged(node.spec, node.shard_checkpoint_every)
 

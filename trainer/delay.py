@@ -84,12 +84,44 @@ def merge_global(
     return with_section(running, PARAM, {n: r[n] + (g_e[n] - s[n]) for n in s})
 
 
+def merge_offset(g_e: Mapping[str, Tensor], g_prev: Mapping[str, Tensor], own: Mapping[str, Tensor]) -> Params:
+    """What the ``MERGE`` rule with error feedback in the parameters (``compression.error_feedback =
+    "params"``) adds at its merge step: (G_e − G_{e-1}) + decode(P_{e-1}), each term fp32.
+
+    ``own`` is the trainer's own epoch e-1 payload as everyone decodes it (zeros after a fresh start).
+    Since S_e = E_{e-1} = G_{e-1} − Δ_{e-1}, the merged parameters are G_e − (Δ_{e-1} − decode(P_{e-1}))
+    plus the steps before the merge: the global model offset by the residual the payload left out, so
+    the next Δ_e = G_e − E_e carries that residual as an error buffer would, with no buffer to carry.
+    Every term is public: a verifier replays the merge without any of the trainer's start state."""
+    if g_e.keys() != g_prev.keys() or own.keys() != g_e.keys():
+        raise TrainerError("global models and payload have different parameters")
+    return {n: (g_e[n] - g_prev[n]) + own[n].to(g_e[n].dtype) for n in g_e}
+
+
+def add_offset(running: Mapping[str, Tensor], offset: Mapping[str, Tensor]) -> State:
+    """params + offset (``merge_offset``), for the parameters ``running`` holds (a state, a stage's
+    blocks or one audit block); everything but the params carries over."""
+    r = section(running, PARAM)
+    missing = sorted(set(r) - set(offset))
+    if missing:
+        raise TrainerError(f"the merge offset has no entry for parameters {missing[:3]}")
+    return with_section(running, PARAM, {n: r[n] + offset[n].to(r[n].device) for n in r})
+
+
 @dataclass(frozen=True)
 class MergeBase:
-    """What the ``MERGE`` rule folds in at its merge step: G_e, and the epoch's start state S_e."""
+    """What the ``MERGE`` rule folds in at its merge step: G_e, and the epoch's start state S_e
+    (params + G_e − S_e.param); or, with error feedback in the parameters, the public ``offset``
+    (``merge_offset``; ``start`` is then unused)."""
 
     global_params: Mapping[str, Tensor]
     start: Mapping[str, Tensor]
+    offset: Mapping[str, Tensor] | None = None
+
+    def apply(self, running: Mapping[str, Tensor]) -> State:
+        if self.offset is not None:
+            return add_offset(running, self.offset)
+        return merge_global(running, self.global_params, self.start)
 
 
 def merged_pseudo_gradient(g_e: Mapping[str, Tensor], end: Mapping[str, Tensor]) -> Params:

@@ -28,11 +28,20 @@ from trainer.blockstep import Batch, BlockIO, Capture, OnPartial, blockwise_step
 from trainer.boundaries import BoundaryLog, ByteBudget
 from trainer.checkpoints import EpochDir
 from trainer.compress import CompressionStats, compress
-from trainer.delay import MergeBase, StartRule, carry, merged_pseudo_gradient, pseudo_gradient
+from trainer.delay import (
+    MergeBase,
+    StartRule,
+    add_offset,
+    carry,
+    merged_pseudo_gradient,
+    pseudo_gradient,
+)
 from trainer.inner import EF, MOM1, MOM2, PARAM, RNG, STEP, Params, State, TrainerError, section
 from trainer.round import RoundSpec, merged_if_due, start_state
 
 MERGED = "merged"  # the file of G_e an epoch folded in at its merge step (schedule.merge_step)
+# with error feedback in the parameters, the file of what the merge step added (trainer.delay.merge_offset)
+OFFSET = "merge-offset"
 
 BatchOf = Callable[[int], Batch]  # inner step k of this epoch -> its batch
 
@@ -55,9 +64,10 @@ class Engine(Protocol):
     def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, StepLeaf]:
         """Train step k (checkpointing when due); (its loss, leaf k+1)."""
 
-    def merge(self, d: EpochDir, g: Params) -> None:
+    def merge(self, d: EpochDir, g: Params, offset: Params | None = None) -> None:
         """Fold G_e into the live state before the merge rule's step (docs/protocol.md §8); keep G_e in
-        ``d`` so that replays crossing that step, and the final Δ = G_e − E_e, repeat it."""
+        ``d`` so that replays crossing that step, and the final Δ = G_e − E_e, repeat it. With error
+        feedback in the parameters the step adds ``offset`` instead (kept in ``d`` too)."""
 
     def finish(self, d: EpochDir, rank: int, seed: int) -> tuple[bytes, CompressionStats]:
         """Compress Δ of the epoch with the error buffer; save the carried state; the raw payload."""
@@ -127,13 +137,17 @@ def merge_step_of(spec: RoundSpec, epoch: int) -> int:
 def merged_before(
     spec: RoundSpec, state: State, k: int, epoch: int, load: Callable[[str, list[str]], State]
 ) -> State:
-    """``state`` as step k of ``epoch`` trains from it: at the merge rule's step, params + (G_e − S_e.param)
-    for the parameters ``state`` holds (a whole state, a stage's blocks or one audit block).
+    """``state`` as step k of ``epoch`` trains from it: at the merge rule's step, params + (G_e − S_e.param),
+    or + the saved offset with error feedback in the parameters, for the parameters ``state`` holds (a
+    whole state, a stage's blocks or one audit block).
 
-    ``load(name, keys)`` reads entries of an epoch file (``MERGED``, ``state-000000``) on the state's device."""
+    ``load(name, keys)`` reads entries of an epoch file (``MERGED``, ``state-000000``, ``OFFSET``) on the
+    state's device."""
     if not spec.merges_at(k, epoch):
         return state
     keys = [PARAM + n for n in section(state, PARAM)]
+    if spec.ef_in_params:
+        return add_offset(state, section(load(OFFSET, keys), PARAM))
     return dict(merged_if_due(state, spec, k, epoch, MergeBase(section(load(MERGED, keys), PARAM), load("state-000000", keys))))
 
 
@@ -271,10 +285,12 @@ class LocalEngine:
     def _merged(self, d: EpochDir, state: State, k: int) -> State:
         return merged_before(self.spec, state, k, d.epoch, lambda name, keys: self._on(d.load_part(name, keys)))
 
-    def merge(self, d: EpochDir, g: Params) -> None:
+    def merge(self, d: EpochDir, g: Params, offset: Params | None = None) -> None:
         if self.state is None:
             raise TrainerError("the engine has no epoch begun or resumed")
         save_merged(d, g)
+        if offset is not None:
+            save_merged(d, offset, OFFSET)
         self.state = self._merged(d, self.state, merge_step_of(self.spec, d.epoch))
 
     def finish(self, d: EpochDir, rank: int, seed: int) -> tuple[bytes, CompressionStats]:
@@ -363,6 +379,7 @@ class LocalEngine:
 
 __all__ = [
     "MERGED",
+    "OFFSET",
     "BatchOf",
     "Engine",
     "LocalEngine",

@@ -31,7 +31,6 @@ from trainer.delay import (
     MergeBase,
     StartRule,
     carry,
-    merge_global,
     merged_pseudo_gradient,
     next_start,
     pseudo_gradient,
@@ -77,6 +76,7 @@ class RoundSpec:
                 bits=c.bits, group_size=c.group_size, rank_initial=c.rank_initial,
                 rank_min=c.rank_min, rank_max=c.rank_max,
                 h_initial=s.h_initial, h_min=s.h_min, h_max=s.h_max,
+                error_feedback=c.error_feedback == "buffer",
             ),
             rule=StartRule.MERGE if s.merge_step else StartRule.DELAYED if s.one_step_delay else StartRule.BLOCKING,
             run_seed=cfg.data.run_seed,
@@ -92,6 +92,12 @@ class RoundSpec:
     def merge_step_in(self, epoch: int) -> int | None:
         """The step m whose transition opens with the merge in ``epoch`` (None: not the merge rule)."""
         return merge_step_for(epoch, self.merge_step, self.first_merge_step) if self.rule is StartRule.MERGE else None
+
+    @property
+    def ef_in_params(self) -> bool:
+        """``compression.error_feedback = "params"``: no error buffer; the merge step adds the public
+        offset (G_e − G_{e-1}) + decode(P_{e-1}) (``trainer.delay.merge_offset``, docs/protocol.md §8)."""
+        return self.rule is StartRule.MERGE and not self.compression.error_feedback
 
     def merges_at(self, k: int, epoch: int) -> bool:
         """Whether transition k → k+1 of ``epoch`` opens with the merge (docs/protocol.md §8)."""
@@ -133,7 +139,7 @@ def merged_if_due(
         return state
     if merge is None:
         raise TrainerError(f"step {k} folds in the global model G_e (schedule.merge_step): it needs G_e and the start state")
-    return merge_global(state, merge.global_params, merge.start)
+    return merge.apply(state)
 
 
 def replay_step(

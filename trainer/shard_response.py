@@ -7,7 +7,7 @@ group, and the group leaves that bind them (checked against the trainer's own le
 out); for the final
 check, one block's parameters at the first leaf and its parameters and error buffer at the last; for the
 start check of a continued start, the same of epoch e-1 for every block (no first-leaf parameters under
-the merge rule). Files go out through ``publish``.
+the merge rule; no file at all with error feedback in the parameters). Files go out through ``publish``.
 """
 
 from __future__ import annotations
@@ -149,10 +149,12 @@ def shard_response(
         groups=spec.microbatches, challenges=challenges,
         cid_of_challenge=lambda s, e, b: _published(publish, challenge_file(
             engine, d, s, e, b, [drawn_group(seed, trainer, k, b, spec.microbatches) for k in range(s, e)], batch_of,
-            leaves, spec, covers_merge(s, e, spec.merge_step_in(epoch)))),
+            leaves, spec, covers_merge(s, e, spec.merge_step_in(epoch)) and not spec.ef_in_params)),
         final_block=drawn_block(seed, trainer, "final-shard", 0, n) if fin else -1,
         cid_of_final=lambda b: publish(save_state(transition_file(engine, d, L - 1, b))),
         previous=prev_preimages if cont else (),
-        cid_of_start=(lambda: publish(save_state(start_file(engine, prev, len(prev_preimages) - 1, spec)))) if cont and prev else None,
+        # with error feedback in the parameters a continued start is checked by digest alone: no file
+        cid_of_start=(lambda: publish(save_state(start_file(engine, prev, len(prev_preimages) - 1, spec))))
+        if cont and prev and not spec.ef_in_params else None,
         n_blocks=n,
     )

@@ -72,6 +72,7 @@ from trainer.compress import CompressionStats, compress, merge_compressed
 from trainer.delay import carry
 from trainer.engine import (
     MERGED,
+    OFFSET,
     BatchOf,
     Opened,
     epoch_delta,
@@ -192,10 +193,12 @@ class _Stage:
         return merged_before(self.spec, state, k, d.epoch, lambda name, keys: {
             key: t.to(self.device) for key, t in d.load_part(part(name, self.s), keys).items()})
 
-    def merge(self, d: EpochDir, g: Params) -> None:
+    def merge(self, d: EpochDir, g: Params, offset: Params | None = None) -> None:
         if self.state is None:
             raise TrainerError("the engine has no epoch begun or resumed")
         save_merged(d, g, part(MERGED, self.s))
+        if offset is not None:
+            save_merged(d, offset, part(OFFSET, self.s))
         self.state = self._merged(d, self.state, merge_step_of(self.spec, d.epoch))
 
     def finish(self, d: EpochDir, rank: int, seed: int) -> tuple[bytes, CompressionStats]:
@@ -461,10 +464,12 @@ class StagedEngine:
         self.steps = steps
         self._all("resume", d, steps, k)
 
-    def merge(self, d: EpochDir, g: Params) -> None:
+    def merge(self, d: EpochDir, g: Params, offset: Params | None = None) -> None:
         """Each stage folds in its blocks' share of G_e (the merge is elementwise)."""
-        self._ask({s: ("merge", (d, {n: g[n].detach().cpu() for b in self.ranges[s] for n in self.groups[b]}))
-                   for s in range(self.S)})
+        def share(x: Params, s: int) -> Params:
+            return {n: x[n].detach().cpu() for b in self.ranges[s] for n in self.groups[b]}
+
+        self._ask({s: ("merge", (d, share(g, s), None if offset is None else share(offset, s))) for s in range(self.S)})
 
     def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, StepLeaf]:
         got = self._all("step", d, k, batch)

@@ -41,6 +41,7 @@ from protocol.formats.codec import (
     save_state,
     spec_of,
 )
+from protocol.formats.payload import decode, unwrap
 from protocol.leaf import block_count
 from protocol.membership import check_joinable, verifier_shortfall
 from protocol.run import (
@@ -54,9 +55,9 @@ from protocol.statedir import run_dir
 from protocol.store.backends import IntegrityError, NotFound, Store, StoreError, StoreTimeout
 from protocol.store.unixfs import cid_of
 from protocol.types import Cid, Digest
-from trainer.delay import MergeBase, StartRule
+from trainer.delay import MergeBase, StartRule, merge_offset
 from trainer.device import check_device, resolve_device
-from trainer.inner import State, TrainerError, configure_determinism
+from trainer.inner import Params, State, TrainerError, configure_determinism
 from trainer.round import RoundSpec, start_state
 from trainer.schedule import Schedule
 from verifier.keeper import Keeper
@@ -436,7 +437,8 @@ class VerifierNode:
         # the merge rule folds G_e − S_e in at its step: G_e is final (epoch e's commits close only after
         # epoch e-1 is done, docs/contract.md), S_e is the start just recomputed
         g_e = self._model(e) if spec.rule is StartRule.MERGE else None
-        merge = MergeBase(g_e, start) if g_e is not None and start is not None else None
+        offset = self._merge_offset(e, t, bool(m.previous)) if g_e is not None and spec.ef_in_params else None
+        merge = MergeBase(g_e, start, offset) if g_e is not None and start is not None else None
         states = {s.leaf_index: self._state(s.cid, s.digest) for s in m.states}
         for k in m.transitions:
             end = m.end(k)
@@ -473,6 +475,7 @@ class VerifierNode:
             self.spec, self.ctx.corpus, self._start_model(e), publication, run_id=self.run_id, epoch=e, slot=slot,
             trainer=t, rank=rank, prev_rank=prev_rank, grad_digests=grads, device=self.device,
             merged=self._model(e) if self.spec.rule is StartRule.MERGE else None,
+            offset=functools.cache(lambda: self._merge_offset(e, t, bool(m.previous))) if self.spec.ef_in_params else None,
         )
 
     def _check_start(self, e: int, t: str, slot: int, m: AuditManifest) -> tuple[Finding, State | None]:
@@ -492,6 +495,19 @@ class VerifierNode:
         p0, p_end = (self._state(s.cid, s.digest) for s in m.previous)
         prev_rank, _ = self.schedule.for_epoch(e - 1)
         return check_start_state(m.start.digest, self.spec, g, p0, p_end, self.run_id, e, slot, t, prev_rank)
+
+    def _merge_offset(self, e: int, t: str, continued: bool) -> Params:
+        """What trainer ``t``'s epoch e merge step adds with error feedback in the parameters:
+        (G_e − G_{e-1}) plus its own e-1 payload as revealed and decoded (zeros after a fresh start),
+        all public (``trainer.delay.merge_offset``)."""
+        g_e = self._model(e)
+        if e == 0 or not continued:
+            g_prev = g_e if e == 0 else self._model(e - 1)
+            return merge_offset(g_e, g_prev, {n: v.new_zeros(v.shape) for n, v in g_e.items()})
+        cached = self._fetched.get(f"{e - 1}:{t}")
+        pub = cached[1] if cached is not None else revealed_payload(self.store, self.chain.revealed(self.run_id, e - 1, t)[0].args)
+        own = decode(unwrap(pub, run_id=self.run_id, epoch=e - 1, trainer=t).body, dict(self.ctx.param_shapes))
+        return merge_offset(g_e, self._model(e - 1), own)
 
     def _start_model(self, e: int) -> dict[str, Tensor]:
         """The global model epoch e starts from (G_0 for epoch 0)."""

@@ -53,25 +53,28 @@ from protocol.shard_audit import (
 )
 from trainer.blockstep import accumulate, block_update, replay_group
 from trainer.compress import compress
-from trainer.delay import StartRule, merge_global
+from trainer.delay import StartRule, add_offset, merge_global
 from trainer.inner import EF, MOM1, MOM2, PARAM, RNG, STEP
 from trainer.round import RoundSpec, compress_seed, epoch_batch, start_state
 from verifier.replay import Finding, _fail, gradient_digest
 
 _P, _O, _E = (PARAM,), (MOM1, MOM2), (EF,)
+# the merge offset of error feedback in the parameters, computed when a replay first needs it
+Offset = Callable[[], Mapping[str, Tensor]]
 
 
 def check_segment(
     leaves: Mapping[int, StepLeaf], c: ShardChallenge, file: Mapping[str, Tensor],
     spec: RoundSpec, corpus: Corpus, epoch: int, slot: int, grad_digests: list[bytes] | None = None,
-    device: torch.device | None = None, merged: Mapping[str, Tensor] | None = None,
+    device: torch.device | None = None, merged: Mapping[str, Tensor] | None = None, offset: Offset | None = None,
 ) -> Finding:
     """Replay block b over steps start..end-1 from the revealed shard (on ``device``, default the CPU),
     one opened group per step: its outputs against the group leaf, its gradient against the running
     sum's link (``before + g_m`` is the committed ``after``, or at the last group the step's total),
     then the block's AdamW step from the total, whose squared norm and, at the segment's end, state
     the leaves commit. At the merge rule's step the block first adds G_e − S_e.param (``merged`` = G_e;
-    S_e.param is the file's ``start.param/``, bound to leaf 0)."""
+    S_e.param is the file's ``start.param/``, bound to leaf 0), or with error feedback in the parameters
+    the public ``offset()`` (``trainer.delay.merge_offset``; at least the block's entries)."""
     start, end, b = c.start, c.end, c.block
     name = f"block {b} steps {start}->{end}"
     names = block_names(spec.model)[b]
@@ -91,7 +94,11 @@ def check_segment(
                 return Finding(name, False, f"leaf {k + 1}'s step counter does not follow leaf {k}'s")
             inp = file[next(bnames)].to(dev) if b > 0 else None
             g_out = file[next(bnames)].to(dev) if b < n_blocks - 1 else None
-            if spec.merges_at(k, epoch):
+            if spec.merges_at(k, epoch) and spec.ef_in_params:
+                if offset is None:
+                    raise ValueError(f"step {k} adds the public merge offset, and the verifier was given none")
+                state = add_offset(state, offset())
+            elif spec.merges_at(k, epoch):
                 if merged is None:
                     raise ValueError(f"step {k} merges G_e, and the verifier was given none")
                 first = {PARAM + n: file[f"{START_PREFIX}{PARAM}{n}"].to(dev) for n in names}
@@ -192,6 +199,32 @@ def check_start_fresh(leaf0: StepLeaf, spec: RoundSpec, g: Mapping[str, Tensor])
                    "leaf 0 is not the fresh start from the global model")
 
 
+def check_start_carried(
+    leaf0: StepLeaf, prev_last: StepLeaf, start_cid: str, shapes: Mapping[str, tuple[int, ...]], spec: RoundSpec,
+) -> Finding:
+    """A continued start with error feedback in the parameters (no buffer), every block, by digest
+    alone: parameters, moments, step and rng carried from e-1's last leaf, an all-zero error buffer,
+    and no start file (there is nothing a file could add: the merge step's offset is public)."""
+    try:
+        if start_cid:
+            return Finding("start", False, "a start file under error feedback in the parameters (the start carries over "
+                           "by digest and needs none)")
+        if (leaf0.step, leaf0.rng) != (prev_last.step, prev_last.rng):
+            return Finding("start", False, "leaf 0's step counter or rng word is not e-1's last")
+        if [(e.params, e.opt) for e in leaf0.blocks] != [(e.params, e.opt) for e in prev_last.blocks]:
+            return Finding("start", False, "leaf 0's parameters or optimizer moments are not the ones e-1 ended with")
+        if any((e.groups, e.sq) != (ZERO, bytes(4)) for e in leaf0.blocks):
+            return Finding("start", False, "leaf 0 commits boundary tensors of a step that never ran")
+        zero = [part_digest({EF + n: torch.zeros(shapes[n]) for n in bn}, bn, _E) for bn in block_names(spec.model)]
+        bad = [b for b, e in enumerate(leaf0.blocks) if e.ef != zero[b]]
+    except Exception as exc:  # noqa: BLE001 - any failure on a trainer's data is a failed check
+        return _fail("start", exc)
+    if bad:
+        return Finding("start", False, f"block(s) {bad} of leaf 0 carry an error buffer (the run keeps none)")
+    return Finding("start", True, "leaf 0 continues e-1's last leaf (every block's parameters, moments, step, rng) "
+                   "with no error buffer")
+
+
 def check_start_continued(
     leaf0: StepLeaf, prev0: StepLeaf, prev_last: StepLeaf, file: Mapping[str, Tensor], spec: RoundSpec,
     g: Mapping[str, Tensor], epoch: int, slot: int, prev_rank: int,
@@ -260,11 +293,12 @@ def audit_findings(
     m: ShardManifest, chained: Chained, fetch: Fetch, spec: RoundSpec, corpus: Corpus, g: Mapping[str, Tensor],
     publication: bytes, *, run_id: int, epoch: int, slot: int, trainer: str, rank: int, prev_rank: int,
     grad_digests: list[bytes] | None = None, device: torch.device | None = None,
-    merged: Mapping[str, Tensor] | None = None,
+    merged: Mapping[str, Tensor] | None = None, offset: Offset | None = None,
 ) -> list[Finding]:
     """Every check of a shard audit, given a decoded (validated) manifest: bound to the chain and to the
     drawn challenges first, then each segment, the final check and the start check. ``g`` is the
-    model epoch e starts from; ``merged`` is G_e under the merge rule."""
+    model epoch e starts from; ``merged`` is G_e under the merge rule, ``offset`` what its step adds
+    with error feedback in the parameters."""
     n = len(block_names(spec.model))
     shapes = param_shapes(spec.model)
     groups = block_names(spec.model)
@@ -288,13 +322,14 @@ def audit_findings(
     for c in m.challenges:
         try:
             file = fetch(c.cid, challenge_spec(shapes, groups[c.block], c.block, n, c.start, c.end, group_shape,
-                                               covers_merge(c.start, c.end, spec.merge_step_in(epoch)), micro))
+                                               covers_merge(c.start, c.end, spec.merge_step_in(epoch))
+                                               and not spec.ef_in_params, micro))
         except TRANSIENT:
             raise
         except Exception as exc:  # noqa: BLE001 - a file that cannot be read or has the wrong layout fails
             out.append(_fail(f"block {c.block} steps {c.start}->{c.end}", exc))
             continue
-        out.append(check_segment(leaves, c, file, spec, corpus, epoch, slot, grad_digests, device, merged))
+        out.append(check_segment(leaves, c, file, spec, corpus, epoch, slot, grad_digests, device, merged, offset))
     if fin:
         try:
             file = fetch(m.final.cid, transition_spec(shapes, groups[m.final.block]))
@@ -316,6 +351,10 @@ def _start(
         return check_start_fresh(leaf0, spec, g)
     if not chained.prev_revealed or (m.previous_root, m.previous_leaf_count) != (chained.prev_root, chained.prev_leaf_count):
         return Finding("start", False, "previous-epoch leaves are not from the trace the trainer revealed for e-1")
+    if spec.ef_in_params:
+        return check_start_carried(leaf0, m.previous[1].leaf(n), m.start_cid, shapes, spec)
+    if not m.start_cid:
+        return Finding("start", False, "a continued start names no start file (the run carries an error buffer)")
     try:
         file = fetch(m.start_cid, start_spec(shapes, spec.rule is StartRule.MERGE))
         p0, pl = m.previous[0].leaf(n), m.previous[1].leaf(n)

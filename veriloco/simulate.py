@@ -50,10 +50,11 @@ from protocol.data import Corpus, batch, eval_loss, val_batches
 from protocol.errors import VerilocoError
 from protocol.model import GPTConfig, init_params, loss_fn, n_params, param_shapes
 from trainer.delay import (
+    MergeBase,
     StartRule,
     carry,
     global_index,
-    merge_global,
+    merge_offset,
     merged_pseudo_gradient,
     next_start,
     pseudo_gradient,
@@ -199,6 +200,9 @@ class Method:
     first_merge_step: int | None = None
     # the outer aggregation rule (OuterConfig.aggregate) this method runs with; None: the SimConfig's
     aggregate: str | None = None
+    # StartRule.MERGE with error feedback in the parameters (trainer.delay.merge_offset): no buffer is
+    # carried; the merge adds G_e − G_{e-1} plus the trainer's own decoded payload of e-1
+    ef_in_params: bool = False
 
     def merge_step_at(self, epoch: int) -> int | None:
         """The steps into ``epoch`` at which G_e folds in (None: the rule has no merge), as
@@ -344,17 +348,29 @@ def methods(h: int = 16, rank: int = 8, merge_step: int = 1) -> dict[str, Method
 # a local method's name with one of these suffixes runs it with that robust outer aggregation rule
 # (coordinator/aggregate.py), e.g. fixed_rank_merge_b1_trimmed; the clip is the SimConfig's
 ROBUST_SUFFIXES = {"_trimmed": "trimmed", "_median": "median"}
+# a compressed merge-rule method with this suffix keeps its error feedback in the parameters
+# (Method.ef_in_params), e.g. fixed_rank_merge_b1_inparams_trimmed
+IN_PARAMS = "_inparams"
 
 
 def resolve_method(name: str, table: Mapping[str, Method]) -> Method | None:
-    """``table[name]``, or a local method of ``table`` with a ``ROBUST_SUFFIXES`` suffix at that
-    rule; None when ``name`` is neither."""
+    """``table[name]``, or a local method of ``table`` with a ``ROBUST_SUFFIXES`` suffix at that rule,
+    optionally after ``IN_PARAMS`` (a compressed ``MERGE`` method); None when ``name`` is neither."""
     if name in table:
         return table[name]
     for suffix, rule in ROBUST_SUFFIXES.items():
-        base = table.get(name[: -len(suffix)]) if name.endswith(suffix) else None
+        base = resolve_method(name[: -len(suffix)], table) if name.endswith(suffix) else None
         if base is not None and base.kind == "local" and base.aggregate is None:
             return replace(base, name=name, aggregate=rule, description=f"{base.description}; outer aggregate {rule}")
+    if name.endswith(IN_PARAMS):
+        from trainer.compress import CompressionConfig
+
+        base = table.get(name[: -len(IN_PARAMS)])
+        if base is not None and base.rule is StartRule.MERGE and base.compression is not None:
+            ccfg = base.compression
+            return replace(base, name=name, ef_in_params=True,
+                           compression=replace(ccfg, error_feedback=False) if isinstance(ccfg, CompressionConfig) else ccfg,
+                           description=f"{base.description}; error feedback in the parameters, no buffer")
     return None
 
 
@@ -701,6 +717,7 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
     globals_: list[Params] = [global_params(g)]  # G_0, G_1, ...
     starts: list[dict[str, Tensor] | None] = [None] * cfg.trainers
     carried: list[dict[str, Tensor] | None] = [None] * cfg.trainers
+    own: list[Params | None] = [None] * cfg.trainers  # ef_in_params: each trainer's last payload, decoded
     history: list[EpochRecord] = []
     curve = [(0, evaluate(globals_[0]))]
     rounds: list[RoundTiming] = []
@@ -729,15 +746,21 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
             fresh = _to(globals_[epoch], cfg.device) if method.rule is StartRule.MERGE else None
             # G_e folds in before step merge_at (at the round's end when the merge step is past it)
             merge_at = min(method.merge_step_at(epoch) or 0, h) if fresh is not None and epoch > 0 else None
+            base = None
+            if fresh is not None and merge_at is not None:
+                mine = own[k]
+                offset = (merge_offset(fresh, _to(globals_[epoch - 1], cfg.device), _to(mine, cfg.device))
+                          if method.ef_in_params and mine is not None else None)
+                base = MergeBase(fresh, start, offset)
             for i in range(h):
-                if i == merge_at and fresh is not None:
-                    s = merge_global(s, fresh, start)
+                if i == merge_at and base is not None:
+                    s = base.apply(s)
                 t1 = time.perf_counter()
                 xy = _batch_on(batch(corpus, cfg.run_seed, epoch, k, i, cfg.batch_size, cfg.rows), cfg.device)
                 s, _ = train_step(s, xy, m, cfg.inner)
                 step_times.append(time.perf_counter() - t1)
-            if merge_at == h and fresh is not None:
-                s = merge_global(s, fresh, start)
+            if merge_at == h and base is not None:
+                s = base.apply(s)
             delta = pseudo_gradient(start, s) if fresh is None else merged_pseudo_gradient(fresh, s)
             train_t.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
@@ -747,8 +770,8 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
                 sizes.append(dense_bytes)
             elif sparse is not None:
                 ef = section(s, EF)
-                x = {n: delta[n].detach().to("cpu", torch.float32) + ef[n].detach().to("cpu", torch.float32)
-                     for n in delta}
+                x = {n: delta[n].detach().to("cpu", torch.float32)
+                     + (0.0 if method.ef_in_params else ef[n].detach().to("cpu", torch.float32)) for n in delta}
                 if not all(bool(torch.isfinite(t).all()) for t in x.values()):
                     raise SimulationError(f"method {method.name}: the pseudo-gradient has NaN/Inf values; lower the learning rate")
                 if codec is None:
@@ -767,7 +790,9 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
                     lowered.append(fewer)
                 dec = baseline_decode(payload, shapes, codec)
                 new_ef = {n: x[n] - dec[n] for n in x}
-                carried[k] = carry(s, _to(new_ef, cfg.device))
+                carried[k] = carry(s, _to({n: torch.zeros_like(t) for n, t in new_ef.items()} if method.ef_in_params
+                                          else new_ef, cfg.device))
+                own[k] = dec
                 payloads.append(payload)
                 sizes.append(len(payload))
                 x2 = sum(float(t.double().square().sum()) for t in x.values())
@@ -779,6 +804,8 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
                     delta, section(s, EF), rank, compression_seed(cfg.run_seed, epoch, k), ccfg
                 )
                 carried[k] = carry(s, _to(comp.new_ef, cfg.device))
+                if method.ef_in_params:
+                    own[k] = decode(comp.payload, shapes)
                 payloads.append(comp.payload)
                 sizes.append(len(comp.payload))
                 errs.append(comp.stats.rel_error)

@@ -111,9 +111,12 @@ def test_merging_trainers_fold_each_global_model_in_and_a_skipped_merge_is_slash
     own end state and folds in the new global model after one step. Segments are aligned to state
     leaves and 8 steps long, longer than H, so every challenge replays step 1, merge included; the
     final check measures Δ from G_e. One trainer skips the merge: harmless in epoch 0, where
-    G_0 − S_0 = 0, slashed in epoch 1."""
+    G_0 − S_0 = 0, slashed in epoch 1. The run keeps its error feedback in the parameters
+    (compression.error_feedback = "params"): the merge adds the public offset, verifiers fetch each
+    trainer's e-1 payload for it, and no continued start publishes a start file."""
     s, included = _run(tmp_path, steps=4, merge_step=1, trainers=4, cheats=(("skip-merge", 1),),
-                       config_changes={"audit": {"segment": 8, "steps": 1}})
+                       config_changes={"audit": {"segment": 8, "steps": 1},
+                                       "compression": {"error_feedback": "params"}})
     cheater = set(s["cheaters"])
     assert s["epochs_finalized"] == 2 and set(s["slashed"]) == cheater
     assert len(included[0]) == 4 and len(included[1]) == 3 and not cheater & set(included[1])

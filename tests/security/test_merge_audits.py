@@ -15,15 +15,16 @@ from protocol import merkle
 from protocol.chain.audit import challenged_steps
 from protocol.digest import keccak
 from protocol.formats.codec import load_state
-from protocol.formats.payload import wrap
+from protocol.formats.payload import decode, unwrap, wrap
 from protocol.leaf import block_count
+from protocol.model import param_shapes
 from protocol.shard_audit import covers_merge, decode_manifest, encode_manifest
 from protocol.store.backends import LocalStore
 from tests.security.test_shard_audits import CFG, CORPUS, G0, ME, RANK, SLOT, H, PlantedBlock
 from tests.security.test_shard_audits import SPEC as DELAYED
 from trainer.checkpoints import EpochDir
-from trainer.delay import StartRule
-from trainer.engine import LocalEngine, save_merged
+from trainer.delay import StartRule, merge_offset
+from trainer.engine import OFFSET, LocalEngine, save_merged
 from trainer.inner import PARAM, Params, configure_determinism
 from trainer.round import RoundSpec, compress_seed, epoch_batch
 from trainer.shard_response import shard_response
@@ -53,12 +54,21 @@ class Run:
             leaves = [engine.begin(d, H, G0, self.dirs[-1] if e else None)]  # both epochs start from G_0's line
             for k in range(H):
                 if self.spec.merges_at(k, e):
-                    engine.merge(d, GLOBALS[e])
+                    engine.merge(d, GLOBALS[e], self.offset(e))
                 leaves.append(engine.step(d, k, epoch_batch(self.spec, CORPUS, e, SLOT, k))[1])
             payload, _ = engine.finish(d, RANK, compress_seed(self.spec.run_seed, e, SLOT))
             self.dirs.append(d)
             self.preimages.append([lf.encode() for lf in leaves])
             self.pubs.append(wrap(1, e, ME, payload))
+
+    def offset(self, e: int) -> Params | None:
+        """With error feedback in the parameters, what epoch e's merge adds: (G_e − G_{e-1}) + its own
+        e-1 payload decoded (epoch 0: nothing); None under a carried buffer."""
+        if not self.run_spec.ef_in_params:
+            return None
+        if e == 0:
+            return merge_offset(G0, G0, {n: torch.zeros_like(t) for n, t in G0.items()})
+        return merge_offset(GLOBALS[e], GLOBALS[e - 1], decode(unwrap(self.pubs[e - 1]).body, param_shapes(CFG)))
 
     def judge(self, e: int, seed: bytes, merged: Params | None = None) -> list[str]:
         """The failed findings of a verifier given G_e = ``merged`` (default: the true one)."""
@@ -77,7 +87,7 @@ class Run:
         findings = audit_findings(
             m, chained, lambda cid, spec: load_state(self.store.get(cid), expect=spec), self.run_spec, CORPUS, G0,
             self.pubs[e], run_id=1, epoch=e, slot=SLOT, trainer=ME, rank=RANK, prev_rank=RANK,
-            merged=GLOBALS[e] if merged is None else merged)
+            merged=GLOBALS[e] if merged is None else merged, offset=lambda: self.offset(e) or {})
         return [f"{f.check}: {f.detail}" for f in findings if not f.passed]
 
 
@@ -130,8 +140,10 @@ def test_the_merged_model_matters(honest: Run) -> None:
 class SkipMerge(LocalEngine):
     """Keeps G_e for its Δ but never folds it in (trainer.adversaries.SkipMerge in a shard run)."""
 
-    def merge(self, d, g) -> None:
+    def merge(self, d, g, offset=None) -> None:
         save_merged(d, g)
+        if offset is not None:
+            save_merged(d, offset, OFFSET)
 
 
 class OtherStart(LocalEngine):
@@ -185,3 +197,56 @@ def test_a_buffer_planted_at_a_continued_start_fails_the_start_check_under_merge
     for seed in SEEDS[:3]:
         bad = run.judge(1, seed)
         assert bad == [f"start: block(s) [{block}] of leaf 0 are not the start rule's (parameters or error buffer)"], bad
+
+
+# --- compression.error_feedback = "params": no buffer, the merge adds a public offset -----------------
+
+PARAMS = replace(SPEC, compression=replace(SPEC.compression, error_feedback=False))
+
+
+@pytest.fixture(scope="module")
+def in_params(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return Run(tmp_path_factory.mktemp("merge-params"), LocalEngine(PARAMS, every=2))
+
+
+def test_with_error_feedback_in_the_parameters_an_honest_trainer_passes_with_no_start_file(in_params: Run) -> None:
+    """The start carries over by digest (no file at all), the merge replays from public data, and the
+    next payload carries the residual the last one left out (its Δ is G_1 − E_1 with E_1 offset by it)."""
+    covered = 0
+    for seed in SEEDS[:4]:
+        for e in (0, 1):
+            assert in_params.judge(e, seed) == []
+            covered += in_params.covered and e == 1
+    assert covered
+    assert PARAMS.ef_in_params and not SPEC.ef_in_params
+    end = in_params.dirs[0].load("carried")
+    assert all(not t.any() for k, t in end.items() if k.startswith("ef/"))  # nothing is carried beside the params
+
+
+def test_with_error_feedback_in_the_parameters_every_wrong_merge_or_start_fails(tmp_path: Path) -> None:
+    """Skipping the merge, merging the buffer rule's offset instead, or nudging a start parameter each
+    fail the check that reads it; a verifier that credits the payload of another epoch fails the honest
+    segment (the offset is bound to the trainer's own revealed e-1 payload)."""
+    seed = _covering_seed(Run(tmp_path / "probe", LocalEngine(PARAMS, every=2)), 1)
+    skip = Run(tmp_path / "skip", SkipMerge(PARAMS, every=2))
+    assert any("steps 0->2" in b for b in skip.judge(1, seed))
+    buffer_rule = Run(tmp_path / "buffer", LocalEngine(SPEC, every=2), run_spec=PARAMS)
+    bad = buffer_rule.judge(1, seed)
+    assert any("steps 0->2" in b for b in bad), bad
+    nudged = Run(tmp_path / "nudged", OtherStart(PARAMS, every=2))
+    assert any("parameters or optimizer moments are not the ones e-1 ended with" in b for b in nudged.judge(1, seed))
+    honest = Run(tmp_path / "honest", LocalEngine(PARAMS, every=2))
+    wrong = honest.offset(1)
+    assert wrong is not None
+    honest.offset = lambda e: {n: t + 1e-6 for n, t in wrong.items()}  # type: ignore[method-assign]
+    assert any("steps 0->2" in b for b in honest.judge(1, seed))
+
+
+def test_with_error_feedback_in_the_parameters_a_planted_buffer_fails_the_start_check(tmp_path: Path) -> None:
+    """The run keeps no buffer: one planted in any block at a continued start fails epoch 1's start check
+    by digest, whatever the draw."""
+    block = N - 2
+    run = Run(tmp_path, PlantedBlock(block, PARAMS, every=2))
+    for seed in SEEDS[:2]:
+        bad = run.judge(1, seed)
+        assert f"start: block(s) [{block}] of leaf 0 carry an error buffer (the run keeps none)" in bad, bad

@@ -11,8 +11,9 @@ import torch
 from protocol.config import ConfigError, RunConfig
 from protocol.data import build_corpus
 from protocol.digest import keccak, state_digest
-from protocol.model import init_params
-from trainer.delay import MergeBase, StartRule
+from protocol.formats.payload import decode, unwrap
+from protocol.model import init_params, param_shapes
+from trainer.delay import MergeBase, StartRule, add_offset, merge_offset
 from trainer.inner import TrainerError, configure_determinism
 from trainer.round import RoundSpec, final_transition, replay_step, start_state, train_epoch
 from verifier.replay import check_final, check_start_state, check_step
@@ -107,3 +108,68 @@ def test_only_the_segment_covering_the_merge_needs_it_and_every_wrong_merge_fail
     # a trainer that merges one step late commits a leaf after step m that an honest replay does not produce
     late, _ = replay_step(by_leaf[M], dataclasses.replace(spec, merge_step=M + 1), corpus, 1, 1, M)
     assert not check_step(by_leaf[M], M, state_digest(late), spec, corpus, 1, 1, merge=good).passed
+
+
+# --- compression.error_feedback = "params" (docs/protocol.md §8) ------------------------------------
+
+
+def test_error_feedback_in_the_parameters_is_a_merge_rule_option_left_out_at_its_default() -> None:
+    cfg = RunConfig().replace(schedule={"merge_step": 1}, compression={"error_feedback": "params"})
+    spec = RoundSpec.from_config(cfg)
+    assert spec.ef_in_params and not spec.compression.error_feedback
+    assert not RoundSpec.from_config(RunConfig().replace(schedule={"merge_step": 1})).ef_in_params
+    assert b"error_feedback" not in RunConfig().replace(schedule={"merge_step": 1}).to_json()  # old digests hold
+    assert b"error_feedback" in cfg.to_json()
+    with pytest.raises(ConfigError, match="needs schedule.merge_step"):
+        RunConfig().replace(compression={"error_feedback": "params"})
+    with pytest.raises(ConfigError, match="'buffer' or 'params'"):
+        RunConfig().replace(schedule={"merge_step": 1}, compression={"error_feedback": "none"})
+
+
+def test_the_public_offset_lands_on_the_global_model_less_the_residual() -> None:
+    """S_e = G_{e-1} − Δ; after d of own progress the merge gives G_e − (Δ − decode(P)) + d: the residual
+    the payload left out stays in the parameters, where the next Δ = G_e − E_e picks it up."""
+    gen = torch.Generator().manual_seed(3)
+    shape = (6, 5)
+    g_prev, g_e, delta, sent, drift = (torch.randn(shape, generator=gen) for _ in range(5))
+    running = {"param/w": (g_prev - delta) + drift, "adam.m/w": torch.ones(shape)}
+    merged = add_offset(running, merge_offset({"w": g_e}, {"w": g_prev}, {"w": sent}))
+    assert torch.allclose(merged["param/w"], g_e - (delta - sent) + drift, atol=1e-5)
+    assert torch.equal(merged["adam.m/w"], running["adam.m/w"])
+    with pytest.raises(TrainerError, match="no entry"):
+        add_offset({"param/v": torch.zeros(2)}, {"w": torch.zeros(2)})
+
+
+def test_whole_state_audits_replay_the_public_merge_and_a_buffer_free_start() -> None:
+    """Two epochs under error feedback in the parameters, whole-state audits: the carried state has no
+    buffer, the start check recomputes it, the merge step replays only with the offset built from the
+    trainer's own e-1 payload, and the buffer rule's merge or another payload fails it."""
+    configure_determinism(1)
+    cfg = RunConfig().replace(schedule={"h_initial": H, "h_min": 4, "h_max": 8, "merge_step": M},
+                              compression={"error_feedback": "params"})
+    spec = RoundSpec.from_config(cfg)
+    corpus, _ = build_corpus(max_bytes=200_000)
+    g0 = init_params(spec.model, 0)
+    g1 = {n: t + 1e-3 * torch.randn_like(t, generator=torch.Generator().manual_seed(1)) for n, t in g0.items()}
+    s0 = start_state(spec, g0, None, None)
+    zero = {n: torch.zeros_like(t) for n, t in g0.items()}
+    t0 = train_epoch(s0, spec, corpus, 0, 1, H, merge=MergeBase(g0, s0, merge_offset(g0, g0, zero)))
+    fin0 = final_transition(s0, t0.end, spec, 7, 0, 1, TRAINER, 4, merged=g0)
+    assert all(not t.any() for k, t in fin0.carried.items() if k.startswith("ef/"))
+    s1 = start_state(spec, g0, s0, fin0.carried)
+    f, _ = check_start_state(state_digest(s1), spec, g0, s0, t0.end, 7, 1, 1, TRAINER, 4)
+    assert f.passed
+    own = decode(unwrap(fin0.publication).body, param_shapes(spec.model))
+    good = MergeBase(g1, s1, merge_offset(g1, g0, own))
+    seen: list = []
+    t1 = train_epoch(s1, spec, corpus, 1, 1, H, merge=good, on_step=lambda k, st, _: seen.append(st))
+    at_m = seen[M - 1]
+
+    def replays(merge: MergeBase) -> bool:
+        return check_step(at_m, M, t1.digests[M + 1], spec, corpus, 1, 1, merge=merge).passed
+
+    assert replays(good)
+    assert not replays(MergeBase(g1, s1))  # the buffer rule's G_e − S_e
+    assert not replays(MergeBase(g1, s1, merge_offset(g1, g0, zero)))  # as if e-1 sent nothing
+    fin1 = final_transition(s1, t1.end, spec, 7, 1, 1, TRAINER, 4, merged=g1)
+    assert check_final(s1, t1.end, keccak(fin1.publication), spec, 7, 1, 1, TRAINER, 4, g1).passed

@@ -258,3 +258,19 @@ def test_demo_command_prints_the_table_and_writes_a_report(tmp_path, capsys) -> 
     assert (tmp_path / "demo.md").read_text().startswith("| method |")
     assert main([*argv, "--methods", "gossip"]) == 2
     assert "unknown methods" in capsys.readouterr().err
+
+
+def test_error_feedback_in_the_parameters_is_a_merge_method_suffix(corpus: Corpus) -> None:
+    """``<compressed merge method>_inparams`` keeps no buffer (the compressor's is off) and merges the
+    public offset instead; it composes with a robust suffix, and its run trains differently from the
+    buffered one (the residual sits in the trained parameters) while sending the same bytes."""
+    table = methods()
+    m = resolve_method("fixed_rank_merge_b1_inparams_trimmed", table)
+    assert m is not None and m.ef_in_params and m.aggregate == "trimmed"
+    assert not m.compression.error_feedback  # type: ignore[union-attr]
+    for bad in ("diloco_inparams", "fixed_rank_inparams", "allreduce_inparams", "fixed_rank_merge_b1_trimmed_inparams"):
+        assert resolve_method(bad, table) is None, bad
+    cfg = replace(CFG, merge_step=1)
+    buffered, in_params = (run_method(n, cfg, corpus) for n in ("fixed_rank_merge_b1", "fixed_rank_merge_b1_inparams"))
+    assert in_params.curve[1] == buffered.curve[1]  # round 1 is the same: nothing was left out before it
+    assert in_params.curve != buffered.curve and in_params.bytes_per_worker == buffered.bytes_per_worker

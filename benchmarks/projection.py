@@ -24,7 +24,8 @@ as often as `final_check_bps` says):
   parameters and moments, `2 r` boundary tensors of one group of U tokens, and with M > 1 groups two
   block-sized sums per step; under the merge rule, when the segment covers the merge step, the
   block's start parameters too), the final check's transition
-  file and the continued start's start file (every parameter and error buffer);
+  file and, with a carried error buffer (`compression.error_feedback = "buffer"`), the continued start's
+  start file (every parameter and error buffer; none with the error feedback in the parameters);
 - received: the other K − 1 payloads (a trainer rebuilds G_e from the payloads);
 - each byte once: AllReduce (a ring over fp32 gradients, `2 (K − 1) / K · 4 P` per step, H steps)
   over sent + received; per verifier fetch: the audit answer counted once per judging verifier (q);
@@ -99,6 +100,9 @@ class Setting:
     r: int = 0  # audit.segment: steps per challenge; 0: SEGMENT_TOKENS // tokens, within 1..8
     final_check: float = 1.0  # final_check_bps / 10,000
     merge: bool = True  # the merge rule (schedule.merge_step): start files carry no start parameters
+    # compression.error_feedback = "params" (the merge rule only): no error buffer, so no start file
+    # and no start parameters in a challenge (the merge offset is public)
+    ef_in_params: bool = True
     rank: int = 128
     bits: int = 4
     group_size: int = 64
@@ -178,26 +182,32 @@ def project(st: Setting) -> dict[str, Any]:
     group = (st.group_rows, st.seq_len, cfg.d_model)
     M = st.micro
     seg = min(st.segment, st.H)
-    challenge, final, log_step, block_p, bound_step = [], [], 0, [], 0
+    params = st.merge and st.ef_in_params
+    challenge, buffered, final, log_step, block_p, bound_step = [], [], [], 0, [], 0
     for b, names in enumerate(blocks):
         spec = challenge_spec(shapes, names, b, B, 0, seg, group, merge=False, micro=M)
         plain = state_file_size(_as(spec, w))
         merged = state_file_size(_as(challenge_spec(shapes, names, b, B, 0, seg, group, merge=True, micro=M), w))
         cover = min(1.0, seg / st.H) if st.merge else 0.0  # a segment covers the merge step
-        challenge.append(plain + cover * (merged - plain))
+        buffered.append(plain + cover * (merged - plain))  # its block's start parameters ride along
+        challenge.append(plain if params else buffered[-1])
         final.append(state_file_size(_as(transition_spec(shapes, names), w)))
         log_step += (int(b > 0) + int(b < B - 1)) * math.prod(act) * w  # one step's in/gout of this block
         bound_step += (int(b > 0) + int(b < B - 1)) * math.prod(group) * w  # of one group
         block_p.append(sum(math.prod(shapes[n]) for n in names))
     per_challenge = sum(challenge) / B
     per_final = sum(final) / B
-    start = state_file_size(_as(start_spec(shapes, st.merge), w))
+    buffer_start = state_file_size(_as(start_spec(shapes, st.merge), w))  # what a carried buffer's start ships
+    start = 0 if params else buffer_start
     manifest = _manifest_bytes(B, st.H, st.s, seg, st.final_check > 0, M)
     comp = CompressionConfig(bits=st.bits, group_size=st.group_size, rank_initial=st.rank, rank_min=st.rank, rank_max=st.rank)
     payload = WRAP_BYTES + payload_size(shapes, st.rank, comp)
     answer = manifest + st.s * per_challenge + st.final_check * per_final + start
     sent = payload + answer
     received = (st.K - 1) * payload
+    # the same answer with a carried buffer: its start file, and a challenge over the merge step ships the
+    # block's start parameters (its manifest is the same size: start_cid is a CID either way)
+    with_buffer = answer - start + buffer_start + st.s * (sum(buffered) - sum(challenge)) / B
     allreduce = ring_allreduce_bytes(w * P, st.K) * st.H
     state = 3 * w * P  # parameters and the two AdamW moments
     c = max(CHECKPOINT_EVERY, seg)
@@ -224,6 +234,7 @@ def project(st: Setting) -> dict[str, Any]:
         "audit_bytes_per_challenge": round(per_challenge),
         "final_check_bytes": round(per_final),
         "start_file_bytes": start,
+        "ef_in_params": params,
         "audit_answer_bytes_per_epoch": round(answer),
         "boundary_bytes_per_challenge": round(seg * bound_step / B),
         "bytes_sent_per_trainer_per_epoch": round(sent),
@@ -231,6 +242,11 @@ def project(st: Setting) -> dict[str, Any]:
         "allreduce_bytes_per_trainer_per_epoch": allreduce,
         "traffic_reduction_vs_allreduce": round(allreduce / (sent + received), 2) if st.K > 1 else None,
         "traffic_reduction_per_verifier_fetch": round(allreduce / (payload + st.q * answer + received), 2) if st.K > 1 else None,
+        # the same with a carried error buffer (compression.error_feedback = "buffer"): a start file every epoch
+        "buffer_start_file_bytes": buffer_start,
+        "traffic_reduction_vs_allreduce_buffer": round(allreduce / (payload + with_buffer + received), 2) if st.K > 1 else None,
+        "traffic_reduction_per_verifier_fetch_buffer": (round(allreduce / (payload + st.q * with_buffer + received), 2)
+                                                        if st.K > 1 else None),
         "boundary_log_bytes_per_epoch": log_step * st.H,
         "training_state_bytes": state,
         "checkpoint_every": c,
@@ -279,7 +295,7 @@ def validate(workdir: Path) -> dict[str, Any]:
                      for c in m.challenges]
             if m.final.block >= 0:
                 parts.append((m.final.cid, transition_spec(shapes, blocks[m.final.block])))
-            if m.previous:
+            if m.previous and m.start_cid:  # none with error feedback in the parameters
                 parts.append((m.start_cid, start_spec(shapes, spec.rule is StartRule.MERGE)))
             modelled = len(raw) + sum(state_file_size(sp) for _, sp in parts)
             answers.append({"trainer": log.stem, "epoch": m.epoch, "modelled": modelled, "measured": ev["audit_bytes"],
@@ -316,7 +332,7 @@ def grid() -> list[Setting]:
 
 
 def _gb(x: float) -> str:
-    return f"{x / 1e9:,.2f} GB" if x >= 1e8 else f"{x / 1e6:,.1f} MB"
+    return "none" if x == 0 else f"{x / 1e9:,.2f} GB" if x >= 1e8 else f"{x / 1e6:,.1f} MB"
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -331,7 +347,7 @@ def render(doc: dict[str, Any]) -> str:
         doc["command"],
         "```",
         "",
-        "| model | params | tokens / step | H | K | groups M (tokens) | r | boundary log / epoch | answer memory / state: with the log (without) | answer FLOPs / training: with the log (without) | per challenge (boundaries) | start file | answer / epoch | vs AllReduce, each byte once | per verifier fetch | replay FLOPs / training | hashed bytes / training FLOP | one-group forgery caught / epoch |",
+        "| model | params | tokens / step | H | K | groups M (tokens) | r | boundary log / epoch | answer memory / state: with the log (without) | answer FLOPs / training: with the log (without) | per challenge (boundaries) | start file (with a carried buffer) | answer / epoch | vs AllReduce, each byte once (with a carried buffer) | per verifier fetch (with a carried buffer) | replay FLOPs / training | hashed bytes / training FLOP | one-group forgery caught / epoch |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in doc["rows"]:
@@ -342,15 +358,19 @@ def render(doc: dict[str, Any]) -> str:
             f"| {st['H']} | {st['K']} | {r['groups']} ({r['group_tokens']:,}) | {seg} "
             f"| {_gb(r['boundary_log_bytes_per_epoch'])} | {r['answer_memory_fraction_of_state']:,.1f} ({r['answer_memory_without_log_fraction_of_state']:,.1f}) "
             f"| {r['answer_flops_fraction']:.4f} ({r['answer_flops_without_log_fraction']:.3f}) "
-            f"| {_gb(r['audit_bytes_per_challenge'])} ({_gb(r['boundary_bytes_per_challenge'])}) | {_gb(r['start_file_bytes'])} "
-            f"| {_gb(r['audit_answer_bytes_per_epoch'])} | {r['traffic_reduction_vs_allreduce']:,.1f}x "
-            f"| {r['traffic_reduction_per_verifier_fetch']:,.1f}x | {r['verifier_replay_flops_fraction']:.4f} "
+            f"| {_gb(r['audit_bytes_per_challenge'])} ({_gb(r['boundary_bytes_per_challenge'])}) "
+            f"| {_gb(r['start_file_bytes'])} ({_gb(r['buffer_start_file_bytes'])}) "
+            f"| {_gb(r['audit_answer_bytes_per_epoch'])} | {r['traffic_reduction_vs_allreduce']:,.1f}x ({r['traffic_reduction_vs_allreduce_buffer']:,.1f}x) "
+            f"| {r['traffic_reduction_per_verifier_fetch']:,.1f}x ({r['traffic_reduction_per_verifier_fetch_buffer']:,.1f}x) "
+            f"| {r['verifier_replay_flops_fraction']:.4f} "
             f"| {r['hashed_bytes_per_training_flop']:.2e} | {r['detect_one_group_forgery_per_epoch']:.1e} |")
     st0 = doc["rows"][0]["setting"]
     lines += ["", (f"Policy in every row: s = {st0['s']} challenges, each of r steps (a segment spans about "
               f"{SEGMENT_TOKENS:,} tokens: r = 8 at 1,024 tokens per step, 1 past 8,192), one group of up to "
               f"{st0['group_tokens']:,} tokens opened per step, quorum {st0['q']}, the final check drawn every epoch, "
-              "the merge rule, rank 128 at 4 bits (examples/small.toml). Hashed bytes per training FLOP: every "
+              "the merge rule with error feedback in the parameters (no start file; in brackets the same with a "
+              "carried error buffer, whose continued start ships every parameter and buffer), rank 128 at 4 bits "
+              "(examples/small.toml). Hashed bytes per training FLOP: every "
               "block's boundaries, M − 1 running gradient sums and the state every r steps; the fraction of a step "
               "is that times the FLOP rate over the hash rate, which is the hardware's. Answer memory: checkpoints every "
               f"max({CHECKPOINT_EVERY}, r) steps (the whole state with its error buffer) plus the boundary log, over parameters "

@@ -198,6 +198,7 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
         "state_bytes_largest_process_fraction": state_fraction(trainer_logs, opts.stages),
         "stages": opts.stages,
         "merge_step": opts.merge_step,
+        "error_feedback": config.compression.error_feedback,
         # under the merge rule: wall seconds a trainer waits at its merge step for the previous epoch's model
         "merge_wait_seconds_per_trainer_per_epoch": round(sum(
             ev["seconds"] for evs in trainer_logs for ev in evs
@@ -257,7 +258,7 @@ def combine(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Runs of the same scenario as one: what fixes the scenario, the mean of each figure in
     ``SAMPLED``, and every run whole under ``runs`` (its bytes, seconds, draws)."""
     fixed = ("preset", "H", "tokens_per_step", "audit_mode", "audit_steps", "audit_segment", "stages", "quorum", "trainers",
-             "verifiers", "epochs", "state_bytes_largest_process_fraction", "merge_step")
+             "verifiers", "epochs", "state_bytes_largest_process_fraction", "merge_step", "error_feedback")
     out = []
     for _, group in itertools.groupby(scenarios, lambda sc: tuple(sc.get(k, 0) for k in fixed)):
         runs = list(group)
@@ -273,8 +274,11 @@ def _opt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
-def _rule(merge_step: int) -> str:
-    return f"merge at step {merge_step}" if merge_step else "one-step delay"
+def _rule(r: dict[str, Any]) -> str:
+    m = r.get("merge_step", 0)
+    if not m:
+        return "one-step delay"
+    return f"merge at step {m}" + (", error feedback in the parameters" if r.get("error_feedback") == "params" else "")
 
 
 def markdown(runs: list[dict[str, Any]]) -> str:
@@ -286,7 +290,7 @@ def markdown(runs: list[dict[str, Any]]) -> str:
         frac = r["state_bytes_largest_process_fraction"]
         runs_note = f" (mean of {len(r['runs'])} runs)" if "runs" in r else ""
         rows.append(
-            f"| {r['preset']}{runs_note} | {r['H']} | {_rule(r.get('merge_step', 0))} | {r['audit_mode'].replace('_', '-')} ({r['audit_steps']} x {r['audit_segment']}) | "
+            f"| {r['preset']}{runs_note} | {r['H']} | {_rule(r)} | {r['audit_mode'].replace('_', '-')} ({r['audit_steps']} x {r['audit_segment']}) | "
             f"{r['quorum']} | "
             f"{r['traffic_reduction_vs_allreduce']:.2f} ({r['traffic_reduction_vs_allreduce_per_fetch']:.2f}) | "
             f"{r['verifier_compute_fraction']:.3f} | {_opt(r.get('audit_answer_compute_fraction'))} | {r['trainer_stall_fraction']:.3f} | "
@@ -314,6 +318,9 @@ def main() -> int:
     ap.add_argument("--segment", type=int, default=8, help="steps per shard challenge (audit.segment); default 8")
     ap.add_argument("--merge-steps", type=non_negative, nargs="+", default=[0], metavar="M",
                     help="start rules to run side by side: 0 is the one-step delay, M > 0 the merge rule at step M")
+    ap.add_argument("--error-feedback", nargs="+", choices=["buffer", "params"], default=["params"],
+                    help="with the merge rule: where the compression residual waits (compression.error_feedback), side "
+                         "by side; \"buffer\" ships a start file every continued epoch, \"params\" none")
     ap.add_argument("--keep", type=Path, default=None, help="keep each scenario's demo directory (logs) under this folder")
     ap.add_argument("--analyze", type=Path, default=None,
                     help="analyze a kept scenario directory (--keep) again, one --steps and --modes; without its "
@@ -337,7 +344,7 @@ def main() -> int:
         opts = DemoOptions(trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=name,
                            steps=hs[0], workdir=args.analyze, stages=args.stages, audit=MODES[args.modes[0]],
                            merge_step=args.merge_steps[0], batch_size=args.batch_sizes[0], group_rows=args.group_rows,
-                           segment=args.segment)
+                           segment=args.segment, error_feedback=args.error_feedback[0])
         saved = args.analyze / "bench-summary.json"
         if saved.exists():
             summary = json.loads(saved.read_text())
@@ -352,16 +359,19 @@ def main() -> int:
         print(markdown([r]))
         return 0
     runs: list[dict[str, Any]] = []
-    for h, mode, m, rows in itertools.product(hs, args.modes, args.merge_steps, args.batch_sizes):
+    combos = [(h, mode, m, rows, ef) for h, mode, m, rows, ef in
+              itertools.product(hs, args.modes, args.merge_steps, args.batch_sizes, args.error_feedback)
+              if m or ef == args.error_feedback[0]]  # without the merge rule there is only the buffer
+    for h, mode, m, rows, ef in combos:
         with tempfile.TemporaryDirectory(prefix="veriloco-bench-") as tmp:
             # windows long enough for an epoch of steps; the contract advances as soon as everyone has acted
             tag = f"{name}-h{h}-{mode}" + (f"-merge{m}" if m else "") + (f"-b{rows}" if rows != 8 else "") + (
-                f"-g{args.group_rows}" if args.group_rows else "")
+                f"-g{args.group_rows}" if args.group_rows else "") + ("-efbuffer" if m and ef == "buffer" else "")
             opts = DemoOptions(trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=name,
                                steps=h, workdir=(args.keep / tag) if args.keep else Path(tmp),
                                stages=args.stages, audit=MODES[mode], windows_s=3600, timeout_s=6 * 3600,
                                checkpoint_every=CHECKPOINT_EVERY, merge_step=m, batch_size=rows, group_rows=args.group_rows,
-                               segment=args.segment)
+                               segment=args.segment, error_feedback=ef)
             r = measure(opts, mode)
         runs.append(r)
         print(f"{tag}: done in {r['wall_seconds']} s", file=sys.stderr, flush=True)

@@ -86,6 +86,9 @@ class DemoOptions:
     # sums around it (docs/protocol.md §5.3), so the demo runs the token-bounded unit at M = 2; 0: one group
     group_rows: int = 4
     segment: int = 8  # steps per shard challenge (audit.segment)
+    # where the merge rule keeps the compression residual (compression.error_feedback, docs/protocol.md §8):
+    # "params" needs no error buffer and no start file; "buffer" carries one (ignored without the merge rule)
+    error_feedback: str = "params"
 
     @property
     def groups(self) -> int:
@@ -105,6 +108,7 @@ class DemoOptions:
             outer={"lr": 1.0, "momentum": 0.0, "aggregate": "trimmed"},
             schedule={"epochs": self.epochs, "h_initial": self.steps, "h_min": max(1, self.steps // 2),
                       "h_max": self.steps * 2, "merge_step": self.merge_step},
+            compression={"error_feedback": self.error_feedback if self.merge_step else "buffer"},
             # shard audits: 4 segments of 8 steps, one block each (docs/protocol.md §5.3; the policy of
             # docs/results-protocol.md); whole states: 3 steps. Pipelined whole-state audits are
             # tolerant; shard audits are exact at any number of stages.

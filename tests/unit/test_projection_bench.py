@@ -51,3 +51,18 @@ def test_past_one_group_a_challenge_does_not_grow_with_the_batch() -> None:
         assert sixteen[key] == eight[key], key
     doc = {"command": "benchmarks/projection.py --out x", "rows": [one, eight]}
     assert render(doc).count("\n| small |") == 2
+
+
+def test_error_feedback_in_the_parameters_prices_no_start_file() -> None:
+    """With no buffer there is no start file and no start parameters in a challenge; the carried-buffer
+    figures beside it are the same setting priced with them (the buffer row's own projection)."""
+    st = Setting("small", 8, 128, 256, 4)
+    params, buffer = project(st), project(Setting("small", 8, 128, 256, 4, ef_in_params=False))
+    assert params["ef_in_params"] and not buffer["ef_in_params"]
+    assert params["start_file_bytes"] == 0 and buffer["start_file_bytes"] == params["buffer_start_file_bytes"] > 0
+    assert params["audit_bytes_per_challenge"] < buffer["audit_bytes_per_challenge"]  # no start.param/ over the merge
+    assert params["traffic_reduction_vs_allreduce_buffer"] == buffer["traffic_reduction_vs_allreduce"]
+    assert params["traffic_reduction_per_verifier_fetch_buffer"] == buffer["traffic_reduction_per_verifier_fetch"]
+    assert params["traffic_reduction_vs_allreduce"] > buffer["traffic_reduction_vs_allreduce"]
+    delay = project(Setting("small", 8, 128, 256, 4, merge=False))  # no merge rule: always a buffer
+    assert not delay["ef_in_params"] and delay["start_file_bytes"] > 0

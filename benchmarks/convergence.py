@@ -50,7 +50,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from coordinator.outer import OuterConfig
-from protocol.data import Corpus, batch, default_corpus
+from protocol.data import EVAL_SPLITS, Corpus, batch, default_corpus
 from protocol.digest import state_digest
 from protocol.errors import VerilocoError
 from protocol.model import PRECISIONS, PRESETS, n_params
@@ -542,6 +542,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--eval-rows", type=int, default=512, help="validation rows of seq_len tokens (default 512)"
     )
+    ap.add_argument("--eval-split", choices=EVAL_SPLITS, default="selection",
+                    help="selection (default): the rows every choice so far was made on; heldout: the eval-rows - 1 "
+                         "rows halfway between them, disjoint, for confirming a choice (issue 33)")
     ap.add_argument("--trainers", type=int, default=4)
     ap.add_argument("--steps", type=int, help="override the preset's inner steps per worker")
     ap.add_argument("--h", type=int, help="override the preset's initial inner steps per round")
@@ -644,6 +647,7 @@ def main(argv: list[str] | None = None) -> int:
         inner=InnerConfig(lr=p.lr, warmup_steps=p.warmup, total_steps=p.steps),
         outer=OuterConfig(lr=a.outer_lr, momentum=a.outer_momentum),
         eval_rows=a.eval_rows,
+        eval_split=a.eval_split,
         device=a.device,
     )
     sweep = [s for s in parse_outer(a.sweep_outer) if s != (a.outer_lr, a.outer_momentum)]
@@ -682,6 +686,8 @@ def main(argv: list[str] | None = None) -> int:
             "corpus_bytes": len(corpus.tokens),
             "eval_rows": a.eval_rows,
             "eval_tokens": a.eval_rows * p.seq_len,
+            # recorded only when held out, so that files on the selection rows still join with older ones
+            **({"eval_split": a.eval_split} if a.eval_split != "selection" else {}),
             "bandwidth_bps": cfg.bandwidth_bps,
             "latency_s": cfg.latency_s,
             "allreduce_bucket_bytes": cfg.bucket_bytes,

@@ -254,15 +254,32 @@ def batch(
     return rows[:, :-1], rows[:, 1:]
 
 
+EVAL_SPLITS = ("selection", "heldout")
+
+
 def val_batches(
-    corpus: Corpus, seq_len: int, n_rows: int, batch_size: int = 16
+    corpus: Corpus, seq_len: int, n_rows: int, batch_size: int = 16, split: str = "selection"
 ) -> list[tuple[Tensor, Tensor]]:
-    """A fixed validation set: ``n_rows`` evenly spaced windows of the validation split."""
+    """A fixed validation set: ``n_rows`` evenly spaced windows of the validation split.
+
+    ``split = "heldout"`` takes the ``n_rows − 1`` windows halfway between those instead: a set
+    disjoint from the default one, for confirming a choice made on it (issue 33)."""
+    if split not in EVAL_SPLITS:
+        raise DataError(f"eval split must be one of {', '.join(EVAL_SPLITS)}, got {split!r}")
     val = corpus.val
     hi = val.numel() - seq_len - 1
     if hi < 0:
         raise DataError(f"validation split of {val.numel()} tokens is shorter than one row")
-    offs = torch.linspace(0, hi, n_rows).long()
+    offs = torch.linspace(0, hi, n_rows)
+    if split == "heldout":
+        if n_rows < 2 or hi / (n_rows - 1) < 2 * (seq_len + 1):
+            raise DataError(f"validation split of {val.numel()} tokens cannot hold held-out rows of {seq_len + 1} tokens "
+                            f"between {n_rows} selection rows: use fewer eval rows (at least 2) or a larger corpus")
+        offs = (offs[:-1] + offs[1:]) / 2
+    return _windows(val, offs.long(), seq_len, batch_size)
+
+
+def _windows(val: Tensor, offs: Tensor, seq_len: int, batch_size: int) -> list[tuple[Tensor, Tensor]]:
     idx = offs[:, None] + torch.arange(seq_len + 1)[None, :]
     rows = val[idx].long()
     return [(r[:, :-1], r[:, 1:]) for r in rows.split(batch_size)]

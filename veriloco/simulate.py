@@ -393,6 +393,9 @@ class SimConfig:
     run_seed: int = 1
     init_seed: int = 0
     eval_rows: int = 64
+    # protocol.data.EVAL_SPLITS: "selection" (the rows every choice so far was made on) or "heldout"
+    # (the rows between them, disjoint, for confirming a choice)
+    eval_split: str = "selection"
     bandwidth_bps: float = 1e9
     latency_s: float = 0.0  # per message, for every method's exchange
     bucket_bytes: int = DDP_BUCKET_BYTES  # AllReduce's gradient buckets (DDP's default cap)
@@ -481,7 +484,7 @@ def _batch_on(xy: tuple[Tensor, Tensor], device: str) -> tuple[Tensor, Tensor]:
 class _Evaluator:
     def __init__(self, cfg: SimConfig, corpus: Corpus) -> None:
         self.cfg = cfg
-        self.batches = [_batch_on(xy, cfg.device) for xy in val_batches(corpus, cfg.rows, cfg.eval_rows)]
+        self.batches = [_batch_on(xy, cfg.device) for xy in val_batches(corpus, cfg.rows, cfg.eval_rows, split=cfg.eval_split)]
 
     def __call__(self, params: Params) -> float:
         on = _to(params, self.cfg.device)

@@ -101,3 +101,21 @@ def test_val_batches_are_fixed_and_eval_loss_weights_rows(corpus: Corpus) -> Non
     got = eval_loss(lambda x, y: x[:, 0].double().mean(), vb)
     want = torch.cat([b[0][:, 0] for b in vb]).double().mean().item()
     assert got == pytest.approx(want)
+
+
+def test_the_held_out_eval_rows_are_disjoint_from_the_selection_rows(corpus: Corpus) -> None:
+    """issue 33: the held-out rows sit halfway between the selection rows, so no token of one set is in
+    the other; the selection rows are the ones every earlier result used."""
+    n, t = 10, 16
+    sel = torch.cat([x for x, _ in val_batches(corpus, t, n)])
+    held = torch.cat([x for x, _ in val_batches(corpus, t, n, split="heldout")])
+    assert sel.shape == (n, t) and held.shape == (n - 1, t)
+    hi = corpus.val.numel() - t - 1
+    starts = torch.linspace(0, hi, n).long()
+    mids = ((torch.linspace(0, hi, n)[:-1] + torch.linspace(0, hi, n)[1:]) / 2).long()
+    assert all(abs(int(m) - int(s)) > t for m in mids for s in starts)  # windows of t + 1 tokens never overlap
+    assert torch.equal(held[0], corpus.val[int(mids[0]): int(mids[0]) + t].long())
+    with pytest.raises(DataError, match="held-out rows"):
+        val_batches(corpus, t, corpus.val.numel() // (t + 1), split="heldout")
+    with pytest.raises(DataError, match="eval split"):
+        val_batches(corpus, t, n, split="test")

@@ -291,7 +291,8 @@ def validate(workdir: Path) -> dict[str, Any]:
             raw = store.get(ev["manifest"])
             m = decode_manifest(raw, B, max_bytes=1 << 26)
             parts = [(c.cid, challenge_spec(shapes, blocks[c.block], c.block, B, c.start, c.end, group,
-                                            covers_merge(c.start, c.end, spec.merge_step_in(m.epoch)), spec.microbatches))
+                                            covers_merge(c.start, c.end, spec.merge_step_in(m.epoch)) and not spec.ef_in_params,
+                                            spec.microbatches))
                      for c in m.challenges]
             if m.final.block >= 0:
                 parts.append((m.final.cid, transition_spec(shapes, blocks[m.final.block])))

@@ -199,6 +199,20 @@ def check_start_fresh(leaf0: StepLeaf, spec: RoundSpec, g: Mapping[str, Tensor])
                    "leaf 0 is not the fresh start from the global model")
 
 
+def _not_carried(leaf0: StepLeaf, prev_last: StepLeaf, *, params: bool) -> str | None:
+    """Why leaf 0 does not carry e-1's last leaf over, every block (step and rng words, moments, and
+    with ``params`` the parameters), or commits boundaries of a step that never ran; None if it does."""
+    if (leaf0.step, leaf0.rng) != (prev_last.step, prev_last.rng):
+        return "leaf 0's step counter or rng word is not e-1's last"
+    if [e.opt for e in leaf0.blocks] != [e.opt for e in prev_last.blocks]:
+        return "leaf 0's optimizer moments are not the ones e-1 ended with"
+    if params and [e.params for e in leaf0.blocks] != [e.params for e in prev_last.blocks]:
+        return "leaf 0's parameters are not the ones e-1 ended with (the merge rule continues them)"
+    if any((e.groups, e.sq) != (ZERO, bytes(4)) for e in leaf0.blocks):
+        return "leaf 0 commits boundary tensors of a step that never ran"
+    return None
+
+
 def check_start_carried(
     leaf0: StepLeaf, prev_last: StepLeaf, start_cid: str, shapes: Mapping[str, tuple[int, ...]], spec: RoundSpec,
 ) -> Finding:
@@ -209,12 +223,9 @@ def check_start_carried(
         if start_cid:
             return Finding("start", False, "a start file under error feedback in the parameters (the start carries over "
                            "by digest and needs none)")
-        if (leaf0.step, leaf0.rng) != (prev_last.step, prev_last.rng):
-            return Finding("start", False, "leaf 0's step counter or rng word is not e-1's last")
-        if [(e.params, e.opt) for e in leaf0.blocks] != [(e.params, e.opt) for e in prev_last.blocks]:
-            return Finding("start", False, "leaf 0's parameters or optimizer moments are not the ones e-1 ended with")
-        if any((e.groups, e.sq) != (ZERO, bytes(4)) for e in leaf0.blocks):
-            return Finding("start", False, "leaf 0 commits boundary tensors of a step that never ran")
+        why = _not_carried(leaf0, prev_last, params=True)
+        if why is not None:
+            return Finding("start", False, why)
         zero = [part_digest({EF + n: torch.zeros(shapes[n]) for n in bn}, bn, _E) for bn in block_names(spec.model)]
         bad = [b for b, e in enumerate(leaf0.blocks) if e.ef != zero[b]]
     except Exception as exc:  # noqa: BLE001 - any failure on a trainer's data is a failed check
@@ -240,14 +251,9 @@ def check_start_continued(
     groups = block_names(spec.model)
     merge = spec.rule is StartRule.MERGE
     try:
-        if (leaf0.step, leaf0.rng) != (prev_last.step, prev_last.rng):
-            return Finding("start", False, "leaf 0's step counter or rng word is not e-1's last")
-        if [e.opt for e in leaf0.blocks] != [e.opt for e in prev_last.blocks]:
-            return Finding("start", False, "leaf 0's optimizer moments are not the ones e-1 ended with")
-        if merge and [e.params for e in leaf0.blocks] != [e.params for e in prev_last.blocks]:
-            return Finding("start", False, "leaf 0's parameters are not the ones e-1 ended with (the merge rule continues them)")
-        if any((e.groups, e.sq) != (ZERO, bytes(4)) for e in leaf0.blocks):
-            return Finding("start", False, "leaf 0 commits boundary tensors of a step that never ran")
+        why = _not_carried(leaf0, prev_last, params=merge)
+        if why is not None:
+            return Finding("start", False, why)
         if [e.ef for e in prev0.blocks] != [e.ef for e in prev_last.blocks]:
             return Finding("start", False, "an error buffer changed inside epoch e-1 (its leaves 0 and L'-1 differ)")
         names = [n for bn in groups for n in bn]

@@ -234,7 +234,7 @@ def test_with_error_feedback_in_the_parameters_every_wrong_merge_or_start_fails(
     bad = buffer_rule.judge(1, seed)
     assert any("steps 0->2" in b for b in bad), bad
     nudged = Run(tmp_path / "nudged", OtherStart(PARAMS, every=2))
-    assert any("parameters or optimizer moments are not the ones e-1 ended with" in b for b in nudged.judge(1, seed))
+    assert any("parameters are not the ones e-1 ended with" in b for b in nudged.judge(1, seed))
     honest = Run(tmp_path / "honest", LocalEngine(PARAMS, every=2))
     wrong = honest.offset(1)
     assert wrong is not None

@@ -60,6 +60,16 @@ def until_exit(argv: Sequence[str], cwd: Path) -> float:
     return took
 
 
+def _stop(p: subprocess.Popen[str], grace_s: float) -> None:
+    """SIGTERM, then SIGKILL if the process has not ended within ``grace_s``."""
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
 def until_first_line(argv: Sequence[str], cwd: Path) -> float:
     """Seconds from start to the process's first stdout line; then it is stopped (SIGTERM)."""
     t0 = time.perf_counter()
@@ -71,12 +81,7 @@ def until_first_line(argv: Sequence[str], cwd: Path) -> float:
             raise RuntimeError(f"{' '.join(argv)} printed nothing (exit {p.wait(timeout=60)})")
         return took
     finally:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        _stop(p, 120)
 
 
 def until_http_ok(argv: Sequence[str], cwd: Path, port: int) -> float:
@@ -96,12 +101,7 @@ def until_http_ok(argv: Sequence[str], cwd: Path, port: int) -> float:
             if time.perf_counter() - t0 > 300:
                 raise RuntimeError(f"{' '.join(argv)}: no page within 300 s")
     finally:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        _stop(p, 60)
 
 
 def free_port() -> int:

@@ -211,7 +211,7 @@ class TrainerNode:
         if e == 0 or not self._dir(e).meta.get("continued"):
             g_prev = g_e if e == 0 else params_of(self.globals.base(e - 1))
             return merge_offset(g_e, g_prev, {n: t.new_zeros(t.shape) for n, t in g_e.items()})
-        pub = self._dir(e - 1).read_bytes("payload.bin")
+        pub = self._dir(e - 1).read_bytes("payload.bin")  # what it published (e-1 is kept while e runs: _prune)
         own = decode(unwrap(pub, run_id=self.run_id, epoch=e - 1, trainer=self.me).body, dict(self.ctx.param_shapes))
         return merge_offset(g_e, params_of(self.globals.base(e - 1)), own)
 

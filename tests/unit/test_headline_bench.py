@@ -193,8 +193,8 @@ def _reflag(h: Headline, flag: str, value: str, only: str = "") -> Headline:
     pytest.param(lambda h: _reflag(h, "--batch-size", "64", "s1-diloco"), "(1, 'diloco'): settings differ",
                  id="one-run-batch-size"),
     pytest.param(lambda h: _reflag(h, "--eval-rows", "256"), "eval_rows 256", id="eval-rows"),
-    pytest.param(lambda h: dataclasses.replace(h, pieces=h.pieces[:-1]), "(2, 'fixed_rank_merge_b1_trimmed_r128')",
-                 id="missing-run"),
+    pytest.param(lambda h: dataclasses.replace(h, pieces=h.pieces[:-1]),
+                 "(2, 'fixed_rank_merge_b1_inparams_trimmed_r128')", id="missing-run"),
     pytest.param(lambda h: dataclasses.replace(h, dilocox="fixed_rank_merge_b1"), "--dilocox", id="dilocox"),
     pytest.param(lambda h: dataclasses.replace(h, pieces=h.pieces[1:]),
                  "seed 0: its first piece s0-diloco has no AllReduce", id="baseline-not-first"),
@@ -221,21 +221,37 @@ def test_dry_run_prints_one_command_per_piece_and_the_merge(tmp_path: Path, caps
     h = HEADLINES["convergence-small"]
     assert headline_main(["convergence-small.json", "--dry-run", "--work", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 1 + len(h.pieces) + 1 and lines[0].startswith("# convergence-small: 18 pieces (0 done)")
+    assert len(lines) == 1 + len(h.pieces) + 1 and lines[0].startswith("# convergence-small: 21 pieces (0 done)")
     assert all(" benchmarks/convergence.py --preset small " in x and x.endswith(f"# piece {i}: to run")
                for i, x in enumerate(lines[1:-1], 1))
-    assert " --merge " in lines[-1] and "--dilocox fixed_rank_merge_b1_trimmed_r128" in lines[-1]
+    assert " --merge " in lines[-1] and "--dilocox fixed_rank_merge_b1_inparams_trimmed_r128" in lines[-1]
     assert headline_main(["convergence-small", "--dry-run", "--only", "2", "--work", str(tmp_path)]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 1 + 6 + 1
+    assert len(capsys.readouterr().out.splitlines()) == 1 + 7 + 1
+
+
+def test_the_held_out_plan_confirms_the_shipped_method_on_seeds_and_rows_nobody_chose_on() -> None:
+    """issue 33: convergence-small-heldout runs the headline's shipped method, AllReduce and DiLoCo at
+    the headline's settings, on seeds disjoint from every selection run and on the held-out eval rows."""
+    small, held = HEADLINES["convergence-small"], HEADLINES["convergence-small-heldout"]
+    assert held.dilocox == small.dilocox
+    chosen = {s for p in small.pieces for s in p.seeds}
+    assert chosen.isdisjoint(s for p in held.pieces for s in p.seeds)
+    for p in held.pieces:
+        assert flag_values(p.flags)["--eval-split"] == "heldout"
+        base = {k: v for k, v in flag_values(p.flags).items() if k not in ("--eval-split", "--rank")}
+        assert base == {k: v for k, v in flag_values(small.pieces[0].flags).items() if k != "--rank"}
+    methods_run = {joined_name(p.methods[0], int(flag_values(p.flags)["--rank"]), 64) for p in held.pieces}
+    assert methods_run == {"allreduce", "diloco", small.dilocox}
+    assert held.pieces[0].methods == ("allreduce",)  # each seed pairs against its own AllReduce
 
 
 def test_unknown_headline_and_pieces_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         headline_main(["convergence-huge", "--dry-run"])
-    assert e.value.code == 2 and "known: convergence-small" in capsys.readouterr().err
+    assert e.value.code == 2 and "known: convergence-small, convergence-small-heldout" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        headline_main(["convergence-small", "--piece", "19", "--dry-run"])
-    assert "pieces 1 to 18" in capsys.readouterr().err
+        headline_main(["convergence-small", "--piece", "22", "--dry-run"])
+    assert "pieces 1 to 21" in capsys.readouterr().err
 
 
 def fake(calls: list[list[str]], fail: str = "") -> Any:

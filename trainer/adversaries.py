@@ -18,8 +18,9 @@ them: they measure what the final check is worth.
 - `planted-carry` (`PlantedCarryNode`): honest in epoch 0; at its first continued start (epoch 1)
   changes the error buffer it carries over in one block only, then trains, encodes and answers
   honestly. While the start check of a continued start drew one block, a buffer planted in another
-  block was never checked; now every block's carried buffer is recomputed (docs/protocol.md §5.3
-  check 5), so it fails in the epoch it is planted.
+  block was never checked; now every block's buffer is checked at every continued start (docs/protocol.md
+  §5.3 checks 5 and 6: all zero with the error feedback in the parameters, recomputed with a carried
+  buffer), so it fails in the epoch it is planted.
 
 - `skip-merge` (`SkipMerge`): under the merge rule (``schedule.merge_step``), never folds the new
   global model in: it trains on from its own stale state at step m instead of waiting for G_e (the
@@ -156,7 +157,7 @@ class PlantedCarryNode(PlantedStartNode):
     """A trainer that changes the carried error buffer of one block (default: the last, the final norm
     and head) at the start of `plant_epochs` (default epoch 1: its first continued start, since it
     revealed epoch 0). The check of a continued start once drew a single block; this is the cheat
-    that left open, so it shows that every block is now checked (docs/protocol.md §5.3 check 5)."""
+    that left open, so it shows that every block is now checked (docs/protocol.md §5.3 checks 5 and 6)."""
 
     def __init__(self, *args: Any, plant_epochs: Collection[int] = (1,), block: int = -1, **kw: Any) -> None:
         kw["behaviour"] = kw.get("behaviour") or PlantedCarry()

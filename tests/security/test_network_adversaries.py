@@ -180,8 +180,9 @@ def test_planted_start_states_are_slashed_in_the_epoch_they_start(tmp_path: Path
       in epoch 0 and never aggregated there.
     - Issue 30: trainer0 (trainer/adversaries.py `planted-carry`) trains epoch 0 honestly, then at its
       continued start of epoch 1 changes the carried error buffer of one block (the last), and
-      otherwise trains, encodes and answers honestly. Every block's carried buffer is recomputed at
-      every continued start (docs/protocol.md §5.3 check 5), so its epoch-1 audit fails on the start
+      otherwise trains, encodes and answers honestly. Every block's buffer is checked at every
+      continued start (docs/protocol.md §5.3 checks 5 and 6; the demo's runs keep none, so it must be
+      zero), so its epoch-1 audit fails on the start
       check alone, by all three verifiers of quorum 3: it is slashed in epoch 1 and not aggregated there.
 
     Every epoch finalizes and nobody honest (trainer or verifier) is slashed."""

@@ -15,6 +15,10 @@ r = 8 steps: 32 replayed steps per challenge set). Per scenario, from the nodes'
   response once per judging verifier instead.
 - `verifier_compute_fraction`: CPU seconds the q verifiers judging a trainer spend on it (fetching,
   parsing, replaying, chain reads) over that trainer's CPU seconds of inner steps; all summed.
+  `verifier_cpu_seconds_per_verification` is one verification's, `verifier_rpc_cpu_share` and
+  `verifier_store_cpu_share` the parts of it spent in chain reads and store fetches (thread CPU at the
+  node's edges, protocol/cpumeter.py), `verifier_rpc_calls_per_verification` and
+  `verifier_fetched_bytes_per_verification` what they did.
 - `trainer_stall_fraction`: the share of a trainer's wall time outside its inner steps (chain
   transactions, store traffic, building the global model, answering audits, waiting for peers) in
   its last epoch's cycle, from the end of the previous epoch's training to the end of its own: a
@@ -171,8 +175,9 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
         answer_wall += sum(ev.get("answer_s", 0.0) for ev in evs if ev["event"] == "responded")
         answer_cpu += sum(ev.get("answer_cpu_s", 0.0) for ev in evs if ev["event"] == "responded")
         traffic.append(trainer_traffic(evs))
-    verifier_s = sum(ev["cpu_s"] for name, evs in logs.items() if name.startswith("verifier")
-                     for ev in evs if ev["event"] == "verified")
+    verified = [ev for name, evs in logs.items() if name.startswith("verifier") for ev in evs if ev["event"] == "verified"]
+    verifier_s = sum(ev["cpu_s"] for ev in verified)
+    metered = [ev for ev in verified if "rpc_cpu_s" in ev]  # logged since the edges are metered (protocol/cpumeter.py)
     finalized = {ev["epoch"]: ev["t"] for name, evs in logs.items() if name.startswith("coordinator")
                  for ev in evs if ev["event"] == "finalized"}
     ends = [finalized[e] for e in sorted(finalized)]
@@ -192,6 +197,13 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
         "traffic_reduction_vs_allreduce": moved["reduction_vs_allreduce"],
         "traffic_reduction_vs_allreduce_per_fetch": round(baseline / per_fetch, 2),
         "verifier_compute_fraction": round(verifier_s / compute, 4),
+        # one verification's CPU, and the share of it in chain reads and store fetches (the rest: parsing,
+        # hashing and replaying what it fetched)
+        "verifier_cpu_seconds_per_verification": round(verifier_s / len(verified), 4) if verified else None,
+        "verifier_rpc_calls_per_verification": round(statistics.mean(ev["rpc_calls"] for ev in metered), 1) if metered else None,
+        "verifier_rpc_cpu_share": round(sum(ev["rpc_cpu_s"] for ev in metered) / sum(ev["cpu_s"] for ev in metered), 3) if metered else None,
+        "verifier_store_cpu_share": round(sum(ev["store_cpu_s"] for ev in metered) / sum(ev["cpu_s"] for ev in metered), 3) if metered else None,
+        "verifier_fetched_bytes_per_verification": round(statistics.mean(ev["fetched_bytes"] for ev in metered)) if metered else None,
         "trainer_stall_fraction": round(statistics.median(stalls or stalls_first), 4),
         "commitment_fraction_of_training": round(digest / compute, 4),
         "audit_bytes_per_payload_byte": round(audit / payload, 3),

@@ -20,7 +20,7 @@ from protocol.chain.binding import Chain, Phase
 from protocol.digest import state_digest
 from protocol.errors import VerilocoError
 from protocol.formats.codec import FormatError, load_state_file, write_state
-from protocol.formats.payload import PayloadError, decode, unwrap
+from protocol.formats.payload import PayloadError, open_publication
 from protocol.run import RunContext, initial_model, load_model, passing_trainers, revealed_payload
 from protocol.store.backends import Store, StoreError, StoreUnavailable
 from protocol.types import Address, Digest
@@ -58,7 +58,7 @@ def epoch_update(chain: Chain, store: Store, ctx: RunContext, epoch: int, g: Glo
             raise PayloadMissing(f"epoch {epoch}: passing trainer {t}'s payload {ev['payloadCid']}: {exc}",
                                  epoch=epoch, trainer=t, cid=ev["payloadCid"]) from exc
         try:
-            deltas.append(decode(unwrap(data, run_id=ctx.run_id, epoch=epoch, trainer=t).body, ctx.param_shapes))
+            deltas.append(open_publication(data, ctx.param_shapes, run_id=ctx.run_id, epoch=epoch, trainer=t))
         except PayloadError:
             continue  # verifiers decode every payload before passing it; skip rather than poison the model
     if deltas:

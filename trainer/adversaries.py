@@ -38,7 +38,7 @@ import time
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from protocol.formats.payload import decode, encode, encode_raw, unwrap, wrap
+from protocol.formats.payload import encode, encode_raw, open_publication, unwrap, wrap
 from protocol.leaf import block_names
 from trainer.checkpoints import EpochDir
 from trainer.engine import OFFSET, Engine, LocalEngine, save_merged
@@ -54,7 +54,7 @@ def boost_publication(
     publication: bytes, run_id: int, epoch: int, trainer: str, shapes: Mapping[str, tuple[int, ...]], boost: float
 ) -> bytes:
     """The same pseudo-gradient times `boost`, re-encoded as raw float32 and wrapped for the same identity."""
-    dense = decode(unwrap(publication, run_id=run_id, epoch=epoch, trainer=trainer).body, dict(shapes))
+    dense = open_publication(publication, shapes, run_id=run_id, epoch=epoch, trainer=trainer)
     body = encode([encode_raw(n, t * boost) for n, t in dense.items()])
     return wrap(run_id, epoch, trainer, body)
 

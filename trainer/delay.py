@@ -26,7 +26,7 @@ buffer is the one the compressor left when encoding epoch e-1.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -42,6 +42,9 @@ from trainer.inner import (
     state_from_params,
     with_section,
 )
+
+# the merge offset of error feedback in the parameters (``merge_offset``), computed when a step first merges
+Offset = Callable[[], Mapping[str, Tensor]]
 
 
 class StartRule(str, Enum):
@@ -84,18 +87,33 @@ def merge_global(
     return with_section(running, PARAM, {n: r[n] + (g_e[n] - s[n]) for n in s})
 
 
-def merge_offset(g_e: Mapping[str, Tensor], g_prev: Mapping[str, Tensor], own: Mapping[str, Tensor]) -> Params:
+def merge_offset(g_e: Mapping[str, Tensor], g_prev: Mapping[str, Tensor], own: Mapping[str, Tensor] | None) -> Params:
     """What the ``MERGE`` rule with error feedback in the parameters (``compression.error_feedback =
     "params"``) adds at its merge step: (G_e − G_{e-1}) + decode(P_{e-1}), each term fp32.
 
-    ``own`` is the trainer's own epoch e-1 payload as everyone decodes it (zeros after a fresh start).
+    ``own`` is the trainer's own epoch e-1 payload as everyone decodes it (None after a fresh start:
+    nothing to add back).
     Since S_e = E_{e-1} = G_{e-1} − Δ_{e-1}, the merged parameters are G_e − (Δ_{e-1} − decode(P_{e-1}))
     plus the steps before the merge: the global model offset by the residual the payload left out, so
     the next Δ_e = G_e − E_e carries that residual as an error buffer would, with no buffer to carry.
     Every term is public: a verifier replays the merge without any of the trainer's start state."""
-    if g_e.keys() != g_prev.keys() or own.keys() != g_e.keys():
+    if g_e.keys() != g_prev.keys() or (own is not None and own.keys() != g_e.keys()):
         raise TrainerError("global models and payload have different parameters")
+    if own is None:
+        return {n: g_e[n] - g_prev[n] for n in g_e}
     return {n: (g_e[n] - g_prev[n]) + own[n].to(g_e[n].dtype) for n in g_e}
+
+
+def epoch_merge_offset(
+    e: int, continued: bool, g_e: Mapping[str, Tensor], model: Callable[[int], Mapping[str, Tensor]],
+    own_payload: Callable[[], Mapping[str, Tensor]],
+) -> Params:
+    """Epoch e's ``merge_offset`` as a trainer and its verifiers both derive it: zero at epoch 0,
+    G_e − G_{e-1} after a fresh start, plus the trainer's own decoded e-1 payload (``own_payload()``,
+    read only then) when it continues its epoch e-1. ``model(i)`` is the global model G_i."""
+    if e == 0:
+        return merge_offset(g_e, g_e, None)
+    return merge_offset(g_e, model(e - 1), own_payload() if continued else None)
 
 
 def add_offset(running: Mapping[str, Tensor], offset: Mapping[str, Tensor]) -> State:
@@ -111,16 +129,16 @@ def add_offset(running: Mapping[str, Tensor], offset: Mapping[str, Tensor]) -> S
 @dataclass(frozen=True)
 class MergeBase:
     """What the ``MERGE`` rule folds in at its merge step: G_e, and the epoch's start state S_e
-    (params + G_e − S_e.param); or, with error feedback in the parameters, the public ``offset``
-    (``merge_offset``; ``start`` is then unused)."""
+    (params + G_e − S_e.param); or, with error feedback in the parameters, the public offset
+    ``offset()`` (``merge_offset``; ``start`` is then unused), computed only when a step merges."""
 
     global_params: Mapping[str, Tensor]
     start: Mapping[str, Tensor]
-    offset: Mapping[str, Tensor] | None = None
+    offset: Offset | None = None
 
     def apply(self, running: Mapping[str, Tensor]) -> State:
         if self.offset is not None:
-            return add_offset(running, self.offset)
+            return add_offset(running, self.offset())
         return merge_global(running, self.global_params, self.start)
 
 

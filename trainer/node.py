@@ -36,7 +36,7 @@ from protocol.chain.outage import TRANSIENT, through_outages
 from protocol.digest import keccak, state_digest
 from protocol.errors import VerilocoError
 from protocol.formats.codec import build_manifest, encode_manifest, save_state
-from protocol.formats.payload import decode, unwrap, wrap
+from protocol.formats.payload import open_publication, wrap
 from protocol.leaf import block_count
 from protocol.membership import check_joinable, verifier_shortfall
 from protocol.run import RunContext, open_run, params_of
@@ -46,7 +46,7 @@ from protocol.types import Cid
 from trainer.answering import AnswerWorker, Built, FileSink, build
 from trainer.boundaries import quarter_of_free_disk, quarter_of_memory
 from trainer.checkpoints import EpochDir
-from trainer.delay import MergeBase, StartRule, merge_offset, public_history_end
+from trainer.delay import MergeBase, StartRule, epoch_merge_offset, public_history_end
 from trainer.device import check_device, resolve_device
 from trainer.engine import Engine, LocalEngine
 from trainer.inner import Params, State, TrainerError, configure_determinism
@@ -199,21 +199,19 @@ class TrainerNode:
         if e not in self._merge_bases:
             kept = {i: b for i, b in self._merge_bases.items() if i == e - 1}  # e-1's answer may still replay its merge
             g = self.merge_model(e)
-            self._merge_bases = {**kept, e: MergeBase(g, self._dir(e).load("state-000000"), self.merge_offset(e, g))}
+            offset = functools.cache(functools.partial(self.merge_offset, e, g)) if self.spec.ef_in_params else None
+            self._merge_bases = {**kept, e: MergeBase(g, self._dir(e).load("state-000000"), offset)}
         return self._merge_bases[e]
 
-    def merge_offset(self, e: int, g_e: Params) -> Params | None:
-        """With error feedback in the parameters, what epoch e's merge step adds: (G_e − G_{e-1}) plus
-        this trainer's own e-1 payload as everyone decodes it, the one it published (zeros after a
-        fresh start); None under a carried buffer (``trainer.delay.merge_offset``)."""
-        if not self.spec.ef_in_params:
-            return None
-        if e == 0 or not self._dir(e).meta.get("continued"):
-            g_prev = g_e if e == 0 else params_of(self.globals.base(e - 1))
-            return merge_offset(g_e, g_prev, {n: t.new_zeros(t.shape) for n, t in g_e.items()})
-        pub = self._dir(e - 1).read_bytes("payload.bin")  # what it published (e-1 is kept while e runs: _prune)
-        own = decode(unwrap(pub, run_id=self.run_id, epoch=e - 1, trainer=self.me).body, dict(self.ctx.param_shapes))
-        return merge_offset(g_e, params_of(self.globals.base(e - 1)), own)
+    def merge_offset(self, e: int, g_e: Params) -> Params:
+        """With error feedback in the parameters, what epoch e's merge step adds
+        (``trainer.delay.epoch_merge_offset``): its own e-1 payload is the one it published (e-1 is
+        kept while e runs: ``_prune``)."""
+        return epoch_merge_offset(
+            e, bool(self._dir(e).meta.get("continued")), g_e, lambda i: params_of(self.globals.base(i)),
+            lambda: open_publication(self._dir(e - 1).read_bytes("payload.bin"), self.ctx.param_shapes,
+                                     run_id=self.run_id, epoch=e - 1, trainer=self.me),
+        )
 
     def merge_model(self, e: int) -> Params:
         """G_e, which epoch e folds in at its merge step.
@@ -471,7 +469,7 @@ class TrainerNode:
         for k in range(k0, steps):
             if self.spec.merges_at(k, e):
                 g = self.merge_model(e)
-                eng.merge(d, g, self.merge_offset(e, g))
+                eng.merge(d, g, self.merge_offset(e, g) if self.spec.ef_in_params else None)
             w = time.monotonic()  # wall seconds inside steps; the rest of a trainer's time is the protocol's
             loss, leaf = eng.step(d, k, epoch_batch(self.spec, self.ctx.corpus, e, self.slot, k))
             step_wall_s += time.monotonic() - w

@@ -30,6 +30,7 @@ from protocol import shard_audit
 from protocol.chain import errors as ce
 from protocol.chain.binding import Chain, ChainError, ChainUnavailable, Phase
 from protocol.chain.outage import TRANSIENT, through_outages
+from protocol.cpumeter import RPC
 from protocol.digest import state_digest
 from protocol.errors import VerilocoError
 from protocol.formats.codec import (
@@ -41,7 +42,7 @@ from protocol.formats.codec import (
     save_state,
     spec_of,
 )
-from protocol.formats.payload import decode, unwrap
+from protocol.formats.payload import open_publication
 from protocol.leaf import block_count
 from protocol.membership import check_joinable, verifier_shortfall
 from protocol.run import (
@@ -52,10 +53,17 @@ from protocol.run import (
     revealed_payload,
 )
 from protocol.statedir import run_dir
-from protocol.store.backends import IntegrityError, NotFound, Store, StoreError, StoreTimeout
+from protocol.store.backends import (
+    IntegrityError,
+    Metered,
+    NotFound,
+    Store,
+    StoreError,
+    StoreTimeout,
+)
 from protocol.store.unixfs import cid_of
 from protocol.types import Cid, Digest
-from trainer.delay import MergeBase, StartRule, merge_offset
+from trainer.delay import MergeBase, Offset, StartRule, epoch_merge_offset
 from trainer.device import check_device, resolve_device
 from trainer.inner import Params, State, TrainerError, configure_determinism
 from trainer.round import RoundSpec, start_state
@@ -87,7 +95,8 @@ class VerifierNode:
         if chain.sender is None:
             raise TrainerError("a verifier node needs a signing key")
         self.device = resolve_device(device)  # where shard segments replay; checked against the run in run()
-        self.chain, self.store, self.run_id = chain, store, run_id
+        self.chain, self.run_id = chain, run_id
+        self.store = Metered(store)  # what it fetches, and its CPU in fetching (``verified`` events)
         self.me = chain.sender
         self.log: Log = log or (lambda event, **kv: None)
         self.poll_s, self.threads = poll_s, threads
@@ -345,6 +354,7 @@ class VerifierNode:
             if t not in responded or key in done:
                 continue
             t0, cpu0 = time.monotonic(), time.process_time()
+            rpc0, store0, got0 = RPC.snapshot(), self.store.cpu.cpu_s, self.store.received
             steps: list[bytes] = []
             findings = self.verify(e, t, responded[t], steps)
             passed = all(f.passed for f in findings)
@@ -361,7 +371,9 @@ class VerifierNode:
             done[key] = [t, passed, witness.hex(), [f.to_json() for f in findings]]
             self._record(key, done[key])
             self.log("verified", epoch=e, trainer=t, passed=passed, seconds=round(time.monotonic() - t0, 3),
-                     cpu_s=round(time.process_time() - cpu0, 3),
+                     cpu_s=round(time.process_time() - cpu0, 3), rpc_calls=RPC.calls - rpc0[0],
+                     rpc_cpu_s=round(RPC.cpu_s - rpc0[1], 3), store_cpu_s=round(self.store.cpu.cpu_s - store0, 3),
+                     fetched_bytes=self.store.received - got0,
                      failed=[f"{f.check}: {f.detail}" for f in findings if not f.passed])
         over = self.chain.now() >= self.chain.epoch_times(self.run_id, e).response_deadline
         if not over and any(f"{e}:{t}" not in done for t in assigned):
@@ -437,8 +449,8 @@ class VerifierNode:
         # the merge rule folds G_e − S_e in at its step: G_e is final (epoch e's commits close only after
         # epoch e-1 is done, docs/contract.md), S_e is the start just recomputed
         g_e = self._model(e) if spec.rule is StartRule.MERGE else None
-        offset = self._merge_offset(e, t, bool(m.previous)) if g_e is not None and spec.ef_in_params else None
-        merge = MergeBase(g_e, start, offset) if g_e is not None and start is not None else None
+        merge = (MergeBase(g_e, start, self._merge_offset(e, t, bool(m.previous)))
+                 if g_e is not None and start is not None else None)
         states = {s.leaf_index: self._state(s.cid, s.digest) for s in m.states}
         for k in m.transitions:
             end = m.end(k)
@@ -475,7 +487,7 @@ class VerifierNode:
             self.spec, self.ctx.corpus, self._start_model(e), publication, run_id=self.run_id, epoch=e, slot=slot,
             trainer=t, rank=rank, prev_rank=prev_rank, grad_digests=grads, device=self.device,
             merged=self._model(e) if self.spec.rule is StartRule.MERGE else None,
-            offset=functools.cache(lambda: self._merge_offset(e, t, bool(m.previous))) if self.spec.ef_in_params else None,
+            offset=self._merge_offset(e, t, bool(m.previous)),
         )
 
     def _check_start(self, e: int, t: str, slot: int, m: AuditManifest) -> tuple[Finding, State | None]:
@@ -496,18 +508,19 @@ class VerifierNode:
         prev_rank, _ = self.schedule.for_epoch(e - 1)
         return check_start_state(m.start.digest, self.spec, g, p0, p_end, self.run_id, e, slot, t, prev_rank)
 
-    def _merge_offset(self, e: int, t: str, continued: bool) -> Params:
-        """What trainer ``t``'s epoch e merge step adds with error feedback in the parameters:
-        (G_e − G_{e-1}) plus its own e-1 payload as revealed and decoded (zeros after a fresh start),
-        all public (``trainer.delay.merge_offset``)."""
-        g_e = self._model(e)
-        if e == 0 or not continued:
-            g_prev = g_e if e == 0 else self._model(e - 1)
-            return merge_offset(g_e, g_prev, {n: v.new_zeros(v.shape) for n, v in g_e.items()})
-        cached = self._fetched.get(f"{e - 1}:{t}")
-        pub = cached[1] if cached is not None else revealed_payload(self.store, self.chain.revealed(self.run_id, e - 1, t)[0].args)
-        own = decode(unwrap(pub, run_id=self.run_id, epoch=e - 1, trainer=t).body, dict(self.ctx.param_shapes))
-        return merge_offset(g_e, self._model(e - 1), own)
+    def _merge_offset(self, e: int, t: str, continued: bool) -> Offset | None:
+        """With error feedback in the parameters, what trainer ``t``'s epoch e merge step adds
+        (``trainer.delay.epoch_merge_offset``), all public: its own e-1 payload as it revealed it.
+        Computed once, when a replayed step first merges; None under a carried buffer."""
+        if not self.spec.ef_in_params:
+            return None
+
+        def own() -> Params:
+            cached = self._fetched.get(f"{e - 1}:{t}")
+            pub = cached[1] if cached is not None else revealed_payload(self.store, self.chain.revealed(self.run_id, e - 1, t)[0].args)
+            return open_publication(pub, self.ctx.param_shapes, run_id=self.run_id, epoch=e - 1, trainer=t)
+
+        return functools.cache(lambda: epoch_merge_offset(e, continued, self._model(e), self._model, own))
 
     def _start_model(self, e: int) -> dict[str, Tensor]:
         """The global model epoch e starts from (G_0 for epoch 0)."""

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from protocol.data import Corpus
 from protocol.digest import keccak, state_digest
-from protocol.formats.payload import decode, unwrap
+from protocol.formats.payload import open_publication
 from protocol.types import Digest
 from trainer.delay import MergeBase, StartRule
 from trainer.inner import STEP, State
@@ -181,7 +181,7 @@ def check_payload(
 ) -> Finding:
     """Always run: the payload must be bound to this (run, epoch, trainer) and decode to finite, well-shaped tensors."""
     try:
-        decode(unwrap(publication, run_id=run_id, epoch=epoch, trainer=trainer).body, dict(shapes))
+        open_publication(publication, shapes, run_id=run_id, epoch=epoch, trainer=trainer)
     except Exception as exc:  # noqa: BLE001 - any failure on a trainer's data is a failed check
         return _fail("payload", exc)
     return Finding("payload", True, "bound to this run, epoch and trainer; decodes to finite tensors")

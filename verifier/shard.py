@@ -53,14 +53,12 @@ from protocol.shard_audit import (
 )
 from trainer.blockstep import accumulate, block_update, replay_group
 from trainer.compress import compress
-from trainer.delay import StartRule, add_offset, merge_global
+from trainer.delay import Offset, StartRule, add_offset, merge_global
 from trainer.inner import EF, MOM1, MOM2, PARAM, RNG, STEP
 from trainer.round import RoundSpec, compress_seed, epoch_batch, start_state
 from verifier.replay import Finding, _fail, gradient_digest
 
 _P, _O, _E = (PARAM,), (MOM1, MOM2), (EF,)
-# the merge offset of error feedback in the parameters, computed when a replay first needs it
-Offset = Callable[[], Mapping[str, Tensor]]
 
 
 def check_segment(

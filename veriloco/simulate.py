@@ -33,6 +33,7 @@ of the layers before it continues, so only what is left after the backward is ex
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -752,7 +753,7 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
             base = None
             if fresh is not None and merge_at is not None:
                 mine = own[k]
-                offset = (merge_offset(fresh, _to(globals_[epoch - 1], cfg.device), _to(mine, cfg.device))
+                offset = (functools.partial(merge_offset, fresh, _to(globals_[epoch - 1], cfg.device), _to(mine, cfg.device))
                           if method.ef_in_params and mine is not None else None)
                 base = MergeBase(fresh, start, offset)
             for i in range(h):

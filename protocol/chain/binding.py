@@ -64,6 +64,7 @@ from protocol.chain.errors import (
     WrongChain,
     WrongContract,
 )
+from protocol.cpumeter import RPC
 from protocol.fees import FeeCapExceeded, Fees
 from protocol.fees import cap as cap_fees
 from protocol.fees import from_history as fees_from_history
@@ -328,9 +329,11 @@ def _is_transport(exc: BaseException) -> bool:
 
 
 def _rpc(call: Callable[[], _T], where: str) -> _T:
-    """Run one RPC call; transport failures become ChainUnavailable with a hint."""
+    """Run one RPC call (its CPU counted in ``cpumeter.RPC``); transport failures become
+    ChainUnavailable with a hint."""
     try:
-        return call()
+        with RPC.measure():
+            return call()
     except ChainError:
         raise
     except Exception as exc:

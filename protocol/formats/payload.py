@@ -622,6 +622,14 @@ def unwrap(
     return w
 
 
+def open_publication(
+    data: bytes, shapes: Mapping[str, tuple[int, ...]], *, run_id: int, epoch: int, trainer: str
+) -> dict[str, torch.Tensor]:
+    """The dense pseudo-gradient a publication carries, once it is bound to this (run, epoch, trainer)
+    and decodes to the model's shapes; or PayloadError."""
+    return decode(unwrap(data, run_id=run_id, epoch=epoch, trainer=trainer).body, dict(shapes))
+
+
 def payload_digest(data: bytes) -> Digest:
     """keccak of the published (wrapped) bytes: the `payloadDigest` a trainer commits to."""
     return keccak(bytes(data))

@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Self
 
 from Crypto.Hash import keccak as _keccak
 
+from protocol.cpumeter import CpuMeter
 from protocol.errors import VerilocoError
 from protocol.store.unixfs import CidBuilder, CidError, validate_cid
 from protocol.types import Cid
@@ -458,6 +459,7 @@ class Metered(Store):
         self.inner = inner
         self.sent = 0
         self.received = 0
+        self.cpu = CpuMeter()  # this node's CPU in gets and puts: hashing, verifying, copying
 
     @property
     def where(self) -> str:
@@ -472,7 +474,8 @@ class Metered(Store):
                 self.sent += memoryview(chunk).nbytes
                 yield chunk
 
-        return self.inner.put_stream(counted())
+        with self.cpu.measure():
+            return self.inner.put_stream(counted())
 
     def _stream(self, cid: Cid, max_size: int) -> Iterator[bytes]:
         for chunk in self.inner._stream(cid, max_size):
@@ -480,7 +483,8 @@ class Metered(Store):
             yield chunk
 
     def get(self, cid: str, *, max_size: int = DEFAULT_MAX_SIZE, digest: bytes | None = None) -> bytes:
-        data = self.inner.get(cid, max_size=max_size, digest=digest)
+        with self.cpu.measure():
+            data = self.inner.get(cid, max_size=max_size, digest=digest)
         self.received += len(data)
         return data
 
@@ -493,7 +497,8 @@ class Metered(Store):
         digest: bytes | None = None,
         progress: Progress | None = None,
     ) -> int:
-        size = self.inner.get_to_file(cid, path, max_size=max_size, digest=digest, progress=progress)
+        with self.cpu.measure():
+            size = self.inner.get_to_file(cid, path, max_size=max_size, digest=digest, progress=progress)
         self.received += size
         return size
 

@@ -23,7 +23,7 @@ from protocol.store.backends import LocalStore
 from tests.security.test_shard_audits import CFG, CORPUS, G0, ME, RANK, SLOT, H, PlantedBlock
 from tests.security.test_shard_audits import SPEC as DELAYED
 from trainer.checkpoints import EpochDir
-from trainer.delay import StartRule, merge_offset
+from trainer.delay import StartRule, epoch_merge_offset
 from trainer.engine import OFFSET, LocalEngine, save_merged
 from trainer.inner import PARAM, Params, configure_determinism
 from trainer.round import RoundSpec, compress_seed, epoch_batch
@@ -62,13 +62,12 @@ class Run:
             self.pubs.append(wrap(1, e, ME, payload))
 
     def offset(self, e: int) -> Params | None:
-        """With error feedback in the parameters, what epoch e's merge adds: (G_e − G_{e-1}) + its own
-        e-1 payload decoded (epoch 0: nothing); None under a carried buffer."""
+        """With error feedback in the parameters, what epoch e's merge adds (the rule both nodes use,
+        with this run's own e-1 payload); None under a carried buffer."""
         if not self.run_spec.ef_in_params:
             return None
-        if e == 0:
-            return merge_offset(G0, G0, {n: torch.zeros_like(t) for n, t in G0.items()})
-        return merge_offset(GLOBALS[e], GLOBALS[e - 1], decode(unwrap(self.pubs[e - 1]).body, param_shapes(CFG)))
+        return epoch_merge_offset(e, e > 0, GLOBALS[e], GLOBALS.__getitem__,
+                                  lambda: decode(unwrap(self.pubs[e - 1]).body, param_shapes(CFG)))
 
     def judge(self, e: int, seed: bytes, merged: Params | None = None) -> list[str]:
         """The failed findings of a verifier given G_e = ``merged`` (default: the true one)."""

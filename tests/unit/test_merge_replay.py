@@ -152,15 +152,14 @@ def test_whole_state_audits_replay_the_public_merge_and_a_buffer_free_start() ->
     g0 = init_params(spec.model, 0)
     g1 = {n: t + 1e-3 * torch.randn_like(t, generator=torch.Generator().manual_seed(1)) for n, t in g0.items()}
     s0 = start_state(spec, g0, None, None)
-    zero = {n: torch.zeros_like(t) for n, t in g0.items()}
-    t0 = train_epoch(s0, spec, corpus, 0, 1, H, merge=MergeBase(g0, s0, merge_offset(g0, g0, zero)))
+    t0 = train_epoch(s0, spec, corpus, 0, 1, H, merge=MergeBase(g0, s0, lambda: merge_offset(g0, g0, None)))
     fin0 = final_transition(s0, t0.end, spec, 7, 0, 1, TRAINER, 4, merged=g0)
     assert all(not t.any() for k, t in fin0.carried.items() if k.startswith("ef/"))
     s1 = start_state(spec, g0, s0, fin0.carried)
     f, _ = check_start_state(state_digest(s1), spec, g0, s0, t0.end, 7, 1, 1, TRAINER, 4)
     assert f.passed
     own = decode(unwrap(fin0.publication).body, param_shapes(spec.model))
-    good = MergeBase(g1, s1, merge_offset(g1, g0, own))
+    good = MergeBase(g1, s1, lambda: merge_offset(g1, g0, own))
     seen: list = []
     t1 = train_epoch(s1, spec, corpus, 1, 1, H, merge=good, on_step=lambda k, st, _: seen.append(st))
     at_m = seen[M - 1]
@@ -170,6 +169,6 @@ def test_whole_state_audits_replay_the_public_merge_and_a_buffer_free_start() ->
 
     assert replays(good)
     assert not replays(MergeBase(g1, s1))  # the buffer rule's G_e − S_e
-    assert not replays(MergeBase(g1, s1, merge_offset(g1, g0, zero)))  # as if e-1 sent nothing
+    assert not replays(MergeBase(g1, s1, lambda: merge_offset(g1, g0, None)))  # as if e-1 sent nothing
     fin1 = final_transition(s1, t1.end, spec, 7, 1, 1, TRAINER, 4, merged=g1)
     assert check_final(s1, t1.end, keccak(fin1.publication), spec, 7, 1, 1, TRAINER, 4, g1).passed

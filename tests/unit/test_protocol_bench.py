@@ -80,8 +80,15 @@ def test_stall_is_the_last_epoch_s_cycle_and_answers_count_as_compute(tmp_path) 
         ]
         (logs / f"{name}.jsonl").write_text("\n".join(json.dumps(e) for e in evs) + "\n")
     (logs / "coordinator0.jsonl").write_text("")
+    verified = [{"event": "verified", "t": 200.0, "cpu_s": 2.0},  # before the edges were metered: counted, not split
+                {"event": "verified", "t": 210.0, "cpu_s": 4.0, "rpc_calls": 10, "rpc_cpu_s": 1.0, "store_cpu_s": 0.5,
+                 "fetched_bytes": 300}]
+    (logs / "verifier0.jsonl").write_text("\n".join(json.dumps(e) for e in verified) + "\n")
     opts = DemoOptions(trainers=2, verifiers=3, epochs=2, preset="tiny", steps=64, workdir=tmp_path)
     r = analyze(opts, "shard", {"epochs_finalized": 2, "initial_eval_loss": None, "final_eval_loss": None, "gas_used": None})
+    assert r["verifier_cpu_seconds_per_verification"] == 3.0 and r["verifier_rpc_calls_per_verification"] == 10
+    assert r["verifier_rpc_cpu_share"] == 0.25 and r["verifier_store_cpu_share"] == 0.125
+    assert r["verifier_fetched_bytes_per_verification"] == 300
     assert r["trainer_stall_fraction"] == 0.25  # 1 - 150 / 200
     assert r["trainer_stall_fraction_from_first_step"] == round(1 - 250 / (300 - (1 - 100 / 64)), 4)  # first step at 1 - 100/64
     assert r["audit_answer_build_fraction"] == 0.1 and r["audit_answers_beside_training"]

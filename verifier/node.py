@@ -19,7 +19,8 @@ import functools
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from torch import Tensor
 from coordinator.outer import global_params
 from protocol import shard_audit
 from protocol.chain import errors as ce
-from protocol.chain.binding import Chain, ChainError, ChainUnavailable, Phase
+from protocol.chain.binding import Assignment, Chain, ChainError, ChainUnavailable, Phase
 from protocol.chain.outage import TRANSIENT, through_outages
 from protocol.cpumeter import RPC
 from protocol.digest import state_digest
@@ -87,6 +88,16 @@ MAX_STATE_BYTES = 2 << 30
 EVIDENCE_FORMAT = "veriloco.evidence.v2"  # one document per verifier per epoch: every verdict's findings
 
 
+@dataclass(frozen=True)
+class Duty:
+    """A trainer of an auditing epoch drawn to this verifier: what it revealed and what to check.
+    Both are fixed while the epoch audits (reveals close before the seed is drawn, and the verifier
+    list is frozen until the epoch is finalized: docs/contract.md), so they are read once."""
+
+    reveal: Mapping[str, Any]
+    assignment: Assignment
+
+
 class VerifierNode:
     def __init__(
         self, chain: Chain, store: Store, run_id: int, workdir: Path, *,
@@ -104,6 +115,7 @@ class VerifierNode:
         self.ledger = run_dir(chain, run_id, Path(workdir), self.log) / "verdicts.json"
         self.keeper = Keeper(self.ledger.parent / "kept", store)
         self._fetched: dict[str, tuple[Cid, bytes]] = {}  # "e:trainer" -> the payload `verify` checked
+        self._duties: dict[int, dict[str, Duty]] = {}  # the last few auditing epochs' (`_duties_of`)
         self._said: set[str] = set()
 
     def _once(self, key: str, event: str, **fields: Any) -> None:
@@ -144,7 +156,7 @@ class VerifierNode:
             self.log("too-few-verifiers", detail=short)
         while not through_outages(lambda: self._round(last), self.log, "audit round"):
             time.sleep(self.poll_s)
-        self.log("finished")
+        self.log("finished", rpc_calls=RPC.calls, rpc_cpu_s=round(RPC.cpu_s, 3))  # this process's chain reads and writes
 
     def _round(self, last: int) -> bool:
         """Judge whatever is open; True once the run's last epoch is over."""
@@ -345,8 +357,7 @@ class VerifierNode:
         """Verify every responded trainer assigned to us (each result kept in the ledger); the batch
         to commit once every revealed trainer assigned to us responded or the response window is
         over, else None (not ready: a later round continues)."""
-        assigned = [t for t in (ev.args["trainer"] for ev in self.chain.revealed(self.run_id, e))
-                    if self.me in self.chain.assignment(self.run_id, e, t).verifiers]
+        assigned = list(self._duties_of(e))
         responded = {ev.args["trainer"]: ev.args["manifestCid"]
                      for ev in self.chain.events(["Responded"], run_id=self.run_id, epoch=e)}
         for t in assigned:
@@ -388,6 +399,23 @@ class VerifierNode:
         return {"salt": os.urandom(32).hex(), "verdicts": verdicts, "evidence": cid_of(evidence),
                 "evidence_doc": evidence.decode()}
 
+    def _duties_of(self, e: int) -> dict[str, Duty]:
+        """The trainers of auditing epoch e drawn to us, read once: every poll round asked the chain for
+        every revealed trainer's assignment again (K reads a round), for answers that cannot change."""
+        if e not in self._duties:
+            mine = {}
+            for ev in self.chain.revealed(self.run_id, e):
+                a = self.chain.assignment(self.run_id, e, ev.args["trainer"])
+                if self.me in a.verifiers:
+                    mine[ev.args["trainer"]] = Duty(ev.args, a)
+            self._duties = {**{k: v for k, v in self._duties.items() if k >= e - 3}, e: mine}
+        return self._duties[e]
+
+    def _duty(self, e: int, t: str) -> Duty:
+        """Trainer t's duty as ``_duties_of`` read it, or read now (``verify`` called on its own)."""
+        known = self._duties.get(e, {}).get(t)
+        return known or Duty(self.chain.revealed(self.run_id, e, t)[0].args, self.chain.assignment(self.run_id, e, t))
+
     def verify(self, e: int, trainer: str, manifest_cid: str, steps: list[bytes] | None = None) -> list[Finding]:
         """Every check for one trainer's epoch; failures to fetch or parse are failed findings.
 
@@ -424,16 +452,17 @@ class VerifierNode:
         sub = self.chain.submission(run, e, t)
         slot = self.chain.member(run, t).slot
         rank, steps = self.schedule.for_epoch(e)
-        reveal = self.chain.revealed(run, e, t)[0].args
+        duty = self._duty(e, t)
+        reveal = duty.reveal
         findings.append(check_leaf_count(sub.leaf_count, steps))
         publication = revealed_payload(self.store, reveal)
         self._fetched[f"{e}:{t}"] = (Cid(reveal["payloadCid"]), publication)
         findings.append(check_payload(publication, run, e, t, self.ctx.param_shapes))
         if spec.shard:
-            findings.extend(self._verify_shards(e, t, slot, rank, sub, manifest_cid, publication, grads))
+            findings.extend(self._verify_shards(e, t, slot, rank, sub, manifest_cid, publication, grads, duty.assignment))
             return
         m: AuditManifest = decode_manifest(self.store.get(manifest_cid, max_size=MAX_MANIFEST_BYTES))
-        a = self.chain.assignment(run, e, t)
+        a = duty.assignment
         bound = (m.run_id, m.epoch, m.trainer.lower(), m.trace_root, m.leaf_count, m.transitions, m.final) == (
             run, e, t.lower(), sub.trace_root, sub.leaf_count, tuple(sorted(set(a.steps))), a.final_check)
         findings.append(Finding("manifest", bound, "matches the on-chain submission and assignment" if bound
@@ -467,7 +496,7 @@ class VerifierNode:
 
     def _verify_shards(
         self, e: int, t: str, slot: int, rank: int, sub: Any, manifest_cid: Cid, publication: bytes,
-        grads: list[bytes] | None,
+        grads: list[bytes] | None, assignment: Assignment,
     ) -> list[Finding]:
         """A shard audit (docs/protocol.md §5.3): one block per drawn segment, the final and start checks."""
         n = block_count(self.spec.model)
@@ -476,7 +505,7 @@ class VerifierNode:
         prev = self.chain.submission(self.run_id, e - 1, t) if e >= 1 else None
         chained = Chained(
             trace_root=sub.trace_root, leaf_count=sub.leaf_count, seed=self.chain.epoch_times(self.run_id, e).seed,
-            steps=self.chain.assignment(self.run_id, e, t).steps, final_bps=self.ctx.info.params.final_check_bps,
+            steps=assignment.steps, final_bps=self.ctx.info.params.final_check_bps,
             prev_revealed=prev is not None and prev.state >= 2,
             prev_root=prev.trace_root if prev is not None else bytes(32),
             prev_leaf_count=prev.leaf_count if prev is not None else 0,

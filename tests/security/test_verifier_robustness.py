@@ -20,6 +20,7 @@ import torch
 from protocol import merkle
 from protocol.chain.binding import build_response
 from protocol.config import RunConfig
+from protocol.cpumeter import RPC
 from protocol.digest import keccak, state_digest
 from protocol.formats.codec import (
     AUDIT_FORMAT,
@@ -197,3 +198,16 @@ def test_a_planted_start_state_fails_the_start_check_alone(world: dict[str, Any]
     findings = world["node"].verify(0, a.trainer, a.manifest_cid)
     assert [f.check for f in findings if not f.passed] == ["start"], [f.to_json() for f in findings]
     assert any(f.check == "final" and f.passed for f in findings)
+
+
+def test_duties_are_read_once_per_auditing_epoch(world: dict[str, Any]) -> None:
+    """Who a verifier judges and what it checks are fixed while an epoch audits: read once, not every
+    poll round (a round used to ask for every revealed trainer's assignment again), and as the chain says."""
+    node, run_id = world["node"], world["run_id"]
+    first = node._duties_of(0)
+    assert set(first) == {a.trainer for a in world["answers"].values()}  # one verifier, quorum 1: drawn to all
+    reads = RPC.calls
+    assert node._duties_of(0) is first and RPC.calls == reads
+    for t, duty in first.items():
+        assert duty.assignment == node.chain.assignment(run_id, 0, t)
+        assert duty.reveal["payloadCid"] == node.chain.revealed(run_id, 0, t)[0].args["payloadCid"]

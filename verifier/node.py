@@ -115,7 +115,7 @@ class VerifierNode:
         self.ledger = run_dir(chain, run_id, Path(workdir), self.log) / "verdicts.json"
         self.keeper = Keeper(self.ledger.parent / "kept", store)
         self._fetched: dict[str, tuple[Cid, bytes]] = {}  # "e:trainer" -> the payload `verify` checked
-        self._duties: dict[int, dict[str, Duty]] = {}  # the last few auditing epochs' (`_duties_of`)
+        self._duties: dict[int, tuple[bytes, dict[str, Duty]]] = {}  # the last few auditing epochs' (`_duties_of`)
         self._said: set[str] = set()
 
     def _once(self, key: str, event: str, **fields: Any) -> None:
@@ -300,9 +300,10 @@ class VerifierNode:
         done = self._done()
         batch = done.get(f"verdicts:{e}")
         if batch is None:
-            if not self.chain.epoch_times(self.run_id, e).seeded or self.me not in self.chain.frozen_verifiers(self.run_id, e):
+            times = self.chain.epoch_times(self.run_id, e)
+            if not times.seeded or self.me not in self.chain.frozen_verifiers(self.run_id, e):
                 return
-            batch = self._judge_epoch(e, done)
+            batch = self._judge_epoch(e, done, times.seed)
             if batch is None:
                 return
             self._record(f"verdicts:{e}", batch)
@@ -353,11 +354,11 @@ class VerifierNode:
             raise IntegrityError(f"the store named epoch {e}'s evidence {cid}, but the reveal named it {batch['evidence']}")
         self._record(f"verdicts:{e}", {**batch, "published": True})
 
-    def _judge_epoch(self, e: int, done: dict[str, Any]) -> dict[str, Any] | None:
+    def _judge_epoch(self, e: int, done: dict[str, Any], seed: bytes) -> dict[str, Any] | None:
         """Verify every responded trainer assigned to us (each result kept in the ledger); the batch
         to commit once every revealed trainer assigned to us responded or the response window is
         over, else None (not ready: a later round continues)."""
-        assigned = list(self._duties_of(e))
+        assigned = list(self._duties_of(e, seed))
         responded = {ev.args["trainer"]: ev.args["manifestCid"]
                      for ev in self.chain.events(["Responded"], run_id=self.run_id, epoch=e)}
         for t in assigned:
@@ -399,21 +400,23 @@ class VerifierNode:
         return {"salt": os.urandom(32).hex(), "verdicts": verdicts, "evidence": cid_of(evidence),
                 "evidence_doc": evidence.decode()}
 
-    def _duties_of(self, e: int) -> dict[str, Duty]:
-        """The trainers of auditing epoch e drawn to us, read once: every poll round asked the chain for
-        every revealed trainer's assignment again (K reads a round), for answers that cannot change."""
-        if e not in self._duties:
+    def _duties_of(self, e: int, seed: bytes) -> dict[str, Duty]:
+        """The trainers of auditing epoch e drawn to us under the audit seed ``seed``, read once per
+        seed: every poll round asked the chain for every revealed trainer's assignment again (K reads a
+        round), for answers that cannot change. Keyed by the seed, so that a reorganised chain that
+        drew another one is read again rather than judged from a stale draw."""
+        if e not in self._duties or self._duties[e][0] != seed:
             mine = {}
             for ev in self.chain.revealed(self.run_id, e):
                 a = self.chain.assignment(self.run_id, e, ev.args["trainer"])
                 if self.me in a.verifiers:
                     mine[ev.args["trainer"]] = Duty(ev.args, a)
-            self._duties = {**{k: v for k, v in self._duties.items() if k >= e - 3}, e: mine}
-        return self._duties[e]
+            self._duties = {**{k: v for k, v in self._duties.items() if k >= e - 3}, e: (seed, mine)}
+        return self._duties[e][1]
 
     def _duty(self, e: int, t: str) -> Duty:
         """Trainer t's duty as ``_duties_of`` read it, or read now (``verify`` called on its own)."""
-        known = self._duties.get(e, {}).get(t)
+        known = self._duties[e][1].get(t) if e in self._duties else None
         return known or Duty(self.chain.revealed(self.run_id, e, t)[0].args, self.chain.assignment(self.run_id, e, t))
 
     def verify(self, e: int, trainer: str, manifest_cid: str, steps: list[bytes] | None = None) -> list[Finding]:

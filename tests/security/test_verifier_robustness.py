@@ -204,10 +204,13 @@ def test_duties_are_read_once_per_auditing_epoch(world: dict[str, Any]) -> None:
     """Who a verifier judges and what it checks are fixed while an epoch audits: read once, not every
     poll round (a round used to ask for every revealed trainer's assignment again), and as the chain says."""
     node, run_id = world["node"], world["run_id"]
-    first = node._duties_of(0)
+    seed = node.chain.epoch_times(run_id, 0).seed
+    first = node._duties_of(0, seed)
     assert set(first) == {a.trainer for a in world["answers"].values()}  # one verifier, quorum 1: drawn to all
     reads = RPC.calls
-    assert node._duties_of(0) is first and RPC.calls == reads
+    assert node._duties_of(0, seed) is first and RPC.calls == reads
+    assert node._duties_of(0, bytes(32)) is not first and RPC.calls > reads  # another seed (a reorg): read again
+    node._duties_of(0, seed)
     for t, duty in first.items():
         assert duty.assignment == node.chain.assignment(run_id, 0, t)
         assert duty.reveal["payloadCid"] == node.chain.revealed(run_id, 0, t)[0].args["payloadCid"]

@@ -82,6 +82,7 @@ SHAPES: dict[str, GPTConfig] = {
 }
 SEGMENT_TOKENS = 8192
 CHECKPOINT_EVERY = 4  # trainer/node.py's default --checkpoint-every (a sharded run keeps max(it, r))
+BENCH_CHECKPOINT_EVERY = 16  # benchmarks/protocol.py's trainers (its CHECKPOINT_EVERY), for validate's kept runs
 WRAP_BYTES = 74  # protocol.formats.payload.wrap: magic, version, run id, epoch, address, length
 CID = Cid("QmPpqKocqm3WSUSVrTS4wCUXJW1eFQKgbszWH5HvLdLKBf")  # any CIDv0 (what `ipfs add` names)
 
@@ -304,10 +305,90 @@ def validate(workdir: Path) -> dict[str, Any]:
             files += [state_file_size(sp) / store.path_of(Cid(cid)).stat().st_size for cid, sp in parts]
     total_m, total_x = sum(a["modelled"] for a in answers), sum(a["measured"] for a in answers)
     return {"workdir": str(workdir), "tokens_per_step": spec.batch_size * spec.seq_len, "d_model": cfg.d_model,
-            "answers": answers, "audit_bytes_modelled_over_measured": round(total_m / total_x, 4) if total_x else None,
+            "settings_key": [spec.seq_len, spec.batch_size // spec.microbatches, spec.segment, spec.rule.value, spec.ef_in_params],
+            "compute": _work_done(workdir, spec, store), "answers": answers, "audit_bytes_modelled_over_measured": round(total_m / total_x, 4) if total_x else None,
             "files_checked": len(files), "file_ratio_min": min(files, default=None), "file_ratio_max": max(files, default=None),
             # the boundary log's tensor bytes (the model) over what the trainer logged (its files' headers included)
             "boundary_log_ratio_min": round(min(logs), 4) if logs else None, "boundary_log_ratio_max": round(max(logs), 4) if logs else None}
+
+
+def _work_done(workdir: Path, spec: Any, store: Any) -> dict[str, float]:
+    """A kept run's compute: each figure's CPU seconds as its nodes logged them, beside the work the
+    model prices it by, counted from what the run did (its manifests' challenges, its steps):
+
+    - training: FLOPs of every step (``flops_per_token`` · T);
+    - answers: block b's FLOPs on the whole batch from the checkpoint at or before each challenge's
+      start through its end (the trainer replays the block on its boundary log, trainer/engine.py);
+    - verification: block b's FLOPs on one group (T / M tokens) over each challenge, per verifier
+      that judged it; the RPC and store CPU its nodes metered beside it (protocol/cpumeter.py);
+    - commitments: the bytes hashed per step (every block's boundaries, the M − 1 running sums, the
+      state every r steps), as ``project`` counts them."""
+    from protocol.shard_audit import decode_manifest
+
+    cfg = spec.model
+    blocks, B = block_names(cfg), block_count(cfg)
+    fpt = [flops_per_token(cfg, names) for names in blocks]
+    P = sum(math.prod(x) for x in param_shapes(cfg).values())
+    T, M, seg = spec.batch_size * spec.seq_len, spec.microbatches, spec.segment
+    every = max(BENCH_CHECKPOINT_EVERY, seg)  # the benchmark's trainers (trainer/node.py shard_checkpoint_every)
+    hashed_step = (2 * (B - 1) * T * cfg.d_model + (M - 1) * P) * 4 + 3 * P * 4 / seg
+    out = dict.fromkeys(("train_cpu_s", "train_flops", "answer_cpu_s", "answer_flops", "verifier_cpu_s",
+                         "verifier_flops", "verifier_edge_cpu_s", "commit_cpu_s", "hashed_bytes"), 0.0)
+    flops: dict[tuple[str, int], float] = {}  # (trainer, epoch) -> one verifier's replay FLOPs
+    for log in sorted((workdir / "logs").glob("*.jsonl")):
+        for line in log.read_text().splitlines():
+            ev = json.loads(line) if line.startswith("{") else {}
+            if ev.get("event") == "trained":
+                out["train_cpu_s"] += ev["compute_s"]
+                out["train_flops"] += flops_per_token(cfg) * T * ev["steps"]
+                out["commit_cpu_s"] += ev["digest_s"]
+                out["hashed_bytes"] += hashed_step * ev["steps"]
+            elif ev.get("event") == "responded":
+                m = decode_manifest(store.get(ev["manifest"]), B, max_bytes=1 << 26)
+                out["answer_cpu_s"] += ev["answer_cpu_s"]
+                out["answer_flops"] += sum(fpt[c.block] * T * (c.end - c.start // every * every) for c in m.challenges)
+                flops[(m.trainer.lower(), m.epoch)] = sum(fpt[c.block] * T / M * (c.end - c.start) for c in m.challenges)
+            elif ev.get("event") == "verified":
+                out["verifier_cpu_s"] += ev["cpu_s"]
+                out["verifier_edge_cpu_s"] += ev.get("rpc_cpu_s", 0.0) + ev.get("store_cpu_s", 0.0)
+                out["verifier_flops"] += flops.get((ev["trainer"].lower(), ev["epoch"]), 0.0)
+    return {k: round(v, 4) for k, v in out.items()}
+
+
+# (figure, its CPU seconds, the work that prices it): compute_check fits seconds = a + b · work
+COMPUTE_FIGURES = (("training", "train_cpu_s", "train_flops"), ("audit answers", "answer_cpu_s", "answer_flops"),
+                   ("verification", "verifier_cpu_s", "verifier_flops"), ("commitments", "commit_cpu_s", "hashed_bytes"))
+
+
+def compute_check(validation: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The compute model against measurement across batch sizes: for each figure, a fixed cost plus a
+    cost per unit of its work (FLOPs, or bytes hashed) is fitted on the two smallest batches of the
+    kept runs that share everything else, and predicts the largest batch's seconds. A figure whose
+    work the model prices wrongly (the boundary log's replay, say, or a term that grows with T that
+    it does not count) misses there; so does one whose fixed cost is not fixed."""
+    runs = sorted((v for v in validation if v.get("compute") and v["compute"]["verifier_flops"]),
+                  key=lambda v: v["tokens_per_step"])
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for v in runs:
+        # one invocation's runs (benchmarks/protocol.py --keep puts them side by side), alike but for the batch
+        groups.setdefault((str(Path(v["workdir"]).parent), v["d_model"], *v["settings_key"]), []).append(v)
+    out = []
+    for same in groups.values():
+        if len({v["tokens_per_step"] for v in same}) < 3:
+            continue
+        a, c = same[0], same[-1]
+        b = next(v for v in same if v["tokens_per_step"] > a["tokens_per_step"])
+        for figure, cpu, work in COMPUTE_FIGURES:
+            dw = b["compute"][work] - a["compute"][work]
+            # work that did not change with the batch (a verification's groups) leaves only the fixed cost
+            slope = (b["compute"][cpu] - a["compute"][cpu]) / dw if dw else 0.0
+            fixed = a["compute"][cpu] - slope * a["compute"][work] if dw else (a["compute"][cpu] + b["compute"][cpu]) / 2
+            predicted = fixed + slope * c["compute"][work]
+            out.append({"figure": figure, "fitted_at_tokens": [a["tokens_per_step"], b["tokens_per_step"]],
+                        "predicted_at_tokens": c["tokens_per_step"], "fixed_s": round(fixed, 4),
+                        "s_per_unit": slope, "predicted_s": round(predicted, 4), "measured_s": c["compute"][cpu],
+                        "ratio": round(predicted / c["compute"][cpu], 4)})
+    return out
 
 
 HALF_M = 1 << 19  # 524,288 tokens per step: "the batches people train with" (issue 31)
@@ -386,6 +467,15 @@ def render(doc: dict[str, Any]) -> str:
             lines.append(f"| `{Path(v['workdir']).name}` | {v['tokens_per_step']:,} | {len(v['answers'])} "
                          f"| {v['audit_bytes_modelled_over_measured']:.4f} | {v['files_checked']}: {v['file_ratio_min']:.4f} to {v['file_ratio_max']:.4f} "
                          f"| {v['boundary_log_ratio_min']} to {v['boundary_log_ratio_max']} |")
+    if doc.get("compute_validation"):
+        lines += ["", "Compute against measurement across batch sizes (`compute_check`): each figure's CPU seconds over the",
+                  "whole run, fitted as a fixed cost plus a cost per unit of the work the model prices it by on the two",
+                  "smallest batches, predicting the largest (CPU seconds as the nodes log them, on a shared 2-core machine).", "",
+                  "| figure | fitted at tokens / step | predicted at | fixed | per unit of work | predicted | measured | predicted / measured |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for c in doc["compute_validation"]:
+            lines.append(f"| {c['figure']} | {c['fitted_at_tokens'][0]:,} and {c['fitted_at_tokens'][1]:,} | {c['predicted_at_tokens']:,} "
+                         f"| {c['fixed_s']:.3f} s | {c['s_per_unit']:.3g} s | {c['predicted_s']:.3f} s | {c['measured_s']:.3f} s | {c['ratio']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -406,9 +496,10 @@ def main(argv: list[str] | None = None) -> int:
         for st in grid():
             print(f"projecting {st.model} at {st.tokens:,} tokens, H {st.H}, K {st.K}", file=sys.stderr)
             rows.append(project(st))
+        validation = [validate(d) for d in a.validate]
         doc = {"benchmark": "projection", "command": " ".join(["benchmarks/projection.py", *(argv if argv is not None else sys.argv[1:])]),
                "python": platform.python_version(), "torch": torch.__version__, "rows": rows,
-               "validation": [validate(d) for d in a.validate]}
+               "validation": validation, "compute_validation": compute_check(validation)}
         a.out.write_text(json.dumps(doc, indent=1) + "\n")
     md = render(doc)
     if a.md is not None:

@@ -66,3 +66,28 @@ def test_error_feedback_in_the_parameters_prices_no_start_file() -> None:
     assert params["traffic_reduction_vs_allreduce"] > buffer["traffic_reduction_vs_allreduce"]
     delay = project(Setting("small", 8, 128, 256, 4, merge=False))  # no merge rule: always a buffer
     assert not delay["ef_in_params"] and delay["start_file_bytes"] > 0
+
+
+def _run(parent: str, tokens: int, work: float, seconds: float, verifier_work: float = 5.0) -> dict:
+    """A kept run's validation record as ``validate`` writes it, every figure the same line."""
+    c = {"train_cpu_s": seconds, "train_flops": work, "answer_cpu_s": seconds, "answer_flops": work,
+         "verifier_cpu_s": 2.0, "verifier_flops": verifier_work, "commit_cpu_s": seconds, "hashed_bytes": work}
+    return {"workdir": f"/{parent}/run-{tokens}", "tokens_per_step": tokens, "d_model": 64,
+            "settings_key": [64, 4, 8, "merge", True], "compute": c}
+
+
+def test_the_compute_check_predicts_the_largest_batch_from_the_two_smallest() -> None:
+    """Seconds = 1 + 2 · work at the two smallest batches; a third run on that line is predicted exactly,
+    one off it by its own ratio; work that does not grow with the batch keeps the fixed cost; runs of
+    another invocation, or of one batch size, are not mixed in."""
+    from benchmarks.projection import compute_check
+
+    on_line = [_run("a", 512, 1.0, 3.0), _run("a", 2048, 4.0, 9.0), _run("a", 4096, 8.0, 17.0)]
+    rows = compute_check([*on_line, _run("b", 512, 1.0, 100.0), _run("c", 512, 1.0, 3.0), _run("c", 512, 2.0, 5.0)])
+    assert [r["figure"] for r in rows] == ["training", "audit answers", "verification", "commitments"]
+    train, _, verify, _ = rows
+    assert (train["fixed_s"], train["s_per_unit"], train["ratio"]) == (1.0, 2.0, 1.0)
+    assert train["fitted_at_tokens"] == [512, 2048] and train["predicted_at_tokens"] == 4096
+    assert verify["s_per_unit"] == 0.0 and verify["predicted_s"] == 2.0  # the same groups at every batch
+    off = compute_check([*on_line[:2], _run("a", 4096, 8.0, 34.0)])
+    assert off[0]["ratio"] == 0.5  # predicted 17 s, measured 34 s

@@ -21,6 +21,12 @@ For each precision (fp32, then bf16 autocast), on the trainer's own code path (`
   (``verifier.calibrate.CALIBRATED_TOLERANCE``). That last number says whether a CPU verifier could
   check a GPU trainer in tolerant mode.
 
+- **Commitment hashing.** BLAKE3 of one boundary-sized tensor computed on the device
+  (``protocol.devicehash``: only the digest leaves it) against copying it to the host and hashing
+  it there with the library, as a CPU node does; both digests must agree. At GPU batches every step
+  commits every block's boundaries (docs/audit-scaling.md §2c), so this rate sets whether
+  commitments keep up with the step.
+
 The JSON records the device's torch, CUDA and cuDNN builds next to the numbers.
 """
 
@@ -41,7 +47,8 @@ from typing import Any
 import torch
 
 from protocol.data import batch, default_corpus
-from protocol.digest import state_digest
+from protocol.devicehash import blake3_tensor
+from protocol.digest import state_digest, tensor_bytes
 from protocol.leaf import block_names
 from protocol.model import GPTConfig, init_params, n_params, preset
 from trainer.blockstep import blockwise_step, replay_block
@@ -163,6 +170,30 @@ def replay(cfg: GPTConfig, dev: torch.device, rows: int, seq: int, corpus: Any) 
             "cpu_verifier_tolerant_ok": vs_cpu <= CALIBRATED_TOLERANCE}
 
 
+def hashing(dev: torch.device, mb: float, repeats: int = 3) -> dict[str, Any]:
+    """GB/s of BLAKE3 over one ``mb``-MB tensor on ``dev``: on the device, and copied to the host
+    then hashed by the library; the median of ``repeats`` after one warm-up, and whether they agree."""
+    from blake3 import blake3
+
+    x = torch.randn(max(1, int(mb * 2**20) // 4), device=dev)
+    nbytes = x.numel() * 4
+
+    def on_device(_: int = 0) -> bytes:
+        return blake3_tensor(x)
+
+    def on_host(_: int = 0) -> bytes:
+        return bytes(blake3(tensor_bytes(x)).digest())
+
+    out: dict[str, Any] = {"bytes": nbytes}
+    digests = {}
+    for label, fn in (("device", on_device), ("host_copy_and_library", on_host)):
+        digests[label] = fn()  # warm-up
+        times = step_times(dev, fn, repeats)
+        out[f"{label}_gb_per_s"] = float(f"{nbytes / statistics.median(times) / 1e9:.4g}")
+    out["digests_agree"] = digests["device"] == digests["host_copy_and_library"]
+    return out
+
+
 def environment(dev: torch.device) -> dict[str, Any]:
     env: dict[str, Any] = {"device": str(dev), "device_class": device_class(dev), "torch": torch.__version__,
                            "python": platform.python_version(), "machine": platform.machine()}
@@ -184,6 +215,11 @@ def markdown(r: dict[str, Any]) -> str:
             x = m["throughput"][label]
             mfu = "n/a" if x["mfu_vs_bf16_peak"] is None else f"{100 * x['mfu_vs_bf16_peak']:.1f}%"
             lines.append(f"| {prec} | {label} | {x['s_per_step']:.4f} | {x['tokens_per_s']:,.0f} | {mfu} |")
+    if "hashing" in r:
+        h = r["hashing"]
+        lines += ["", (f"BLAKE3 of {h['bytes'] / 2**20:,.1f} MiB: {h['device_gb_per_s']} GB/s on the device, "
+                       f"{h['host_copy_and_library_gb_per_s']} GB/s copied to the host and hashed there; "
+                       f"digests agree: {h['digests_agree']}")]
     lines += ["", "| precision | same steps twice bitwise | one block replayed bitwise | one step vs CPU (max rel.) |",
               "|---|---|---|---:|"]
     for prec, m in r["precisions"].items():
@@ -202,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=8, help="timed steps per measurement (after one warm-up)")
     ap.add_argument("--segment", type=int, default=8, help="steps per checkpoint and state leaf")
     ap.add_argument("--precisions", default="fp32,bf16")
+    ap.add_argument("--hash-mb", type=float, default=256.0, help="size of the tensor the hashing figure hashes")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     configure_determinism(1, a.device)  # first: the cuBLAS workspace setting must precede CUDA's start
@@ -216,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         result["precisions"][prec] = {"throughput": throughput(cfg, dev, a.rows, a.seq, a.steps, a.segment, corpus),
                                       "replay": replay(cfg, dev, a.rows, a.seq, corpus)}
         print(f"{prec}: {json.dumps(result['precisions'][prec])}", file=sys.stderr, flush=True)
+    result["hashing"] = hashing(dev, a.hash_mb)
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     result["markdown"] = markdown(result)
     print(result["markdown"])

@@ -76,7 +76,17 @@ def _sha256(t: torch.Tensor) -> bytes:
     return hashlib.sha256(tensor_bytes(t)).digest()
 
 
+def _on_device(t: torch.Tensor) -> bool:
+    return t.device.type != "cpu"
+
+
 def _blake3(t: torch.Tensor) -> bytes:
+    """BLAKE3 of a tensor's bytes: by the library on the host, on the device for a device tensor
+    (``protocol.devicehash``: the same digest, without copying the tensor off the device)."""
+    if _on_device(t):
+        from protocol.devicehash import blake3_tensor
+
+        return blake3_tensor(t)
     return bytes(blake3(tensor_bytes(t)).digest())
 
 
@@ -100,8 +110,17 @@ def _named_digests(
                 raise ValueError(f"state entry {name!r} has unsupported dtype {state[name].dtype}")
         layouts.append([(n, state[n]) for n in names])
     tensors = [t for lay in layouts for _, t in lay]
-    big = parallel and sum(t.numel() * t.element_size() for t in tensors) >= _PARALLEL_MIN_BYTES
-    hashes = iter(list(_POOL.map(tensor_hash, tensors)) if big else [tensor_hash(t) for t in tensors])
+    on_device: dict[int, bytes] = {}
+    if tensor_hash is _blake3 and any(_on_device(t) for t in tensors):
+        # one pass per size on the device: only the digests come back
+        from protocol.devicehash import blake3_many
+
+        at = [i for i, t in enumerate(tensors) if _on_device(t)]
+        on_device = dict(zip(at, blake3_many([tensors[i] for i in at]), strict=True))
+    host = [t for i, t in enumerate(tensors) if i not in on_device]
+    big = parallel and sum(t.numel() * t.element_size() for t in host) >= _PARALLEL_MIN_BYTES
+    hashed = iter(list(_POOL.map(tensor_hash, host)) if big else [tensor_hash(t) for t in host])
+    hashes = iter([on_device[i] if i in on_device else next(hashed) for i in range(len(tensors))])
     out = []
     for lay in layouts:
         h = _keccak.new(digest_bits=256)

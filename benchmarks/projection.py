@@ -45,7 +45,7 @@ import json
 import math
 import platform
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -417,6 +417,11 @@ def _gb(x: float) -> str:
     return "none" if x == 0 else f"{x / 1e9:,.2f} GB" if x >= 1e8 else f"{x / 1e6:,.1f} MB"
 
 
+def _table(intro: Sequence[str], columns: Sequence[str], rows: Iterable[str]) -> list[str]:
+    """A paragraph, then a Markdown table: the first column left-aligned, the rest right-aligned."""
+    return ["", *intro, "", "| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1), *rows]
+
+
 def render(doc: dict[str, Any]) -> str:
     lines = [
         "# Verification cost by batch size: today's shard audits, projected from the code's shapes",
@@ -458,24 +463,25 @@ def render(doc: dict[str, Any]) -> str:
               f"max({CHECKPOINT_EVERY}, r) steps (the whole state with its error buffer) plus the boundary log, over parameters "
               "and moments; without the log a challenge replays whole steps from its checkpoint.")]
     if doc.get("validation"):
-        lines += ["", "Validation against measured network runs (`benchmarks/protocol.py --keep`): every audit answer the",
-                  "trainers sent, priced by the model for the segments, blocks and files its manifest names, over the bytes",
-                  "the trainer logged; every file over its size in the run's store; the boundary log over what was logged.", "",
-                  "| run | tokens / step | answers | answer bytes, model / measured | files (model / store) | boundary log, model / measured |",
-                  "|---|---:|---:|---:|---:|---:|"]
-        for v in doc["validation"]:
-            lines.append(f"| `{Path(v['workdir']).name}` | {v['tokens_per_step']:,} | {len(v['answers'])} "
-                         f"| {v['audit_bytes_modelled_over_measured']:.4f} | {v['files_checked']}: {v['file_ratio_min']:.4f} to {v['file_ratio_max']:.4f} "
-                         f"| {v['boundary_log_ratio_min']} to {v['boundary_log_ratio_max']} |")
+        lines += _table(
+            ["Validation against measured network runs (`benchmarks/protocol.py --keep`): every audit answer the",
+             "trainers sent, priced by the model for the segments, blocks and files its manifest names, over the bytes",
+             "the trainer logged; every file over its size in the run's store; the boundary log over what was logged."],
+            ["run", "tokens / step", "answers", "answer bytes, model / measured", "files (model / store)",
+             "boundary log, model / measured"],
+            [f"| `{Path(v['workdir']).name}` | {v['tokens_per_step']:,} | {len(v['answers'])} "
+             f"| {v['audit_bytes_modelled_over_measured']:.4f} | {v['files_checked']}: {v['file_ratio_min']:.4f} to {v['file_ratio_max']:.4f} "
+             f"| {v['boundary_log_ratio_min']} to {v['boundary_log_ratio_max']} |" for v in doc["validation"]])
     if doc.get("compute_validation"):
-        lines += ["", "Compute against measurement across batch sizes (`compute_check`): each figure's CPU seconds over the",
-                  "whole run, fitted as a fixed cost plus a cost per unit of the work the model prices it by on the two",
-                  "smallest batches, predicting the largest (CPU seconds as the nodes log them, on a shared 2-core machine).", "",
-                  "| figure | fitted at tokens / step | predicted at | fixed | per unit of work | predicted | measured | predicted / measured |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|"]
-        for c in doc["compute_validation"]:
-            lines.append(f"| {c['figure']} | {c['fitted_at_tokens'][0]:,} and {c['fitted_at_tokens'][1]:,} | {c['predicted_at_tokens']:,} "
-                         f"| {c['fixed_s']:.3f} s | {c['s_per_unit']:.3g} s | {c['predicted_s']:.3f} s | {c['measured_s']:.3f} s | {c['ratio']:.3f} |")
+        lines += _table(
+            ["Compute against measurement across batch sizes (`compute_check`): each figure's CPU seconds over the",
+             "whole run, fitted as a fixed cost plus a cost per unit of the work the model prices it by on the two",
+             "smallest batches, predicting the largest (CPU seconds as the nodes log them, on a shared 2-core machine)."],
+            ["figure", "fitted at tokens / step", "predicted at", "fixed", "per unit of work", "predicted", "measured",
+             "predicted / measured"],
+            [f"| {c['figure']} | {c['fitted_at_tokens'][0]:,} and {c['fitted_at_tokens'][1]:,} | {c['predicted_at_tokens']:,} "
+             f"| {c['fixed_s']:.3f} s | {c['s_per_unit']:.3g} s | {c['predicted_s']:.3f} s | {c['measured_s']:.3f} s | {c['ratio']:.3f} |"
+             for c in doc["compute_validation"]])
     return "\n".join(lines) + "\n"
 
 

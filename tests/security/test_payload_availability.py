@@ -107,6 +107,8 @@ def _passed_and_deleted(tmp_path: Path, verifiers: int = 1, committed: Any = Non
     nodes.sort(key=lambda n: n[0].me not in a.verifiers)  # the assigned verifier first
     (verifier, vlog), others = nodes[0], nodes[1:]
     assert [v["passed"] for v in vlog.events("verified")] == [True], vlog.lines
+    (ev,) = vlog.events("verified")  # its cost, split at the node's edges (protocol/cpumeter.py)
+    assert ev["fetched_bytes"] > 0 and ev["rpc_calls"] > 0 and 0 <= ev["rpc_cpu_s"] + ev["store_cpu_s"] <= ev["cpu_s"] + 0.01
     assert verifier.keeper.held(0) == [payload]  # kept before the vote
 
     store.path_of(payload).unlink()  # the attack: withdraw the payload once the pass is in

@@ -6,7 +6,8 @@ data, so the file can be remade from scratch without reading its ``command`` lis
 checked against the committed file (tests/unit/test_headline_bench.py). Runs ("pieces") write into a
 work folder and are resumable: a piece whose JSON is there and complete (its seeds, methods and
 settings) is skipped, so an interrupted or partial run (``--only``, ``--piece``) picks up where it
-stopped. The merge runs once every piece is done; it takes seconds.
+stopped; a piece another plan already ran (the same run, in a sibling work folder) is copied, not run
+again. The merge runs once every piece is done; it takes seconds.
 
     .venv/bin/python benchmarks/headline.py convergence-small --dry-run   # the plan, what is done
     .venv/bin/python benchmarks/headline.py convergence-small --jobs 2    # the runs, then the merge
@@ -113,6 +114,10 @@ SHIPPED = "fixed_rank_merge_b1_inparams_trimmed"  # at rank 128
 # the selection rows (--eval-split heldout). Not run yet: its pieces resume under .veriloco/headline/.
 HELDOUT = (*SMALL, "--eval-split", "heldout")
 HELDOUT_SEEDS = (3, 4, 5)
+# convergence-small-baselines.json (issue 33): the field's compressors as training methods at the shipped
+# payload's bytes (rank 128), SparseLoCo-style and DeMo-style top-k with 2-bit values, on the held-out
+# seeds and rows beside the held-out plan's runs, which it reuses (the same pieces: nothing runs twice).
+BASELINES = ("sparseloco_merge_trimmed", "demo_merge_trimmed")
 # convergence-tiny.json (`make bench`): the tiny preset at outer 0.7 / 0.5, the outer sweep beside it.
 TINY = ("--preset", "tiny", "--eval-rows", "512", "--outer-lr", "0.7", "--outer-momentum", "0.5",
         "--sweep-outer", "1.0:0.0,1.0:0.3,1.2:0.0")
@@ -131,6 +136,12 @@ HEADLINES: dict[str, Headline] = {
             "convergence-small-heldout",
             per_run(HELDOUT_SEEDS, [("allreduce", HELDOUT), ("diloco", HELDOUT),
                                     (SHIPPED, with_flag(HELDOUT, "--rank", "128"))]),
+            dilocox=f"{SHIPPED}_r128",
+        ),
+        Headline(
+            "convergence-small-baselines",
+            per_run(HELDOUT_SEEDS, [("allreduce", HELDOUT), ("diloco", HELDOUT),
+                                    *((m, with_flag(HELDOUT, "--rank", "128")) for m in (SHIPPED, *BASELINES))]),
             dilocox=f"{SHIPPED}_r128",
         ),
         # the outer sweep pairs against AllReduce within a run: one piece per seed, every method in it
@@ -169,6 +180,23 @@ def piece_state(piece: Piece, path: Path) -> str | None:
     except (OSError, ValueError) as exc:
         return f"unreadable ({exc})"
     return incomplete(piece, data)
+
+
+def sibling(piece: Piece, path: Path) -> Path | None:
+    """Where another plan's work folder (a sibling of ``path``'s) holds this very piece finished."""
+    return next((o for o in sorted(path.parent.parent.glob(f"*/{path.name}"))
+                 if o.parent != path.parent and piece_state(piece, o) is None), None)
+
+
+def reuse(piece: Piece, path: Path) -> Path | None:
+    """Copy another plan's finished output of this piece (``sibling``) to ``path``, with its log."""
+    other = sibling(piece, path)
+    if other is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(other.read_bytes())
+        if other.with_suffix(".log").exists():
+            path.with_suffix(".log").write_bytes(other.with_suffix(".log").read_bytes())
+    return other
 
 
 def _rel(p: Path) -> str:
@@ -212,6 +240,9 @@ def run(h: Headline, work: Path, out: Path, selected: Sequence[int], jobs: int, 
     todo, why_run = [], {}
     for i in selected:
         why = piece_state(h.pieces[i], paths[i])
+        if why is not None and (other := reuse(h.pieces[i], paths[i])) is not None:
+            _say(f"piece {i + 1}/{n} ({h.pieces[i].name}): done under {other.parent.name}, copied")
+            why = None
         if why is None:
             _say(f"piece {i + 1}/{n} ({h.pieces[i].name}): done, skipped")
         else:
@@ -263,12 +294,16 @@ def dry_run(h: Headline, work: Path, out: Path, selected: Sequence[int]) -> str:
     """The plan, one command per line, each with whether its piece is done."""
     paths = [work / f"{p.name}.json" for p in h.pieces]
     states = [piece_state(p, path) for p, path in zip(h.pieces, paths)]
+    elsewhere = {i: o.parent.name for i, (p, path) in enumerate(zip(h.pieces, paths))
+                 if states[i] is not None and (o := sibling(p, path)) is not None}
     done = sum(s is None for s in states)
-    lines = [f"# {h.name}: {len(h.pieces)} pieces ({done} done), then their merge into {_rel(out)}; "
+    lines = [f"# {h.name}: {len(h.pieces)} pieces ({done} done"
+             + (f", {len(elsewhere)} done by another plan" if elsewhere else "") + f"), then their merge into {_rel(out)}; "
              + f"work folder {_rel(work)}"]
     for i in selected:
         lines.append(f"{_show(h.pieces[i].args(_rel(paths[i])))}  # piece {i + 1}: "
-                     + ("done" if states[i] is None else "to run" if states[i] == NOT_RUN else f"to run: {states[i]}"))
+                     + ("done" if states[i] is None else f"done under {elsewhere[i]} (copied when run)" if i in elsewhere
+                        else "to run" if states[i] == NOT_RUN else f"to run: {states[i]}"))
     lines.append(f"{_show(h.merge_args([_rel(p) for p in paths], _rel(out)))}  # merge: "
                  + ("ready" if all(s is None for s in states) else "once every piece is done"))
     return "\n".join(lines)

@@ -245,6 +245,37 @@ def test_the_held_out_plan_confirms_the_shipped_method_on_seeds_and_rows_nobody_
     assert held.pieces[0].methods == ("allreduce",)  # each seed pairs against its own AllReduce
 
 
+def test_the_baselines_plan_adds_the_field_s_compressors_to_the_held_out_runs() -> None:
+    """issue 33: convergence-small-baselines trains SparseLoCo- and DeMo-style top-k at the shipped
+    payload's bytes on the held-out seeds and rows, and every other piece is one of the held-out plan's
+    (the same name and flags, so it is copied rather than run twice)."""
+    held, base = HEADLINES["convergence-small-heldout"], HEADLINES["convergence-small-baselines"]
+    shared = {p.name: p for p in held.pieces}
+    new = [p for p in base.pieces if p.name not in shared]
+    assert all(shared[p.name] == p for p in base.pieces if p.name in shared) and len(shared) == len(held.pieces)
+    assert {p.methods[0] for p in new} == {"sparseloco_merge_trimmed", "demo_merge_trimmed"}
+    for p in new:
+        assert resolve_method(p.methods[0], methods()) is not None  # a method the simulation knows
+        f = flag_values(p.flags)
+        assert f["--rank"] == "128" and f["--eval-split"] == "heldout" and p.seeds[0] in (3, 4, 5)
+    assert base.dilocox == held.dilocox
+
+
+def test_a_piece_another_plan_finished_is_copied_not_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    calls: list[list[str]] = []
+    assert run(TOY, tmp_path / "toy", tmp_path / "toy.json", range(4), 1, str, fake(calls)) == 0
+    more = Headline("more", per_run((0,), [("allreduce", ("--preset", "ci")), ("diloco", ("--preset", "ci")),
+                                           ("dilocox", ("--preset", "ci"))]), dilocox="dilocox")
+    (tmp_path / "toy" / "s0-diloco.json").write_text("{trunc")  # unfinished there: not copied
+    calls.clear()
+    assert run(more, tmp_path / "more", tmp_path / "more.json", range(3), 1, str, fake(calls)) == 0
+    ran = [c[c.index("--methods") + 1] for c in calls if "--methods" in c]
+    assert ran == ["diloco", "dilocox"]  # allreduce copied from toy's folder
+    assert "piece 1/3 (s0-allreduce): done under toy, copied" in capsys.readouterr().err
+    assert json.loads((tmp_path / "more" / "s0-allreduce.json").read_text())["per_seed"][0]["seed"] == 0
+    assert (tmp_path / "more" / "s0-allreduce.log").read_text() == "ok\n"
+
+
 def test_unknown_headline_and_pieces_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         headline_main(["convergence-huge", "--dry-run"])

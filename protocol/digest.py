@@ -81,12 +81,8 @@ def _on_device(t: torch.Tensor) -> bool:
 
 
 def _blake3(t: torch.Tensor) -> bytes:
-    """BLAKE3 of a tensor's bytes: by the library on the host, on the device for a device tensor
-    (``protocol.devicehash``: the same digest, without copying the tensor off the device)."""
-    if _on_device(t):
-        from protocol.devicehash import blake3_tensor
-
-        return blake3_tensor(t)
+    """BLAKE3 of a host tensor's bytes by the library (``_named_digests`` hashes a device's tensors
+    on the device, ``protocol.devicehash``)."""
     return bytes(blake3(tensor_bytes(t)).digest())
 
 

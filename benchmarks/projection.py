@@ -214,6 +214,10 @@ def project(st: Setting) -> dict[str, Any]:
     c = max(CHECKPOINT_EVERY, seg)
     checkpoints = (st.H // c + 1 + int(st.H % c > 0)) * 4 * w * P  # d_0, every c-th, d_H: params, moments, ef
     answer_steps = st.s * ((c - seg) / 2 + seg)  # per epoch, from the checkpoint at or before each challenge
+    # the gradient log: every step's total gradients (w bytes a parameter); an answer advances the state
+    # by AdamW alone (no forward pass, left out here) and runs groups 0..m of each of its r steps
+    grad_log = w * P * st.H
+    grad_steps = st.s * seg * (M + 1) / (2 * M)
     block_share = sum(flops_per_token(cfg, names) for names in blocks) / B / flops_per_token(cfg)
     train = flops_per_token(cfg) * st.tokens * st.H
     replay = sum(flops_per_token(cfg, names) for names in blocks) / B * (st.tokens / M) * seg * st.s
@@ -256,6 +260,12 @@ def project(st: Setting) -> dict[str, Any]:
         "answer_memory_without_log_fraction_of_state": round(checkpoints / state, 3),
         "answer_flops_fraction": round(answer_steps * block_share / st.H, 5),
         "answer_flops_without_log_fraction": round(answer_steps / st.H, 5),
+        "gradient_log_bytes_per_epoch": grad_log,
+        "answer_memory_gradient_log_fraction_of_state": round((grad_log + checkpoints) / state, 3),
+        "answer_flops_gradient_log_fraction": round(grad_steps / st.H, 5),
+        # what the trainer keeps by default: boundaries while they are no larger than the gradients
+        # (trainer/boundaries.py; it keeps them past that too while a whole epoch's fit its budgets)
+        "smaller_log": "boundaries" if log_step <= w * P else "gradients",
         "verifier_replay_flops_fraction": round(st.q * replay / train, 5),
         "hashed_bytes_per_training_flop": hashed / (flops_per_token(cfg) * st.tokens),
         "detect_one_group_forgery_per_epoch": min(1.0, st.s * seg / (st.H * B * M)),
@@ -434,8 +444,8 @@ def render(doc: dict[str, Any]) -> str:
         doc["command"],
         "```",
         "",
-        "| model | params | tokens / step | H | K | groups M (tokens) | r | boundary log / epoch | answer memory / state: with the log (without) | answer FLOPs / training: with the log (without) | per challenge (boundaries) | start file (with a carried buffer) | answer / epoch | vs AllReduce, each byte once (with a carried buffer) | per verifier fetch (with a carried buffer) | replay FLOPs / training | hashed bytes / training FLOP | one-group forgery caught / epoch |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | params | tokens / step | H | K | groups M (tokens) | r | boundary log / epoch | answer memory / state: with the log (without) | answer FLOPs / training: with the log (without) | gradient log / epoch: memory / state, answer FLOPs / training | per challenge (boundaries) | start file (with a carried buffer) | answer / epoch | vs AllReduce, each byte once (with a carried buffer) | per verifier fetch (with a carried buffer) | replay FLOPs / training | hashed bytes / training FLOP | one-group forgery caught / epoch |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in doc["rows"]:
         st = r["setting"]
@@ -445,6 +455,8 @@ def render(doc: dict[str, Any]) -> str:
             f"| {st['H']} | {st['K']} | {r['groups']} ({r['group_tokens']:,}) | {seg} "
             f"| {_gb(r['boundary_log_bytes_per_epoch'])} | {r['answer_memory_fraction_of_state']:,.1f} ({r['answer_memory_without_log_fraction_of_state']:,.1f}) "
             f"| {r['answer_flops_fraction']:.4f} ({r['answer_flops_without_log_fraction']:.3f}) "
+            f"| {_gb(r['gradient_log_bytes_per_epoch'])}{' (smaller)' if r['smaller_log'] == 'gradients' else ''}: "
+            f"{r['answer_memory_gradient_log_fraction_of_state']:,.1f}, {r['answer_flops_gradient_log_fraction']:.4f} "
             f"| {_gb(r['audit_bytes_per_challenge'])} ({_gb(r['boundary_bytes_per_challenge'])}) "
             f"| {_gb(r['start_file_bytes'])} ({_gb(r['buffer_start_file_bytes'])}) "
             f"| {_gb(r['audit_answer_bytes_per_epoch'])} | {r['traffic_reduction_vs_allreduce']:,.1f}x ({r['traffic_reduction_vs_allreduce_buffer']:,.1f}x) "
@@ -461,7 +473,12 @@ def render(doc: dict[str, Any]) -> str:
               "block's boundaries, M − 1 running gradient sums and the state every r steps; the fraction of a step "
               "is that times the FLOP rate over the hash rate, which is the hardware's. Answer memory: checkpoints every "
               f"max({CHECKPOINT_EVERY}, r) steps (the whole state with its error buffer) plus the boundary log, over parameters "
-              "and moments; without the log a challenge replays whole steps from its checkpoint.")]
+              "and moments; without the log a challenge replays whole steps from its checkpoint. Where the boundaries of a "
+              "step outgrow its total gradients (w bytes a parameter), a trainer whose budgets cannot hold the epoch's "
+              "boundaries keeps those instead (marked smaller where they are: trainer/boundaries.py), batch-free: an answer advances every block "
+              "by AdamW alone from the checkpoint and runs groups 0..m of each challenged step through the whole model, "
+              "(M + 1) / 2M of a step per step on average. Its memory counts the checkpoints too, which then only "
+              "serve a restart: `--checkpoint-every` at H leaves about H/3 + 3 states.")]
     if doc.get("validation"):
         lines += _table(
             ["Validation against measured network runs (`benchmarks/protocol.py --keep`): every audit answer the",

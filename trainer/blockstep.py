@@ -196,6 +196,68 @@ class Capture:
                 self.total = dict(acc)
 
 
+class Totals:
+    """An ``on_partial`` hook that keeps every block's total gradient (its sum after the last group) and
+    passes every call on to ``then``: what a gradient log keeps of a step (trainer/boundaries.py)."""
+
+    def __init__(self, micro: int, then: OnPartial | None = None) -> None:
+        self.micro, self.then = micro, then
+        self.totals: dict[int, Params] = {}
+
+    def __call__(self, b: int, m: int, acc: Params) -> None:
+        if self.then is not None:
+            self.then(b, m, acc)
+        if m == self.micro - 1:
+            self.totals[b] = acc
+
+
+@dataclass
+class GroupPass:
+    """Groups 0..m of one step through every block, before any update: each block's gradient summed
+    over them (``acc``), its output activations and input gradients per group, and the groups' losses."""
+
+    acc: list[Params | None]
+    acts: list[list[Tensor]]
+    gins: list[list[Tensor]]
+    losses: list[float]
+
+
+def group_pass(
+    state: Mapping[str, Tensor], batch: Batch, model_cfg: GPTConfig, micro: int, upto: int | None = None,
+    on_partial: OnPartial | None = None,
+) -> GroupPass:
+    """Groups (micro-batches) 0..``upto`` (default: all) of a step, block by block, in the step's order.
+
+    A group's forward and backward read only the state and its own rows, and the running sums only
+    the groups before it, so stopping after group m gives group m's boundaries and the sums through m
+    with the bits of the whole step: what an answer from the gradient log runs (trainer/engine.py)."""
+    dev = state[STEP].device
+    groups = block_names(model_cfg)
+    mods = [block_module(model_cfg, b) for b in range(len(groups))]
+    leaves = [block_leaves(state, names) for names in groups]
+    out = GroupPass([None] * len(groups), [[] for _ in groups], [[] for _ in groups], [])
+    for m, (x, y) in enumerate(microbatches(batch, micro)[: micro if upto is None else upto + 1]):
+        x, y = x.to(dev), y.to(dev)
+        runs: list[BlockRun] = []
+        h = x
+        for b in range(len(groups)):
+            run = BlockRun(model_cfg, b, leaves[b], mods[b], h, micro, y if b == len(groups) - 1 else None)
+            runs.append(run)
+            h = run.out.detach()
+            if not run.last:
+                out.acts[b].append(h)
+        out.losses.append(float(runs[-1].loss.detach()))
+        g: Tensor | None = None
+        for run in reversed(runs):
+            grads, g = run.backward(g)
+            out.acc[run.b] = summed = accumulate(out.acc[run.b], grads)
+            if on_partial is not None:
+                on_partial(run.b, m, summed)
+            if g is not None:
+                out.gins[run.b].append(g)
+    return out
+
+
 def blockwise_step(
     state: Mapping[str, Tensor], batch: Batch, model_cfg: GPTConfig, inner_cfg: InnerConfig, micro: int = 1,
     on_partial: OnPartial | None = None,
@@ -205,46 +267,24 @@ def blockwise_step(
     ``on_partial(b, m, acc)`` sees each block's running sum after each group (micro-batch) m, the
     moment it exists: what a v4 leaf commits (protocol.leaf.PartialSums) or an answer reveals."""
     check_state(state, model_cfg)
-    dev = state[STEP].device
-    groups = block_names(model_cfg)
-    mods = [block_module(model_cfg, b) for b in range(len(groups))]
-    leaves = [block_leaves(state, names) for names in groups]
-    acc: list[Params | None] = [None] * len(groups)
-    acts: list[list[Tensor]] = [[] for _ in groups]
-    gins: list[list[Tensor]] = [[] for _ in groups]
-    losses: list[float] = []
-    for m, (x, y) in enumerate(microbatches(batch, micro)):
-        x, y = x.to(dev), y.to(dev)
-        runs: list[BlockRun] = []
-        h = x
-        for b in range(len(groups)):
-            run = BlockRun(model_cfg, b, leaves[b], mods[b], h, micro, y if b == len(groups) - 1 else None)
-            runs.append(run)
-            h = run.out.detach()
-            if not run.last:
-                acts[b].append(h)
-        losses.append(float(runs[-1].loss.detach()))
-        g: Tensor | None = None
-        for run in reversed(runs):
-            grads, g = run.backward(g)
-            acc[run.b] = summed = accumulate(acc[run.b], grads)
-            if on_partial is not None:
-                on_partial(run.b, m, summed)
-            if g is not None:
-                gins[run.b].append(g)
-    loss = sum(losses) / len(losses)
+    run = group_pass(state, batch, model_cfg, micro, None, on_partial)
+    loss = sum(run.losses) / len(run.losses)
     if not math.isfinite(loss):
         raise TrainerError(f"loss is {loss} at step {int(state[STEP].item())}; lower the learning rate or check the data")
-    grads_all = [a if a is not None else {} for a in acc]
+    grads_all = [a if a is not None else {} for a in run.acc]
     sqs = [squared_norm(a) for a in grads_all]
-    norm = global_norm(sqs)
-    merged: Params = {n: t for a in grads_all for n, t in a.items()}
-    new = apply_update(state, merged, inner_cfg, norm=norm)
+    new = step_update(state, {n: t for a in grads_all for n, t in a.items()}, inner_cfg, sqs)
     ios = [
-        BlockIO(torch.cat(acts[b]) if acts[b] else None, torch.cat(gins[b]) if gins[b] else None, sqs[b])
-        for b in range(len(groups))
+        BlockIO(torch.cat(run.acts[b]) if run.acts[b] else None, torch.cat(run.gins[b]) if run.gins[b] else None, sqs[b])
+        for b in range(len(grads_all))
     ]
     return new, loss, ios
+
+
+def step_update(state: Mapping[str, Tensor], total: Params, inner_cfg: InnerConfig, sqs: Sequence[Tensor]) -> State:
+    """The step's AdamW update of the whole state from every block's total gradient and squared norm:
+    the step itself, and an answer that advances the state from logged totals without a forward pass."""
+    return apply_update(state, total, inner_cfg, norm=global_norm(sqs))
 
 
 def replay_block(

@@ -1,4 +1,5 @@
-"""Every step's boundary tensors kept, so answering a shard audit replays one block, not whole steps.
+"""Every step's boundary tensors kept (or, at large batches, its total gradients), so answering a
+shard audit does not replay whole steps.
 
 A challenge file needs one block's state at the segment start and the tensors the block consumed
 at each of its r steps (docs/protocol.md §5.3). Without this log the trainer has neither: it
@@ -13,16 +14,21 @@ budget shared by a trainer's logs (``ByteBudget``) a step's tensors are simply k
 them and nothing else holds them, so keeping them costs no copy. Past the budget they are written
 to ``<epoch dir>/bounds/`` (a copy into the page cache: 7 ms per 20 MB alone here, several times that
 on a machine whose memory bandwidth other processes share), up to a second budget for disk. Past
-both, a step is not logged at all: the log grows with tokens per step (80 GB per step for a 124M
-model at 0.5M tokens), so at such batches it would fill the disk that checkpoints and payloads need;
-a challenge reaching an unlogged step replays whole steps instead. The log is a cache, never trusted: an
-answer built from it is checked against the committed leaves before it is published
-(trainer/shard_response.py), and anything missing, torn or altered makes the trainer fall back to
-replaying whole steps.
+both, a step is not logged at all; a challenge reaching an unlogged step replays whole steps.
+
+Boundaries grow with tokens per step (80 GB per step for a 124M model at 0.5M tokens); a step's total
+gradients do not (4 bytes a parameter). Where the boundaries are the larger and an epoch of them
+would not fit the budgets, the log keeps the totals instead (the *gradient log*): an answer then
+advances every block by AdamW alone from the checkpoint and runs groups 0..m of each challenged
+step through the whole model, (m + 1) / M of a step (docs/audit-scaling.md §3). The log is a cache,
+never trusted: an answer built from it is checked against the committed leaves before it is
+published (trainer/shard_response.py), and anything missing, torn or altered makes the trainer fall
+back to replaying whole steps.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -38,6 +44,9 @@ from protocol.leaf import GroupLeaf
 from trainer.blockstep import BlockIO
 
 SQ = "sq"  # every block's squared gradient norm, fp32, in block order
+TOTAL = "total/"  # a parameter's total gradient in the step (what AdamW used), fp32: the gradient log
+BOUNDARIES, GRADIENTS = "boundaries", "gradients"
+_PREFIX = {BOUNDARIES: "step-", GRADIENTS: "grad-"}
 GROUPS = "groups"  # every block's group leaves (protocol.leaf.GroupLeaf), uint8 [blocks, M, 96]
 
 
@@ -75,34 +84,71 @@ def quarter_of_memory() -> int:
 
 
 class BoundaryLog:
-    """What every block exchanged in step k (leaf k+1) of one epoch: in memory within ``budget``, else
-    ``<epoch dir>/bounds/step-<k>.safetensors``."""
+    """What one epoch's audit answers need of each step k (leaf k+1): in memory within ``budget``, else
+    ``<epoch dir>/bounds/<step|grad>-<k>.safetensors``.
 
-    def __init__(self, epoch_dir: Path, budget: ByteBudget | None = None, disk: ByteBudget | None = None) -> None:
+    It keeps one of two things, chosen at the first step kept and fixed for the epoch (``kind``):
+
+    - ``boundaries``: every block's boundary tensors. An answer then replays one block alone, about
+      1/B of a step per step, but they cost ``2 (B − 1) · T · d`` floats a step, growing with tokens
+      per step T.
+    - ``gradients``: every parameter's total gradient (4 bytes a parameter a step, whatever the batch).
+      An answer advances the whole state from a checkpoint by AdamW alone and runs only groups 0..m of
+      each challenged step, about (m + 1) / M of a step (docs/audit-scaling.md §3, "gradient log").
+
+    Boundaries are kept when they are no larger, or when the whole epoch's (``steps`` of them) fits
+    both budgets; otherwise gradients.
+    """
+
+    def __init__(self, epoch_dir: Path, budget: ByteBudget | None = None, disk: ByteBudget | None = None,
+                 steps: int | None = None) -> None:
         self.path = epoch_dir / "bounds"
-        self.budget, self.disk = budget, disk
+        self.budget, self.disk, self.steps = budget, disk, steps
         self._ram: dict[int, dict[str, Tensor]] = {}
         self.ram_bytes = 0
         self._disk_sizes: dict[int, int] = {}  # what this log charged to ``disk``, by step
         self.unlogged: list[int] = []  # steps over both budgets, not kept
+        on_disk = [kind for kind, pre in _PREFIX.items() if any(self.path.glob(f"{pre}*.safetensors"))]
+        self.kind: str | None = on_disk[0] if len(on_disk) == 1 else None  # a restarted node keeps its files' kind
 
     def _file(self, k: int) -> Path:
-        return self.path / f"step-{k:06d}.safetensors"
+        return self.path / f"{_PREFIX[self.kind or BOUNDARIES]}{k:06d}.safetensors"
 
-    def put(self, k: int, ios: Sequence[BlockIO], groups: Mapping[int, Sequence[GroupLeaf]]) -> bool:
-        """Keep step k's boundaries and group leaves in memory if the budget allows, else write them
-        (atomically: a torn file is never read as whole) if the disk budget allows; False if neither."""
+    def _room(self) -> float:
+        """Bytes both budgets have left (inf where one has no limit)."""
+        ram = 0.0 if self.budget is None else math.inf if self.budget.limit is None else self.budget.limit - self.budget.used
+        disk = math.inf if self.disk is None or self.disk.limit is None else self.disk.limit - self.disk.used
+        return ram + disk
+
+    def _choose(self, bound: int, grad: int) -> str:
+        if grad >= bound or self.steps is None or bound * self.steps <= self._room():
+            return BOUNDARIES
+        return GRADIENTS
+
+    def put(self, k: int, ios: Sequence[BlockIO], groups: Mapping[int, Sequence[GroupLeaf]],
+            totals: Mapping[int, Mapping[str, Tensor]] | None = None) -> bool:
+        """Keep step k's boundaries or, with ``totals`` (every block's total gradient) when those are
+        chosen, its totals, with its group leaves and norms, in memory if the budget allows, else
+        written (atomically: a torn file is never read as whole) if the disk budget allows; False if
+        neither."""
         raw = b"".join(g.encode() for b in range(len(ios)) for g in groups[b])
         tensors: dict[str, Tensor] = {
-            SQ: torch.stack([io.sq.to(torch.float32) for io in ios]),
+            SQ: torch.stack([io.sq.to(torch.float32).cpu() for io in ios]),
             GROUPS: torch.frombuffer(bytearray(raw), dtype=torch.uint8).reshape(len(ios), -1, 96),
         }
+        bound: dict[str, Tensor] = {}
         for b, io in enumerate(ios):
             if io.act is not None:
-                tensors[_act(b)] = io.act.contiguous()
+                bound[_act(b)] = io.act.contiguous()
             if io.grad_in is not None:
-                tensors[_grad(b)] = io.grad_in.contiguous()
-        size = sum(t.numel() * t.element_size() for t in tensors.values())
+                bound[_grad(b)] = io.grad_in.contiguous()
+        grads = {TOTAL + n: t for b in sorted(totals or {}) for n, t in (totals or {})[b].items()}
+        if self.kind is None:
+            self.kind = GRADIENTS if grads and self._choose(_bytes(bound), _bytes(grads)) == GRADIENTS else BOUNDARIES
+        if self.kind == GRADIENTS and not grads:
+            raise ValueError(f"step {k}: a gradient log needs the step's total gradients")
+        tensors.update({n: t.detach().cpu().contiguous() for n, t in grads.items()} if self.kind == GRADIENTS else bound)
+        size = _bytes(tensors)
         if self.budget is not None and self.budget.fits(size) and k not in self._ram:
             self._ram[k] = tensors
             self.ram_bytes += size
@@ -143,6 +189,17 @@ class BoundaryLog:
             raise ValueError(f"boundary log step {k} holds {len(sqs)} norms for {n_blocks} blocks")
         return inp, g_out, sqs
 
+    def totals(self, k: int) -> tuple[dict[str, Tensor], list[Tensor]]:
+        """Step k's total gradient of every parameter and every block's squared norm (a gradient log)."""
+        kept = self._ram.get(k)
+        if kept is None:
+            with safe_open(str(self._file(k)), framework="pt") as f:
+                kept = {n: f.get_tensor(n) for n in f.keys() if n.startswith(TOTAL) or n == SQ}  # noqa: SIM118 - a safe_open handle is not iterable
+        totals = {n[len(TOTAL):]: t for n, t in kept.items() if n.startswith(TOTAL)}
+        if self.kind != GRADIENTS or not totals:
+            raise ValueError(f"the log of step {k} holds no total gradients")
+        return totals, list(kept[SQ].unbind())
+
     def groups(self, k: int) -> dict[int, list[GroupLeaf]]:
         """Every block's group leaves in step k."""
         kept = self._ram.get(k)
@@ -155,7 +212,7 @@ class BoundaryLog:
 
     def disk_bytes(self) -> int:
         """Disk bytes the log holds now."""
-        return sum(p.stat().st_size for p in self.path.glob("step-*.safetensors"))
+        return sum(p.stat().st_size for pre in _PREFIX.values() for p in self.path.glob(f"{pre}*.safetensors"))
 
     def drop(self) -> None:
         """Forget every step: memory back to the budget, files deleted."""
@@ -169,4 +226,8 @@ class BoundaryLog:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-__all__ = ["BoundaryLog", "ByteBudget", "quarter_of_free_disk", "quarter_of_memory"]
+def _bytes(tensors: Mapping[str, Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+__all__ = ["BOUNDARIES", "GRADIENTS", "BoundaryLog", "ByteBudget", "quarter_of_free_disk", "quarter_of_memory"]

@@ -24,8 +24,18 @@ import torch
 from torch import Tensor
 
 from protocol.leaf import GroupLeaf, LeafCommitter, PartialSums, StepLeaf, block_names
-from trainer.blockstep import Batch, BlockIO, Capture, OnPartial, blockwise_step, replay_block
-from trainer.boundaries import BoundaryLog, ByteBudget
+from trainer.blockstep import (
+    Batch,
+    BlockIO,
+    Capture,
+    OnPartial,
+    Totals,
+    blockwise_step,
+    group_pass,
+    replay_block,
+    step_update,
+)
+from trainer.boundaries import GRADIENTS, BoundaryLog, ByteBudget
 from trainer.checkpoints import EpochDir
 from trainer.compress import CompressionStats, compress
 from trainer.delay import (
@@ -160,9 +170,10 @@ def epoch_delta(spec: RoundSpec, start: State, end: State, merged: Callable[[], 
 
 @dataclass
 class Opened:
-    """Block b in one step of an answered segment: its whole-batch boundaries (input activations, output
-    gradient), its gradient through the group before the opened one and its total (``trainer.blockstep.
-    Capture``; None at M = 1 or group 0), and the group leaves of blocks b−1, b, b+1 (the openings)."""
+    """Block b in one step of an answered segment: its boundaries on the opened group's rows (input
+    activations, output gradient), its gradient through the group before the opened one and its total
+    (``trainer.blockstep.Capture``; None at M = 1 or group 0), and the group leaves of blocks b−1, b,
+    b+1 (the openings)."""
 
     inp: Tensor | None
     g_out: Tensor | None
@@ -187,6 +198,11 @@ def neighbours(groups: Mapping[int, Sequence[GroupLeaf]], b: int) -> dict[int, l
 def boundary_of(ios: list[BlockIO], b: int) -> tuple[Tensor | None, Tensor | None]:
     """Block b's inputs in a step: the previous block's output and the next block's input gradient."""
     return (ios[b - 1].act if b > 0 else None), (ios[b + 1].grad_in if b < len(ios) - 1 else None)
+
+
+def group_rows(t: Tensor | None, micro: int, m: int) -> Tensor | None:
+    """Group m's rows of a whole-batch boundary tensor (what an answer ships)."""
+    return None if t is None else t.chunk(micro)[m].contiguous()
 
 
 def own_cpu() -> float:
@@ -265,14 +281,15 @@ class LocalEngine:
             raise TrainerError("the engine has no epoch begun or resumed")
         t = own_cpu()
         sums = PartialSums(self.spec.microbatches)
-        self.state, loss, ios = self._step(self.state, batch, sums)
+        totals = Totals(self.spec.microbatches, sums)
+        self.state, loss, ios = self._step(self.state, batch, totals)
         t_step = own_cpu()
         groups = self.committer.group_leaves(ios, sums.digests)
         leaf = self.committer.leaf(k + 1, self.state, ios, groups)
         t_leaf = own_cpu()
         if self.keep_boundaries:
             try:
-                self._log(d).put(k, ios, groups)
+                self._log(d).put(k, ios, groups, totals.totals)
             except OSError as exc:  # a full disk costs the cheap answer for this step, never the step
                 self.log_error = f"step {k}: {exc}"
         self._timings["compute_s"] += t_step - t - sums.seconds
@@ -314,6 +331,8 @@ class LocalEngine:
         log = self._log(d)
         if logged and self.keep_boundaries and base is not None and log.has(range(base, end)):
             try:
+                if log.kind == GRADIENTS:
+                    return self._gradient_block(d, log, base, start, end, b, picks, batch_of)
                 return self._logged_block(d, log, base, start, end, b, picks, batch_of)
             except Exception as exc:  # noqa: BLE001 - the log is a cache: a file it cannot read means whole steps
                 self.log_error = f"epoch {d.epoch} boundary log unreadable ({type(exc).__name__}: {exc}); replaying whole steps"
@@ -326,7 +345,7 @@ class LocalEngine:
             cap = Capture(b, m, micro, sums := PartialSums(micro))
             state, _, ios = self._step(self._merged(d, state, j), batch_of(j), cap)
             inp, g_out = boundary_of(ios, b)
-            out.append(Opened(inp, g_out, cap.before, cap.total if micro > 1 else None,
+            out.append(Opened(group_rows(inp, micro, m), group_rows(g_out, micro, m), cap.before, cap.total if micro > 1 else None,
                               neighbours(committer.group_leaves(ios, sums.digests), b)))
         return shard, out
 
@@ -349,13 +368,40 @@ class LocalEngine:
                                     None if inp is None else inp.to(dev), None if g_out is None else g_out.to(dev),
                                     [q.to(dev) for q in sqs], on_partial=cap)
             if j >= start:
-                out.append(Opened(inp, g_out, cap.before, cap.total if cfg.microbatches > 1 else None,
+                m = picks[j - start]
+                out.append(Opened(group_rows(inp, cfg.microbatches, m), group_rows(g_out, cfg.microbatches, m), cap.before, cap.total if cfg.microbatches > 1 else None,
                                   neighbours(log.groups(j), b)))
+        return shard, out
+
+    def _gradient_block(self, d: EpochDir, log: BoundaryLog, base: int, start: int, end: int, b: int,
+                        picks: Sequence[int], batch_of: BatchOf) -> tuple[State, list[Opened]]:
+        """Every block advanced from checkpoint ``base`` by AdamW alone on the logged total gradients;
+        at each step of the segment, groups 0..m of the whole model for group m's boundaries and the
+        sum before it: (m + 1) / M of a step per step, whatever the batch."""
+        n, cfg, micro = len(self.groups), self.spec, self.spec.microbatches
+        state = self._on(d.load(f"state-{base:06d}"))
+        shard: State = {}
+        out = []
+        for j in range(base, end):
+            if j == start:
+                shard = restrict(state, self.groups[b], (PARAM, MOM1, MOM2))
+            state = self._merged(d, state, j)
+            totals, sqs = log.totals(j)
+            totals, sqs = self._on(totals), [q.to(self.device) for q in sqs]
+            if j >= start:
+                m = picks[j - start]
+                cap = Capture(b, m, micro)
+                run = group_pass(state, batch_of(j), cfg.model, micro, m, cap)
+                inp = run.acts[b - 1][m].cpu() if b > 0 else None
+                g_out = run.gins[b + 1][m].cpu() if b < n - 1 else None
+                total = {name: totals[name] for name in self.groups[b]} if micro > 1 else None
+                out.append(Opened(inp, g_out, cap.before, total, neighbours(log.groups(j), b)))
+            state = step_update(state, totals, cfg.inner, sqs)
         return shard, out
 
     def _log(self, d: EpochDir) -> BoundaryLog:
         if d.path not in self._logs:
-            self._logs[d.path] = BoundaryLog(d.path, self.log_budget, self.log_disk)
+            self._logs[d.path] = BoundaryLog(d.path, self.log_budget, self.log_disk, self.steps)
         return self._logs[d.path]
 
     def boundary_log_bytes(self, d: EpochDir) -> tuple[int, int]:
@@ -386,6 +432,7 @@ __all__ = [
     "Opened",
     "boundary_of",
     "epoch_delta",
+    "group_rows",
     "merged_before",
     "neighbours",
     "own_cpu",

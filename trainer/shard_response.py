@@ -88,11 +88,12 @@ def _challenge(shard: State, steps: Sequence[Opened], b: int, n_blocks: int, sta
     with more than one group, the sums around it (zeros before group 0)."""
     out = dict(shard)
     bnames = iter(boundary_names(b, n_blocks, start, start + len(steps)))
-    for k, (o, m) in enumerate(zip(steps, picks, strict=True), start):
-        if b > 0:
-            out[next(bnames)] = o.inp.chunk(micro)[m].contiguous()  # type: ignore[union-attr]
-        if b < n_blocks - 1:
-            out[next(bnames)] = o.g_out.chunk(micro)[m].contiguous()  # type: ignore[union-attr]
+    for k, (o, _) in enumerate(zip(steps, picks, strict=True), start):
+        for t, needed in ((o.inp, b > 0), (o.g_out, b < n_blocks - 1)):
+            if needed:
+                if t is None:
+                    raise TrainerError(f"step {k}: the engine kept no boundary of block {b}")
+                out[next(bnames)] = t
         if micro > 1:
             if o.total is None:
                 raise TrainerError(f"step {k}: the engine kept no total gradient for block {b}")

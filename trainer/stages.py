@@ -76,6 +76,7 @@ from trainer.engine import (
     BatchOf,
     Opened,
     epoch_delta,
+    group_rows,
     merge_step_of,
     merged_before,
     neighbours,
@@ -236,7 +237,7 @@ class _Stage:
             groups = neighbours(self.committer.group_leaves(ios, sums.digests), b)
             before = None if cap.before is None else {n: t.cpu() for n, t in cap.before.items()}
             total = None if cap.total is None or micro == 1 else {n: t.cpu() for n, t in cap.total.items()}
-            out.append(Opened(_cpu(inp), _cpu(g_out), before, total, groups))
+            out.append(Opened(_cpu(group_rows(inp, micro, m)), _cpu(group_rows(g_out, micro, m)), before, total, groups))
         return shard, out
 
     def held(self) -> int:

@@ -283,7 +283,9 @@ def register(sub: Any) -> None:
             p.add_argument("--microbatches", type=positive, default=2, help="micro-batches per step with --stages")
             p.add_argument("--no-boundary-log", action="store_true",
                            help="sharded runs: do not keep each step's boundary tensors (2(B-1) activations "
-                                "per step, deleted once the audit is answered); answers then replay whole steps")
+                                "per step, deleted once the audit is answered; or, where those outgrow the model "
+                                "and an epoch of them would not fit the budgets below, its total gradients); "
+                                "answers then replay whole steps")
             p.add_argument("--boundary-log-ram", type=gibibytes, metavar="GIB", default=None,
                            help="memory the boundary log may hold before it writes to disk (default: a quarter of "
                                 "this machine's memory; 0: disk only)")

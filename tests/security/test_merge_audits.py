@@ -22,6 +22,7 @@ from protocol.shard_audit import covers_merge, decode_manifest, encode_manifest
 from protocol.store.backends import LocalStore
 from tests.security.test_shard_audits import CFG, CORPUS, G0, ME, RANK, SLOT, H, PlantedBlock
 from tests.security.test_shard_audits import SPEC as DELAYED
+from trainer.boundaries import GRADIENTS
 from trainer.checkpoints import EpochDir
 from trainer.delay import StartRule, epoch_merge_offset
 from trainer.engine import OFFSET, LocalEngine, save_merged
@@ -74,7 +75,7 @@ class Run:
         steps = challenged_steps(seed, ME, 3, H + 1)
         m = shard_response(
             engine=self.engine, spec=self.spec, run_id=1, epoch=e, trainer=ME, d=self.dirs[e], preimages=self.preimages[e],
-            seed=seed, steps=steps, final_bps=10_000, batch_of=lambda k: epoch_batch(SPEC, CORPUS, e, SLOT, k),
+            seed=seed, steps=steps, final_bps=10_000, batch_of=lambda k: epoch_batch(self.spec, CORPUS, e, SLOT, k),
             publish=self.store.put, prev=self.dirs[e - 1] if e else None, prev_preimages=self.preimages[e - 1] if e else (),
         )
         root = merkle.root([keccak(p) for p in self.preimages[e]])
@@ -115,6 +116,39 @@ def test_answers_from_the_log_and_from_whole_steps_agree_across_the_merge(honest
         logged = honest.engine.audit_block(d, 2, 4, b, [1, 0], batch_of)
         whole = honest.engine.audit_block(d, 2, 4, b, [1, 0], batch_of, logged=False)
         assert logged[0].keys() == whole[0].keys() and all(torch.equal(logged[0][k], whole[0][k]) for k in whole[0])
+        for mine, theirs in zip(logged[1], whole[1], strict=True):
+            a, c = mine.flat(), theirs.flat()
+            assert a.keys() == c.keys() and all(torch.equal(a[k], c[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def honest_gradients(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    # 512 tokens a step: a step's total gradients (4 bytes a parameter) are less than half its boundaries,
+    # and the disk budget holds both epochs' gradients but not one epoch's boundaries, so the engine
+    # keeps the gradient log (trainer/boundaries.py) and answers by AdamW from the logged totals
+    spec = replace(SPEC, batch_size=32)
+    grad = 4 * sum(t.numel() for t in G0.values())
+    bound = 2 * (N - 1) * spec.batch_size * spec.seq_len * CFG.d_model * 4
+    budget = 2 * H * grad + H * 4096
+    assert budget < H * bound
+    return Run(tmp_path_factory.mktemp("merge-gradients"), LocalEngine(spec, every=4, log_disk_bytes=budget))
+
+
+def test_a_trainer_keeping_the_gradient_log_answers_across_the_merge_and_passes(honest_gradients: Run) -> None:
+    run = honest_gradients
+    assert {log.kind for log in run.engine._logs.values()} == {GRADIENTS}
+    assert not any(log.unlogged for log in run.engine._logs.values())
+    covered = 0
+    for seed in SEEDS[:4]:
+        for e in (0, 1):
+            assert run.judge(e, seed) == []
+            covered += run.covered
+    assert covered and run.engine.log_error is None
+    d, batch_of = run.dirs[1], (lambda k: epoch_batch(run.spec, CORPUS, 1, SLOT, k))
+    for b in (0, 1, N - 1):
+        logged = run.engine.audit_block(d, 0, 2, b, [1, 0], batch_of)  # the segment with the merge step
+        whole = run.engine.audit_block(d, 0, 2, b, [1, 0], batch_of, logged=False)
+        assert all(torch.equal(logged[0][k], whole[0][k]) for k in whole[0])
         for mine, theirs in zip(logged[1], whole[1], strict=True):
             a, c = mine.flat(), theirs.flat()
             assert a.keys() == c.keys() and all(torch.equal(a[k], c[k]) for k in a)

@@ -151,6 +151,7 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
     stalls, stalls_first, stalls_whole, traffic = [], [], [], []
     compute = digest = audit = payload = answer_wall = answer_cpu = log_cpu = log_bytes = log_ram = 0.0
     per_epoch_compute: dict[int, list[float]] = {}
+    kinds: set[Any] = set()
     for evs in trainer_logs:
         steps = [ev for ev in evs if ev["event"] == "step"]
         trained = [ev for ev in evs if ev["event"] == "trained"]
@@ -169,6 +170,7 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
             log_cpu += ev.get("log_s", 0.0)
             log_bytes += ev.get("boundary_log_bytes", 0)
             log_ram += ev.get("boundary_log_ram_bytes", 0)
+            kinds.add(ev.get("answer_log"))
             payload += ev["payload_bytes"]
             per_epoch_compute.setdefault(ev["epoch"], []).append(ev["compute_s"])
         audit += sum(ev["audit_bytes"] for ev in evs if ev["event"] == "responded")
@@ -223,6 +225,9 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
         "audit_bytes_per_challenge": challenge_bytes(opts, audit_mode, trainer_logs),
         # what a trainer keeps to answer its audit (the boundary log) over its training state (parameters, moments)
         "answer_memory_fraction_of_state": round(log_bytes / n / epochs / (12 * n_params(cfg)), 3),
+        # what that log held: every step's boundaries or, where those outgrow the model and do not fit the
+        # budgets, every step's total gradients (trainer/boundaries.py); absent from events before it was logged
+        "answer_log": "+".join(sorted(str(k) for k in kinds if k)) or None,
         "verifiers": opts.verifiers,
         "epochs": opts.epochs,
         "audit_steps": config.audit.steps,
@@ -295,8 +300,8 @@ def _rule(r: dict[str, Any]) -> str:
 
 def markdown(runs: list[dict[str, Any]]) -> str:
     rows = [
-        "| preset | H | start rule | audits (s x r) | quorum | AllReduce bytes / trainer bytes: each byte once (per verifier fetch) | verifier / trainer compute | answer / trainer compute | trainer stall | commitments / training | audit bytes / payload byte | largest process's state | compute / trainer / epoch |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| preset | H | start rule | audits (s x r) | quorum | AllReduce bytes / trainer bytes: each byte once (per verifier fetch) | verifier / trainer compute | answer / trainer compute | trainer stall | commitments / training | audit bytes / payload byte | largest process's state | compute / trainer / epoch | answer log: kept / training state |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in runs:
         frac = r["state_bytes_largest_process_fraction"]
@@ -307,9 +312,23 @@ def markdown(runs: list[dict[str, Any]]) -> str:
             f"{r['traffic_reduction_vs_allreduce']:.2f} ({r['traffic_reduction_vs_allreduce_per_fetch']:.2f}) | "
             f"{r['verifier_compute_fraction']:.3f} | {_opt(r.get('audit_answer_compute_fraction'))} | {r['trainer_stall_fraction']:.3f} | "
             f"{r['commitment_fraction_of_training']:.3f} | {r['audit_bytes_per_payload_byte']:,.1f} | "
-            f"{'n/a' if frac is None else f'{frac:g}'} | {r['trainer_compute_per_epoch_seconds']:.1f} s |"
+            f"{'n/a' if frac is None else f'{frac:g}'} | {r['trainer_compute_per_epoch_seconds']:.1f} s | "
+            f"{r.get('answer_log') or 'n/a'}: {_opt(r.get('answer_memory_fraction_of_state'))} |"
         )
     return "\n".join(rows)
+
+
+def log_budget(text: str) -> tuple[float, float] | None:
+    """``--log-budgets`` values: "node" (None) or "RAM:DISK" in GiB."""
+    if text == "node":
+        return None
+    try:
+        ram, disk = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 'node' or RAM:DISK in GiB, e.g. 0.05:0") from None
+    if not (ram >= 0 and disk >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: budgets are GiB, 0 or more")
+    return ram, disk
 
 
 def main() -> int:
@@ -333,6 +352,10 @@ def main() -> int:
     ap.add_argument("--error-feedback", nargs="+", choices=["buffer", "params"], default=["params"],
                     help="with the merge rule: where the compression residual waits (compression.error_feedback), side "
                          "by side; \"buffer\" ships a start file every continued epoch, \"params\" none")
+    ap.add_argument("--log-budgets", type=log_budget, nargs="+", default=[None], metavar="RAM:DISK",
+                    help="the trainers' --boundary-log-ram and --boundary-log-disk in GiB, one scenario each; 'node': "
+                         "the node's defaults (the default). Budgets an epoch of boundaries does not fit make a trainer "
+                         "keep each step's total gradients instead where those are smaller (trainer/boundaries.py)")
     ap.add_argument("--keep", type=Path, default=None, help="keep each scenario's demo directory (logs) under this folder")
     ap.add_argument("--analyze", type=Path, default=None,
                     help="analyze a kept scenario directory (--keep) again, one --steps and --modes; without its "
@@ -374,16 +397,19 @@ def main() -> int:
     combos = [(h, mode, m, rows, ef) for h, mode, m, rows, ef in
               itertools.product(hs, args.modes, args.merge_steps, args.batch_sizes, args.error_feedback)
               if m or ef == args.error_feedback[0]]  # without the merge rule there is only the buffer
-    for h, mode, m, rows, ef in combos:
+    combos = [(*c, budget) for c in combos for budget in args.log_budgets]
+    for h, mode, m, rows, ef, budget in combos:
         with tempfile.TemporaryDirectory(prefix="veriloco-bench-") as tmp:
             # windows long enough for an epoch of steps; the contract advances as soon as everyone has acted
             tag = f"{name}-h{h}-{mode}" + (f"-merge{m}" if m else "") + (f"-b{rows}" if rows != 8 else "") + (
-                f"-g{args.group_rows}" if args.group_rows else "") + ("-efbuffer" if m and ef == "buffer" else "")
+                f"-g{args.group_rows}" if args.group_rows else "") + ("-efbuffer" if m and ef == "buffer" else "") + (
+                f"-log{budget[0]}-{budget[1]}" if budget else "")
             opts = DemoOptions(trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=name,
                                steps=h, workdir=(args.keep / tag) if args.keep else Path(tmp),
                                stages=args.stages, audit=MODES[mode], windows_s=3600, timeout_s=6 * 3600,
                                checkpoint_every=CHECKPOINT_EVERY, merge_step=m, batch_size=rows, group_rows=args.group_rows,
-                               segment=args.segment, error_feedback=ef)
+                               segment=args.segment, error_feedback=ef,
+                               log_ram_gib=budget[0] if budget else None, log_disk_gib=budget[1] if budget else None)
             r = measure(opts, mode)
         runs.append(r)
         print(f"{tag}: done in {r['wall_seconds']} s", file=sys.stderr, flush=True)

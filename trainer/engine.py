@@ -105,6 +105,9 @@ class Engine(Protocol):
     def unlogged_steps(self, d: EpochDir) -> int:
         """Steps of ``d`` its boundary log left out, over its memory and disk budgets."""
 
+    def log_kind(self, d: EpochDir) -> str | None:
+        """What the log of ``d`` keeps: "boundaries", "gradients" (trainer/boundaries.py), or None (no log)."""
+
     def held_bytes(self) -> list[int]:
         """Training-state bytes per process (this one first), each from that process's own live tensors."""
 
@@ -415,6 +418,10 @@ class LocalEngine:
         """Steps of the epoch over both log budgets (their challenges replay whole steps)."""
         log = self._logs.get(d.path)
         return 0 if log is None else len(log.unlogged)
+
+    def log_kind(self, d: EpochDir) -> str | None:
+        log = self._logs.get(d.path)
+        return log.kind if log is not None and any(self.boundary_log_bytes(d)) else None  # None: it kept nothing
 
     def held_bytes(self) -> list[int]:
         return [tensor_bytes(self.state)]

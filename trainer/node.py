@@ -498,6 +498,7 @@ class TrainerNode:
                  seconds=round(time.monotonic() - t0, 2), compute_s=spent.get("compute_s", 0.0),
                  digest_s=spent.get("commit_s", 0.0), log_s=spent.get("log_s", 0.0),
                  boundary_log_bytes=sum(log_bytes), boundary_log_ram_bytes=log_bytes[0], boundary_log_unlogged_steps=unlogged,
+                 answer_log=eng.log_kind(d),
                  step_wall_s=round(step_wall_s, 3),
                  payload_bytes=stats.payload_bytes, dense_bytes=stats.dense_bytes,
                  base_epoch=meta.get("base_epoch"), base_digest=meta.get("base_digest"), **self.traffic())

@@ -516,6 +516,9 @@ class StagedEngine:
     def boundary_log_bytes(self, d: EpochDir) -> tuple[int, int]:
         return 0, 0  # nothing kept beyond the checkpoints
 
+    def log_kind(self, d: EpochDir) -> str | None:
+        return None
+
     def forget_boundaries(self, d: EpochDir) -> None:
         pass
 

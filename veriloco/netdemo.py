@@ -77,6 +77,10 @@ class DemoOptions:
     metrics_port: int = 0  # > 0: the nodes serve Prometheus metrics on it and the ports after (verifiers, trainers, coordinator)
     audit: str = "shard"  # "shard": one block of a segment per challenge; "state": whole states (docs/protocol.md §5)
     checkpoint_every: int = 4  # trainers keep every N-th state (disk: a `small` state is 174 MB)
+    # the trainers' answer-log budgets in GiB (--boundary-log-ram, --boundary-log-disk); None: the node's
+    # defaults. Budgets an epoch of boundaries does not fit make a trainer keep the gradient log instead
+    log_ram_gib: float | None = None
+    log_disk_gib: float | None = None
     # the merge rule (docs/protocol.md §8): fold each new global model in after this many steps; 0: the
     # one-step delay. On `small`, H = 64, 1 ended 4.7% lower in eval loss at the same epoch cycle
     # (docs/results-protocol.md)
@@ -181,6 +185,9 @@ def _spawn(role: str, index: int, account: int, devnet_file: Path, run_id: int, 
         cmd += ["--stages", str(opts.stages)]
     if role == "trainer" and opts.checkpoint_every != 4:
         cmd += ["--checkpoint-every", str(opts.checkpoint_every)]
+    for flag, gib in (("--boundary-log-ram", opts.log_ram_gib), ("--boundary-log-disk", opts.log_disk_gib)):
+        if role == "trainer" and gib is not None:
+            cmd += [flag, str(gib)]
     return NodeProc(role, index, account, address, log_path, cmd, _popen(cmd, log_path), cheat)
 
 

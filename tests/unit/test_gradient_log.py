@@ -92,3 +92,13 @@ def test_a_torn_gradient_log_falls_back_to_whole_steps(tmp_path: Path) -> None:
     (d.path / "bounds" / "grad-000005.safetensors").write_bytes(b"torn")
     assert save_state(challenge_file(eng, d, 6, 8, 3, PICKS, _batch, leaves, eng.spec)[0]) == honest
     assert eng.log_error is not None and "unreadable" in eng.log_error
+
+
+def test_a_log_with_no_room_keeps_nothing_says_so_and_answers_by_whole_steps(tmp_path: Path) -> None:
+    eng, d, leaves = _epoch(tmp_path, 0)
+    assert eng.log_kind(d) is None and eng.unlogged_steps(d) == STEPS and eng.boundary_log_bytes(d) == (0, 0)
+    whole = LocalEngine(eng.spec, every=EVERY, keep_boundaries=False)
+    assert save_state(challenge_file(eng, d, 6, 8, 3, PICKS, _batch, leaves, eng.spec)[0]) == save_state(
+        challenge_file(whole, d, 6, 8, 3, PICKS, _batch, leaves, eng.spec)[0])
+    grad, _, _ = _epoch(tmp_path / "grad", _between())
+    assert grad.log_kind(EpochDir(tmp_path / "grad", 0)) == GRADIENTS

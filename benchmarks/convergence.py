@@ -582,6 +582,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dilocox", metavar="METHOD",
                     help="with --merge: the method the targets and the projection read as DiLoCoX "
                          "(default: the shipped rule's, by HEADLINE), e.g. a rank-qualified fixed_rank_merge_b1_r128")
+    ap.add_argument("--selection", type=Path, metavar="JSON",
+                    help="with --merge of held-out runs: the merged file on the selection seeds and rows, whose seeds "
+                         "and paired gaps the result reports beside its own (issue 33)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
     if a.dilocox and not a.merge:
@@ -598,7 +601,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.out is None:
         ap.error("--out is required (or --render)")
     if a.merge:
-        return write(merge(a.merge, [n for n in a.keep.split(",") if n] if a.keep else None, a.dilocox), a.out)
+        return write(merge(a.merge, [n for n in a.keep.split(",") if n] if a.keep else None, a.dilocox, a.selection),
+                     a.out)
     names = [n for n in a.methods.split(",") if n]
     unknown = {n for n in names if resolve_method(n, methods()) is None}
     if unknown or not names:
@@ -722,6 +726,11 @@ def summarize(out: dict[str, Any]) -> dict[str, Any]:
     cfg, per_seed = out["config"], out["per_seed"]
     names = list(per_seed[0]["methods"])
     x = out.get("dilocox_choice") or headline(names)
+    held = cfg.get("eval_split") == "heldout"
+    # issue 33: which seeds were held out (no choice made on them, scored on the held-out rows) and which
+    # were the ones choices were made on; a held-out file merged with --selection names the latter
+    out = {**out, "held_out_seeds": out["seeds"] if held else [],
+           "selection_seeds": out.get("selection", {}).get("seeds", []) if held else out["seeds"]}
     out = {**out, **aggregate_seeds(per_seed, names, (cfg["outer"]["lr"], cfg["outer"]["momentum"]),
                                     cfg["inner"]["lr"], x)}
     if x is not None:
@@ -888,7 +897,20 @@ def keep_methods(part: dict[str, Any], keep: list[str], path: Path) -> dict[str,
     return {**part, "per_seed": per_seed}
 
 
-def merge(paths: list[Path], keep: list[str] | None = None, dilocox: str | None = None) -> dict[str, Any]:
+def selection_of(path: Path, dilocox: str | None) -> dict[str, Any]:
+    """What a held-out file reports of the selection file beside its own: its seeds and the paired gaps
+    of the methods both have (``dilocox`` the held-out file's DiLoCoX, also looked up there)."""
+    sel = json.loads(path.read_text())
+    if sel.get("config", {}).get("eval_split", "selection") != "selection" or "paired_gap_vs_allreduce" not in sel:
+        raise SystemExit(f"--selection {path}: not a merged file on the selection rows")
+    return {"file": str(path), "seeds": sel["seeds"], "dilocox_method": sel.get("dilocox_method"),
+            "paired_gap_vs_allreduce": sel["paired_gap_vs_allreduce"],
+            "paired_gap_dilocox_vs_diloco": sel.get("paired_gap_dilocox_vs_diloco")
+            if dilocox in (None, sel.get("dilocox_method")) else None}
+
+
+def merge(paths: list[Path], keep: list[str] | None = None, dilocox: str | None = None,
+          selection: Path | None = None) -> dict[str, Any]:
     """One results file from runs of one configuration: runs on disjoint seeds (e.g. one process
     per seed) are concatenated in seed order; runs that differ only in the inner lr join the inner lr
     sweep of the seeds they share (so a sweep can be widened later); runs of other methods on the
@@ -962,6 +984,8 @@ def merge(paths: list[Path], keep: list[str] | None = None, dilocox: str | None 
     step = [p["config"]["merge_step"] for p in parts if "merge_step" in p["config"]]
     if step:
         kept["config"] = {**kept["config"], "merge_step": step[0]}
+    if selection is not None:
+        kept["selection"] = selection_of(selection, kept.get("dilocox_choice"))
     return summarize({
         **kept,
         "command": [c for part in parts for c in _as_list(part["command"])],
@@ -1116,6 +1140,16 @@ def render(out: dict[str, Any]) -> str:
         dd = out.get("paired_gap_dilocox_vs_diloco")
         if isinstance(dd, dict):
             lines += ["", f"{out.get('dilocox_method') or headline(ms)} - diloco (gap points, paired): {_gap_cell(dd)}"]
+    sel = out.get("selection")
+    if sel:
+        lines += ["", (f"Held-out seeds {out['held_out_seeds']} (held-out rows) beside the selection seeds {sel['seeds']} "
+                       f"(`{sel['file']}`, where every choice was made), gap vs allreduce:"), "",
+                  "| method | held out | selection |", "|---|---:|---:|"]
+        lines += [f"| {n} | {_gap_cell(gaps[n])} | {_gap_cell(sel['paired_gap_vs_allreduce'][n])} |"
+                  for n in ms if n in sel["paired_gap_vs_allreduce"]]
+        dd, sd = out.get("paired_gap_dilocox_vs_diloco"), sel.get("paired_gap_dilocox_vs_diloco")
+        if isinstance(dd, dict) and isinstance(sd, dict):
+            lines.append(f"| {out['dilocox_method']} - diloco (points) | {_gap_cell(dd)} | {_gap_cell(sd)} |")
     et = out["equal_simulated_time"]
     budgets = ", ".join(f"{b:.1f}" for b in et["budget_s_per_seed"])
     lines += [

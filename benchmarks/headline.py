@@ -61,10 +61,12 @@ class Headline:
     pieces: tuple[Piece, ...]
     dilocox: str | None = None  # --dilocox: the method the targets and the projection read
     keep: tuple[str, ...] = ()  # --keep: the methods the merged file keeps (empty: all)
+    selection: str | None = None  # --selection: the selection file a held-out file reports beside its own
 
     def merge_args(self, inputs: Sequence[str], out: str) -> list[str]:
         return [CONVERGENCE, "--merge", *inputs,
                 *(["--dilocox", self.dilocox] if self.dilocox else []),
+                *(["--selection", self.selection] if self.selection else []),
                 *(["--keep", ",".join(self.keep)] if self.keep else []), "--out", out]
 
 
@@ -114,6 +116,7 @@ SHIPPED = "fixed_rank_merge_b1_inparams_trimmed"  # at rank 128
 # the selection rows (--eval-split heldout). Not run yet: its pieces resume under .veriloco/headline/.
 HELDOUT = (*SMALL, "--eval-split", "heldout")
 HELDOUT_SEEDS = (3, 4, 5)
+SELECTION = "benchmarks/results/convergence-small.json"  # the held-out files report its seeds beside theirs
 # convergence-small-baselines.json (issue 33): the field's compressors as training methods at the shipped
 # payload's bytes (rank 128), SparseLoCo-style and DeMo-style top-k with 2-bit values, on the held-out
 # seeds and rows beside the held-out plan's runs, which it reuses (the same pieces: nothing runs twice).
@@ -136,13 +139,13 @@ HEADLINES: dict[str, Headline] = {
             "convergence-small-heldout",
             per_run(HELDOUT_SEEDS, [("allreduce", HELDOUT), ("diloco", HELDOUT),
                                     (SHIPPED, with_flag(HELDOUT, "--rank", "128"))]),
-            dilocox=f"{SHIPPED}_r128",
+            dilocox=f"{SHIPPED}_r128", selection=SELECTION,
         ),
         Headline(
             "convergence-small-baselines",
             per_run(HELDOUT_SEEDS, [("allreduce", HELDOUT), ("diloco", HELDOUT),
                                     *((m, with_flag(HELDOUT, "--rank", "128")) for m in (SHIPPED, *BASELINES))]),
-            dilocox=f"{SHIPPED}_r128",
+            dilocox=f"{SHIPPED}_r128", selection=SELECTION,
         ),
         # the outer sweep pairs against AllReduce within a run: one piece per seed, every method in it
         Headline("convergence-tiny",

@@ -394,10 +394,9 @@ def main() -> int:
         print(markdown([r]))
         return 0
     runs: list[dict[str, Any]] = []
-    combos = [(h, mode, m, rows, ef) for h, mode, m, rows, ef in
-              itertools.product(hs, args.modes, args.merge_steps, args.batch_sizes, args.error_feedback)
+    combos = [(h, mode, m, rows, ef, budget) for h, mode, m, rows, ef, budget in
+              itertools.product(hs, args.modes, args.merge_steps, args.batch_sizes, args.error_feedback, args.log_budgets)
               if m or ef == args.error_feedback[0]]  # without the merge rule there is only the buffer
-    combos = [(*c, budget) for c in combos for budget in args.log_budgets]
     for h, mode, m, rows, ef, budget in combos:
         with tempfile.TemporaryDirectory(prefix="veriloco-bench-") as tmp:
             # windows long enough for an epoch of steps; the contract advances as soon as everyone has acted

@@ -386,3 +386,23 @@ def test_a_terminated_parallel_run_ends_its_workers(tmp_path: Path) -> None:
         for p in seen:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGKILL)
+
+
+def test_a_held_out_merge_reports_the_selection_seeds_beside_its_own(tmp_path: Path) -> None:
+    """issue 33: a file on the held-out rows records its seeds as held out; merged with --selection it
+    names the seeds the choices were made on and puts their gaps beside its own."""
+    common = ["--preset", "ci", "--eval-rows", "8", "--steps", "4", "--h", "2", "--methods", "allreduce,diloco,dilocox",
+              "--quiet"]  # fmt: skip
+    assert main([*common, "--seeds", "0", "--out", str(tmp_path / "sel0.json")]) == 0
+    assert main(["--merge", str(tmp_path / "sel0.json"), "--out", str(tmp_path / "sel.json")]) == 0
+    assert main([*common, "--seeds", "3", "--eval-split", "heldout", "--out", str(tmp_path / "h3.json")]) == 0
+    assert main(["--merge", str(tmp_path / "h3.json"), "--selection", str(tmp_path / "sel.json"),
+                 "--out", str(tmp_path / "held.json")]) == 0
+    sel, held = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("sel", "held"))
+    assert (sel["selection_seeds"], sel["held_out_seeds"]) == ([0], [])
+    assert (held["selection_seeds"], held["held_out_seeds"]) == ([0], [3])
+    assert held["selection"]["paired_gap_vs_allreduce"] == sel["paired_gap_vs_allreduce"]
+    assert "beside the selection seeds [0]" in render(held)
+    with pytest.raises(SystemExit, match="selection rows"):  # a held-out file is no selection
+        main(["--merge", str(tmp_path / "h3.json"), "--selection", str(tmp_path / "held.json"),
+              "--out", str(tmp_path / "x.json")])

@@ -14,6 +14,7 @@ from benchmarks.convergence import PRESETS_BENCH, parse_outer
 from benchmarks.headline import (
     CONVERGENCE,
     HEADLINES,
+    HELDOUT_SEEDS,
     Headline,
     Piece,
     flag_values,
@@ -243,6 +244,19 @@ def test_the_held_out_plan_confirms_the_shipped_method_on_seeds_and_rows_nobody_
     methods_run = {joined_name(p.methods[0], int(flag_values(p.flags)["--rank"]), 64) for p in held.pieces}
     assert methods_run == {"allreduce", "diloco", small.dilocox}
     assert held.pieces[0].methods == ("allreduce",)  # each seed pairs against its own AllReduce
+
+
+def test_the_held_out_plan_is_the_committed_held_out_file() -> None:
+    """convergence-small-heldout.json is what its one command makes: the plan's config and seeds, merged
+    from exactly the plan's pieces in order, its DiLoCoX, and the selection seeds reported beside it."""
+    h, data = HEADLINES["convergence-small-heldout"], committed("convergence-small-heldout")
+    assert config_mismatches(h, data) == []
+    work = f".veriloco/headline/{h.name}"
+    assert data["merged_from"] == [f"{work}/{p.name}.json" for p in h.pieces]
+    assert data["dilocox_method"] == h.dilocox and data["config"]["eval_split"] == "heldout"
+    assert data["held_out_seeds"] == list(HELDOUT_SEEDS)
+    assert data["selection_seeds"] == committed("convergence-small")["seeds"] == [0, 1, 2]
+    assert data["selection"]["file"] == h.selection
 
 
 def test_the_baselines_plan_adds_the_field_s_compressors_to_the_held_out_runs() -> None:

@@ -234,7 +234,11 @@ def test_lying_reporters_cannot_take_over_the_run(
     assert {ev["epoch"] for ev in tries} == set(range(EPOCHS)), log  # the attack ran in every epoch
     if len(attackers) == 1:
         assert {ev["event"] for ev in tries} == {"false-report-refused"}, log
-        assert {ev["error"] for ev in tries} == {"TooFewVerifiers"}, log  # refused: no independent committee
+        # refused: no independent committee, in every epoch. A later report of the same epoch may land
+        # once the epoch has left its audit (the honest verifiers' reveals move it on while the
+        # coordinator is held; seen on a loaded 2-core machine): refused as WrongPhase, harmless too
+        assert {ev["error"] for ev in tries} <= {"TooFewVerifiers", "WrongPhase"}, log
+        assert {ev["epoch"] for ev in tries if ev["error"] == "TooFewVerifiers"} == set(range(EPOCHS)), log
         assert seen["reported"] == [], log
     else:
         assert seen["reported"], log  # accepted: the committee path ran

@@ -47,7 +47,8 @@ SQ = "sq"  # every block's squared gradient norm, fp32, in block order
 TOTAL = "total/"  # a parameter's total gradient in the step (what AdamW used), fp32: the gradient log
 BOUNDARIES, GRADIENTS = "boundaries", "gradients"
 _PREFIX = {BOUNDARIES: "step-", GRADIENTS: "grad-"}
-GROUPS = "groups"  # every block's group leaves (protocol.leaf.GroupLeaf), uint8 [blocks, M, 96]
+GROUPS = "groups"  # the logged blocks' group leaves (protocol.leaf.GroupLeaf), uint8 [blocks, M, 96]
+GROUP_BLOCKS = "group_blocks"  # which blocks GROUPS holds, in order (a stage logs its own), int64
 
 
 def _act(b: int) -> str:
@@ -97,19 +98,21 @@ class BoundaryLog:
       each challenged step, about (m + 1) / M of a step (docs/audit-scaling.md §3, "gradient log").
 
     Boundaries are kept when they are no larger, or when the whole epoch's (``steps`` of them) fits
-    both budgets; otherwise gradients.
+    both budgets; otherwise gradients. ``kind`` fixes the choice (a pipeline stage keeps gradients:
+    its blocks' boundaries at the stage borders live in other processes). ``name`` is the folder
+    under the epoch directory (one per stage).
     """
 
     def __init__(self, epoch_dir: Path, budget: ByteBudget | None = None, disk: ByteBudget | None = None,
-                 steps: int | None = None) -> None:
-        self.path = epoch_dir / "bounds"
+                 steps: int | None = None, *, name: str = "bounds", kind: str | None = None) -> None:
+        self.path = epoch_dir / name
         self.budget, self.disk, self.steps = budget, disk, steps
         self._ram: dict[int, dict[str, Tensor]] = {}
         self.ram_bytes = 0
         self._disk_sizes: dict[int, int] = {}  # what this log charged to ``disk``, by step
         self.unlogged: list[int] = []  # steps over both budgets, not kept
         on_disk = [kind for kind, pre in _PREFIX.items() if any(self.path.glob(f"{pre}*.safetensors"))]
-        self.kind: str | None = on_disk[0] if len(on_disk) == 1 else None  # a restarted node keeps its files' kind
+        self.kind: str | None = on_disk[0] if len(on_disk) == 1 else kind  # a restarted node keeps its files' kind
 
     def _file(self, k: int) -> Path:
         return self.path / f"{_PREFIX[self.kind or BOUNDARIES]}{k:06d}.safetensors"
@@ -127,14 +130,16 @@ class BoundaryLog:
 
     def put(self, k: int, ios: Sequence[BlockIO], groups: Mapping[int, Sequence[GroupLeaf]],
             totals: Mapping[int, Mapping[str, Tensor]] | None = None) -> bool:
-        """Keep step k's boundaries or, with ``totals`` (every block's total gradient) when those are
-        chosen, its totals, with its group leaves and norms, in memory if the budget allows, else
-        written (atomically: a torn file is never read as whole) if the disk budget allows; False if
-        neither."""
-        raw = b"".join(g.encode() for b in range(len(ios)) for g in groups[b])
+        """Keep step k's boundaries or, with ``totals`` (the logged blocks' total gradients) when those
+        are chosen, its totals, with the group leaves of ``groups``' blocks and every block's norm (from
+        ``ios``, one per block), in memory if the budget allows, else written (atomically: a torn file is
+        never read as whole) if the disk budget allows; False if neither."""
+        logged = sorted(groups)
+        raw = b"".join(g.encode() for b in logged for g in groups[b])
         tensors: dict[str, Tensor] = {
             SQ: torch.stack([io.sq.to(torch.float32).cpu() for io in ios]),
-            GROUPS: torch.frombuffer(bytearray(raw), dtype=torch.uint8).reshape(len(ios), -1, 96),
+            GROUPS: torch.frombuffer(bytearray(raw), dtype=torch.uint8).reshape(len(logged), -1, 96),
+            GROUP_BLOCKS: torch.tensor(logged, dtype=torch.int64),
         }
         bound: dict[str, Tensor] = {}
         for b, io in enumerate(ios):
@@ -201,14 +206,14 @@ class BoundaryLog:
         return totals, list(kept[SQ].unbind())
 
     def groups(self, k: int) -> dict[int, list[GroupLeaf]]:
-        """Every block's group leaves in step k."""
+        """The logged blocks' group leaves in step k."""
         kept = self._ram.get(k)
         if kept is not None:
-            raw = kept[GROUPS]
+            raw, blocks = kept[GROUPS], kept[GROUP_BLOCKS]
         else:
             with safe_open(str(self._file(k)), framework="pt") as f:
-                raw = f.get_tensor(GROUPS)
-        return {b: [GroupLeaf.decode(bytes(row.tolist())) for row in block] for b, block in enumerate(raw)}
+                raw, blocks = f.get_tensor(GROUPS), f.get_tensor(GROUP_BLOCKS)
+        return {int(b): [GroupLeaf.decode(bytes(row.tolist())) for row in block] for b, block in zip(blocks, raw, strict=True)}
 
     def disk_bytes(self) -> int:
         """Disk bytes the log holds now."""

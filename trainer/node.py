@@ -182,7 +182,9 @@ class TrainerNode:
                                device=self.device)
         from trainer.stages import StagedEngine
 
-        return StagedEngine(self.spec, self.shard_checkpoint_every, self.stages, self.threads, self.device.type)
+        return StagedEngine(self.spec, self.shard_checkpoint_every, self.stages, self.threads, self.device.type,
+                            keep_boundaries=self.keep_boundaries, log_ram_bytes=self.boundary_log_ram,
+                            log_disk_bytes=self.boundary_log_disk)
 
     def inner_step(self, state: State, epoch: int, k: int) -> tuple[State, float]:
         """Inner step k of `epoch` on this trainer's batch: in this process, or across its pipeline stages.

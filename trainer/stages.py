@@ -17,8 +17,9 @@ split changes where a block runs, never what it computes. Each stage digests its
 compresses its tensors itself, in parallel; the node merges the payload parts into the one payload
 ``compress`` gives on the whole state (``trainer.compress.merge_compressed``).
 
-Files, in the epoch's ``EpochDir``: ``state-<k>.stage<s>.safetensors`` (checkpoint parts) and
-``carried.stage<s>.safetensors``; ``EpochDir.checkpoints`` lists the steps of either layout.
+Files, in the epoch's ``EpochDir``: ``state-<k>.stage<s>.safetensors`` (checkpoint parts),
+``carried.stage<s>.safetensors`` and ``bounds.stage<s>/`` (the stage's gradient log, where kept);
+``EpochDir.checkpoints`` lists the steps of either layout.
 
 Processes and rendezvous: torch.distributed, world S + 1, the node rank 0 (it hosts the store),
 stage s rank s + 1; commands go over gloo, stage-to-stage tensors over a stage group (gloo on CPU,
@@ -46,6 +47,7 @@ import socket
 import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -61,12 +63,15 @@ from trainer.blockstep import (
     BlockRun,
     Capture,
     OnPartial,
+    Totals,
     accumulate,
     block_leaves,
     block_module,
     global_norm,
     microbatches,
+    step_update,
 )
+from trainer.boundaries import GRADIENTS, BoundaryLog, ByteBudget
 from trainer.checkpoints import EpochDir
 from trainer.compress import CompressionStats, compress, merge_compressed
 from trainer.delay import carry
@@ -109,6 +114,7 @@ from trainer.pipeline import (
 from trainer.round import RoundSpec, start_state
 
 Bound = tuple[Tensor | None, Tensor | None]
+Budgets = tuple[int, int | None]  # a stage's share of the node's log budgets: memory, disk (None: no limit)
 PORT_ENV = "VERILOCO_STAGE_PORT"  # the node's port, when not passed as --port
 TIMEOUT = timedelta(minutes=30)
 
@@ -138,7 +144,8 @@ def _meta(state: Mapping[str, Tensor]) -> tuple[int, int]:
 class _Stage:
     """What one stage process holds and does: its blocks' state, steps, digests, payload part."""
 
-    def __init__(self, spec: RoundSpec, every: int, s: int, stages: int, group: Any, device: torch.device) -> None:
+    def __init__(self, spec: RoundSpec, every: int, s: int, stages: int, group: Any, device: torch.device,
+                 budgets: Budgets | None = None) -> None:
         self.spec, self.every, self.s, self.S = spec, max(1, every), s, stages
         self.groups = block_names(spec.model)
         ranges = stage_blocks(len(self.groups), stages)
@@ -149,6 +156,10 @@ class _Stage:
         self.state: State | None = None
         self.steps = 0
         self.committer = LeafCommitter(spec.model, spec.segment, 2, self.blocks, spec.microbatches)
+        # the gradient log of this stage's blocks (None: keep none); shared by the epochs' logs, as in LocalEngine
+        self.budgets = None if budgets is None else (ByteBudget(budgets[0]), ByteBudget(budgets[1]))
+        self.logs: dict[Path, BoundaryLog] = {}
+        self.log_error: str | None = None
 
     # -- files
 
@@ -176,18 +187,85 @@ class _Stage:
         self.committer = LeafCommitter(self.spec.model, self.spec.segment, steps + 1, self.blocks, self.spec.microbatches)
         self.committer.state_parts(self._load(d, "state-000000"))  # the error buffer's digests, fixed since leaf 0
 
-    def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, tuple[float, float], list[BlockEntry], tuple[int, int]]:
+    def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, tuple[float, float, float], list[BlockEntry], tuple[int, int], str | None]:
         if self.state is None:
             raise TrainerError("the engine has no epoch begun or resumed")
         t = time.process_time()
         sums = PartialSums(self.spec.microbatches)
-        self.state, loss, ios, _ = self._pipe(self.state, batch, None, sums)
+        totals = Totals(self.spec.microbatches, sums)
+        self.state, loss, ios, _, sqs = self._pipe(self.state, batch, None, totals)
         t_step = time.process_time()
-        entries = self.committer.entries(k + 1, self.state, ios, self.committer.group_leaves(ios, sums.digests))
-        spent = (t_step - t - sums.seconds, time.process_time() - t_step + sums.seconds)
+        groups = self.committer.group_leaves(ios, sums.digests)
+        entries = self.committer.entries(k + 1, self.state, ios, groups)
+        t_leaf = time.process_time()
+        error = None
+        if self.budgets is not None:
+            try:
+                self._log(d).put(k, [BlockIO(None, None, q) for q in sqs], groups, totals.totals)
+            except OSError as exc:  # a full disk costs the cheap answer for this step, never the step
+                error = f"stage {self.s}, step {k}: {exc}"
+        spent = (t_step - t - sums.seconds, t_leaf - t_step + sums.seconds, time.process_time() - t_leaf)
         if (k + 1) % self.every == 0 or k + 1 == self.steps:
             self._save(d, f"state-{k + 1:06d}", self.state)
-        return loss, spent, entries, _meta(self.state)
+        return loss, spent, entries, _meta(self.state), error
+
+    # -- the gradient log
+
+    def _log(self, d: EpochDir) -> BoundaryLog:
+        if d.path not in self.logs:
+            ram, disk = self.budgets or (None, None)
+            self.logs[d.path] = BoundaryLog(d.path, ram, disk, self.steps, name=part("bounds", self.s), kind=GRADIENTS)
+        return self.logs[d.path]
+
+    def logged(self, d: EpochDir, steps: range) -> bool:
+        """Whether this stage's gradient log holds every one of ``steps``."""
+        return self.budgets is not None and self._log(d).kind == GRADIENTS and self._log(d).has(steps)
+
+    def log_bytes(self, d: EpochDir) -> tuple[int, int, list[int]]:
+        """(memory, disk) bytes this stage's log of the epoch holds, and the steps it could not keep."""
+        log = self.logs.get(d.path) or BoundaryLog(d.path, name=part("bounds", self.s))  # asking opens no log
+        return log.ram_bytes, log.disk_bytes(), list(log.unlogged)
+
+    def forget(self, d: EpochDir) -> None:
+        self.logs.pop(d.path, BoundaryLog(d.path, name=part("bounds", self.s))).drop()
+
+    def _agree(self, ok: bool, what: str) -> None:
+        """All stages learn whether every one of them could go on (one collective): a stage that cannot
+        read its log must not leave the others waiting on a pipeline it will not join."""
+        flag = torch.tensor([1.0 if ok else 0.0], dtype=torch.float64, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        if flag.item() < 1.0:
+            raise TrainerError(what if not ok else f"another stage could not read its log ({what})")
+
+    def audit_gradients(self, d: EpochDir, base: int, start: int, end: int, b: int, picks: Sequence[int],
+                        batches: Sequence[Batch]) -> tuple[State | None, list[Opened]]:
+        """``audit`` from the gradient log: every stage advances its blocks from checkpoint ``base`` by
+        AdamW alone on its logged totals; per step of the segment, groups 0..m run through the pipeline
+        for group m's boundaries and the sum before it ((m + 1) / M of a step, whatever the batch)."""
+        log, micro, mine = self._log(d), self.spec.microbatches, b in self.blocks
+        state = self._load(d, f"state-{base:06d}")
+        shard: State | None = None
+        out: list[Opened] = []
+        for j in range(base, end):
+            if j == start and mine:
+                shard = {k: v.cpu() for k, v in restrict(state, self.groups[b], (PARAM, MOM1, MOM2)).items()}
+            state = self._merged(d, state, j)
+            try:
+                totals, sqs = log.totals(j)
+                groups = neighbours(log.groups(j), b) if j >= start else {}
+                error = ""
+            except Exception as exc:  # noqa: BLE001 - the log is a cache: any failure means whole steps
+                error = f"stage {self.s}: gradient log of step {j} unreadable ({type(exc).__name__}: {exc})"
+            self._agree(not error, error or f"step {j}")
+            if j >= start:
+                m = picks[j - start]
+                cap = Capture(b, m, micro) if mine else None
+                inp, g_out = self._pipe(state, batches[j - base], b if mine else None, cap, upto=m)[3]
+                total = {n: totals[n] for n in self.groups[b]} if mine and micro > 1 else None
+                out.append(Opened(_cpu(inp), _cpu(g_out), None if cap is None else cap.before, total, groups))
+            state = step_update(state, {n: t.to(self.device) for n, t in totals.items()}, self.spec.inner,
+                                [q.to(self.device) for q in sqs])
+        return shard, out
 
     def _merged(self, d: EpochDir, state: State, k: int) -> State:
         """Under the merge rule, ``state`` with this stage's share of G_e folded in before step k."""
@@ -233,7 +311,7 @@ class _Stage:
         micro = self.spec.microbatches
         for j, m in zip(range(start, end), picks, strict=True):
             cap = Capture(b, m, micro, sums := PartialSums(micro))
-            state, _, ios, (inp, g_out) = self._pipe(self._merged(d, state, j), batches[j - base], b if mine else None, cap)
+            state, _, ios, (inp, g_out), _ = self._pipe(self._merged(d, state, j), batches[j - base], b if mine else None, cap)
             groups = neighbours(self.committer.group_leaves(ios, sums.digests), b)
             before = None if cap.before is None else {n: t.cpu() for n, t in cap.before.items()}
             total = None if cap.total is None or micro == 1 else {n: t.cpu() for n, t in cap.total.items()}
@@ -245,10 +323,13 @@ class _Stage:
 
     # -- one step of this stage
 
-    def _pipe(self, state: State, batch: Batch, watch: int | None,
-              on_partial: OnPartial | None = None) -> tuple[State, float, dict[int, BlockIO], Bound]:
-        """This stage's share of one block-wise step (collective over the stages); ``watch``: a block whose
-        boundaries to return; ``on_partial``: as in ``trainer.blockstep.blockwise_step``, for its blocks."""
+    def _pipe(self, state: State, batch: Batch, watch: int | None, on_partial: OnPartial | None = None,
+              upto: int | None = None) -> tuple[State, float, dict[int, BlockIO], Bound, list[Tensor]]:
+        """This stage's share of one block-wise step (collective over the stages): the new state, the loss,
+        its blocks' boundaries, block ``watch``'s boundaries if it is one of them, every block's squared
+        norm. ``on_partial``: as in ``trainer.blockstep.blockwise_step``, for its blocks. ``upto`` m: only
+        groups 0..m and no update (``trainer.blockstep.group_pass``): the state comes back unchanged,
+        the watched boundaries are group m's rows, and there are no boundaries or norms."""
         cfg, micro, grp = self.spec.model, self.spec.microbatches, self.group
         nb, first, last = len(self.groups), self.s == 0, self.s == self.S - 1
         prev_rank, next_rank = self.s, self.s + 2  # global ranks of the neighbouring stages
@@ -259,7 +340,7 @@ class _Stage:
         ins: list[Tensor] = []
         gouts: list[Tensor] = []
         chains: list[list[BlockRun]] = []
-        for x, y in microbatches(batch, micro):
+        for x, y in microbatches(batch, micro)[: micro if upto is None else upto + 1]:
             x, y = x.to(dev), y.to(dev)
             h = x
             if not first:
@@ -294,6 +375,13 @@ class _Stage:
             if not first:
                 assert g is not None
                 dist.send(g.contiguous(), dst=prev_rank, group=grp)
+        if upto is not None:
+            if watch is None:
+                return state, math.nan, {}, (None, None), []
+            b = watch
+            inp = None if b == 0 else ins[upto] if b == self.blocks[0] else acts[b - 1][upto]
+            g_out = None if b == nb - 1 else gouts[upto] if b == self.blocks[-1] else gins[b + 1][upto]
+            return state, math.nan, {}, (inp, g_out), []
         own = {b: a if a is not None else {} for b, a in acc.items()}
         sq_own = {b: squared_norm(a) for b, a in own.items()}
         # every block's squared norm (fp32, exact in fp64) and the loss (a Python float), from their owners
@@ -317,7 +405,7 @@ class _Stage:
             inp = None if b == 0 else _cat(ins) if b == self.blocks[0] else _cat(acts[b - 1])
             g_out = None if b == nb - 1 else _cat(gouts) if b == self.blocks[-1] else _cat(gins[b + 1])
             bound = (inp, g_out)
-        return new, loss, ios, bound
+        return new, loss, ios, bound, sqs
 
 
 def _stage_device(device: str, s: int) -> torch.device:
@@ -337,11 +425,11 @@ def serve(stage: int, stages: int, addr: str, port: int) -> None:
     try:
         msg: list[Any] = [None]
         dist.recv_object_list(msg, src=0)
-        spec, every, threads, device = msg[0]
+        spec, every, threads, device, budgets = msg[0]
         configure_determinism(threads, device)
         dev = _stage_device(device, stage)
         group = dist.new_group(list(range(1, stages + 1)), backend="nccl" if dev.type == "cuda" else "gloo")
-        st = _Stage(spec, every, stage, stages, group, dev)
+        st = _Stage(spec, every, stage, stages, group, dev, budgets)
         while True:
             dist.recv_object_list(msg, src=0)
             op, args = msg[0]
@@ -388,12 +476,20 @@ class StagedEngine:
 
     ``launch=False`` waits for stages started elsewhere (torchrun; see the module docstring) on
     ``addr:port``. ``device`` ("cpu" or "cuda") is where the stages keep their state.
+
+    With ``keep_boundaries`` each stage keeps a gradient log of its blocks (``trainer.boundaries``,
+    in ``bounds.stage<s>/``), each within an S-th of the memory and disk budgets, and an audit answer
+    advances the state by AdamW alone and runs groups 0..m of each challenged step through the
+    pipeline, as ``LocalEngine`` does from its gradient log. A stage keeps the totals, not the
+    boundaries: the tensors crossing its borders live in its neighbours, and the totals are the log
+    that does not grow with the batch, the only one a model big enough to need stages can keep.
     """
 
     concurrent_audits = False  # the stages serve one command at a time: audits wait between steps
 
     def __init__(self, spec: RoundSpec, every: int, stages: int = 2, threads: int = 1, device: str = "cpu",
-                 launch: bool = True, addr: str = "127.0.0.1", port: int = 0) -> None:
+                 launch: bool = True, addr: str = "127.0.0.1", port: int = 0, *, keep_boundaries: bool = True,
+                 log_ram_bytes: int = 0, log_disk_bytes: int | None = None) -> None:
         if spec.batch_size % spec.microbatches:
             raise TrainerError(f"batch size {spec.batch_size} is not divisible by {spec.microbatches} micro-batches")
         self.spec, self.every, self.S = spec, max(1, every), stages
@@ -401,8 +497,9 @@ class StagedEngine:
         self.ranges = stage_blocks(len(self.groups), stages)
         self.owner = [s for s, r in enumerate(self.ranges) for _ in r]
         self.steps = 0
-        self._timings = {"compute_s": 0.0, "commit_s": 0.0}
-        self.log_error: str | None = None  # no boundary log here
+        self._timings = {"compute_s": 0.0, "commit_s": 0.0, "log_s": 0.0}
+        self.keep_boundaries = keep_boundaries
+        self.log_error: str | None = None  # the last log write or read that failed (answers then replay whole steps)
         self.procs: list[Any] = []
         if launch and device.startswith("cuda") and torch.cuda.device_count() < stages:
             raise TrainerError(f"{stages} stages on CUDA need a GPU each (NCCL), this host has {torch.cuda.device_count()}; "
@@ -415,8 +512,9 @@ class StagedEngine:
                 p.start()
         dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=0, world_size=stages + 1,
                                 timeout=TIMEOUT)
+        budgets = (log_ram_bytes // stages, None if log_disk_bytes is None else log_disk_bytes // stages) if keep_boundaries else None
         for s in range(stages):
-            dist.send_object_list([(spec, self.every, threads, device)], dst=s + 1)
+            dist.send_object_list([(spec, self.every, threads, device, budgets)], dst=s + 1)
         dist.new_group(list(range(1, stages + 1)), backend="nccl" if device.startswith("cuda") else "gloo")
         self.open = True
 
@@ -475,13 +573,15 @@ class StagedEngine:
     def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, StepLeaf]:
         got = self._all("step", d, k, batch)
         for s in range(self.S):  # CPU seconds summed over the stages, which run in parallel
-            self._timings["compute_s"] += got[s][1][0]
-            self._timings["commit_s"] += got[s][1][1]
-        return got[0][0], self._leaf({s: got[s][2:] for s in got})
+            for key, spent in zip(("compute_s", "commit_s", "log_s"), got[s][1], strict=True):
+                self._timings[key] += spent
+            self.log_error = got[s][4] or self.log_error
+        return got[0][0], self._leaf({s: got[s][2:4] for s in got})
 
     @property
     def timings(self) -> dict[str, float]:
-        """Cumulative CPU seconds of all stages together: ``compute_s`` (the steps), ``commit_s`` (their leaf digests)."""
+        """Cumulative CPU seconds of all stages together: ``compute_s`` (the steps), ``commit_s`` (their
+        leaf digests), ``log_s`` (their gradient logs)."""
         return self._timings
 
     def finish(self, d: EpochDir, rank: int, seed: int) -> tuple[bytes, CompressionStats]:
@@ -497,15 +597,23 @@ class StagedEngine:
 
     def audit_block(self, d: EpochDir, start: int, end: int, b: int, picks: Sequence[int], batch_of: BatchOf, *,
                     logged: bool = True) -> tuple[State, list[Opened]]:
-        """Always whole steps across the stages (no boundary log: each stage would need its own); the
-        owner of b gives its tensors, every stage its blocks' group leaves."""
+        """From the stages' gradient logs where every stage holds the steps from the checkpoint on,
+        else (or if a stage cannot read its log) whole steps across the stages; the owner of b gives
+        its tensors, every stage its blocks' group leaves."""
         s = self._owner(b)
         common = set.intersection(*(set(c) for c in self._all("checkpoints", d).values()))
         base = max((c for c in common if c <= start), default=None)
         if base is None:
             raise TrainerError(f"no checkpoint at or before step {start} of epoch {d.epoch}")
         batches = [batch_of(j) for j in range(base, end)]
-        got = self._all("audit", d, base, start, end, b, list(picks), batches)
+        got = None
+        if logged and self.keep_boundaries and all(self._all("logged", d, range(base, end)).values()):
+            try:
+                got = self._all("audit_gradients", d, base, start, end, b, list(picks), batches)
+            except TrainerError as exc:
+                self.log_error = f"epoch {d.epoch} gradient log unreadable ({exc}); replaying whole steps"
+        if got is None:
+            got = self._all("audit", d, base, start, end, b, list(picks), batches)
         shard, steps = got[s]
         assert shard is not None
         for i, o in enumerate(steps):
@@ -514,16 +622,18 @@ class StagedEngine:
         return shard, steps
 
     def boundary_log_bytes(self, d: EpochDir) -> tuple[int, int]:
-        return 0, 0  # nothing kept beyond the checkpoints
+        got = self._all("log_bytes", d).values()
+        return sum(g[0] for g in got), sum(g[1] for g in got)
 
     def log_kind(self, d: EpochDir) -> str | None:
-        return None
+        return GRADIENTS if any(self.boundary_log_bytes(d)) else None  # None: it kept nothing
 
     def forget_boundaries(self, d: EpochDir) -> None:
-        pass
+        self._all("forget", d)
 
     def unlogged_steps(self, d: EpochDir) -> int:
-        return 0  # no log: every answer replays whole steps by design, not for want of room
+        """Steps some stage could not keep (their challenges replay whole steps)."""
+        return len({k for g in self._all("log_bytes", d).values() for k in g[2]})
 
     def held_bytes(self) -> list[int]:
         """Training-state bytes per process, from each one's own live tensors: [this node, stage 0, ...]."""

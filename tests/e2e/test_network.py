@@ -263,9 +263,11 @@ def test_chaos_kills_and_an_ipfs_restart(tmp_path: Path) -> None:
 
 def test_pipelined_trainers_pass_exact_shard_audits(tmp_path: Path) -> None:
     """`veriloco trainer --stages 2`: each trainer's state lives in two gloo stage processes that own
-    their blocks (trainer/stages.py); a verifier's single-block replay matches them bit for bit."""
+    their blocks (trainer/stages.py) and each keeps a gradient log of them, from which the trainer
+    answers; a verifier's single-block replay matches the answers bit for bit."""
     s, included = _run(tmp_path, trainers=2, stages=2)
     assert s["epochs_finalized"] == 2 and s["slashed"] == [] and s["verdicts"]["fail"] == 0
     assert all(len(inc) == 2 for inc in included.values())
     log = (tmp_path / "demo" / "logs" / "trainer0.jsonl").read_text()
     assert '"stages": 2' in log
+    assert '"answer_log": "gradients"' in log and '"what": "boundary log"' not in log

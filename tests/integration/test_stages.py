@@ -53,9 +53,9 @@ def _epochs(eng, root: Path, g: dict, count: int = 2) -> list:
     return out
 
 
-def _audit(eng, root: Path, b: int):
+def _audit(eng, root: Path, b: int, logged: bool = True):
     batch_of = lambda j: _batch(10 + j)  # epoch 1's batches
-    shard, bounds = eng.audit_block(EpochDir(root, 1), 1, 3, b, [1, 0], batch_of)
+    shard, bounds = eng.audit_block(EpochDir(root, 1), 1, 3, b, [1, 0], batch_of, logged=logged)
     ends = [eng.block_state(EpochDir(root, 1), k, b, ("param/", "ef/")) for k in (0, STEPS)]
     return shard, bounds, ends
 
@@ -79,10 +79,21 @@ def runs(tmp_path_factory: pytest.TempPathFactory):
         held = eng.held_bytes()
         timings = dict(eng.timings)
         owner = eng.owner[B]
+        log = {"kind": eng.log_kind(EpochDir(staged_root, 1)), "bytes": eng.boundary_log_bytes(EpochDir(staged_root, 1)),
+               "unlogged": eng.unlogged_steps(EpochDir(staged_root, 1))}
         audits = _audit(local, local_root, B), _audit(eng, staged_root, B)
+        log["error"] = eng.log_error
+        whole_steps = _audit(eng, staged_root, B, logged=False)
+        # a stage's log file garbled: every stage learns it before the pipeline runs, and the answer is whole steps
+        (staged_root / "epoch-000001" / "bounds.stage0" / "grad-000002.safetensors").write_bytes(b"not a log")
+        torn = _audit(eng, staged_root, B)
+        log["torn_error"] = eng.log_error
+        eng.forget_boundaries(EpochDir(staged_root, 1))
+        log["forgotten"] = eng.boundary_log_bytes(EpochDir(staged_root, 1))
     finally:
         eng.close()
-    return {"timings": timings, "want": want, "got": got, "whole": whole, "held": held, "owner": owner, "audits": audits, "root": staged_root}
+    return {"timings": timings, "want": want, "got": got, "whole": whole, "held": held, "owner": owner, "audits": audits,
+            "root": staged_root, "log": log, "whole_steps": whole_steps, "torn": torn}
 
 
 def test_two_stages_give_the_local_leaves_and_payload_bytes_for_two_epochs(runs) -> None:
@@ -102,17 +113,39 @@ def test_no_process_holds_the_whole_state(runs) -> None:
     assert max(stages) < 0.75 * whole
 
 
-def test_an_audit_of_a_block_owned_by_stage_one_equals_the_local_one(runs) -> None:
-    assert runs["owner"] == 1
-    (want_shard, want_bounds, want_ends), (got_shard, got_bounds, got_ends) = runs["audits"]
+def _same_answer(want, got) -> None:
+    """Two audit answers (shard, opened steps, block end states) with the same bits and group leaves."""
+    (want_shard, want_bounds, want_ends), (got_shard, got_bounds, got_ends) = want, got
     assert want_shard.keys() == got_shard.keys()
     assert all(torch.equal(want_shard[k], got_shard[k]) for k in want_shard)
     assert len(want_bounds) == len(got_bounds) == 2
     for w, g in zip(want_bounds, got_bounds, strict=True):
         want_t, got_t = w.flat(), g.flat()
         assert want_t.keys() == got_t.keys() and all(torch.equal(want_t[k], got_t[k]) for k in want_t)
-    for want, got in zip(want_ends, got_ends, strict=True):
-        assert want.keys() == got.keys() and all(torch.equal(want[n], got[n]) for n in want)
+        assert w.groups.keys() == g.groups.keys() and all(w.groups[c] == g.groups[c] for c in w.groups)
+    for want_end, got_end in zip(want_ends, got_ends, strict=True):
+        assert want_end.keys() == got_end.keys() and all(torch.equal(want_end[n], got_end[n]) for n in want_end)
+
+
+def test_an_audit_of_a_block_owned_by_stage_one_equals_the_local_one(runs) -> None:
+    assert runs["owner"] == 1
+    _same_answer(*runs["audits"])
+
+
+def test_stages_answer_from_their_gradient_logs_with_the_bits_of_whole_steps(runs) -> None:
+    """Each stage logs its blocks' total gradients (batch-free) and the answer runs AdamW plus groups
+    0..m through the pipeline: the same shard, boundaries, sums and group leaves as replaying whole
+    steps, and as one process answering from its boundary log."""
+    log = runs["log"]
+    assert log["kind"] == "gradients" and log["unlogged"] == 0 and log["error"] is None
+    assert sum(log["bytes"]) >= STEPS * 4 * sum(t.numel() for t in init_params(CFG, 0).values())
+    _same_answer(runs["whole_steps"], runs["audits"][1])
+
+
+def test_a_stage_missing_a_log_file_answers_with_whole_steps(runs) -> None:
+    _same_answer(runs["whole_steps"], runs["torn"])
+    assert "gradient log" in runs["log"]["torn_error"] and "stage 0" in runs["log"]["torn_error"]
+    assert runs["log"]["forgotten"] == (0, 0)
 
 
 def _free_port() -> int:
@@ -189,9 +222,11 @@ def test_two_stages_merge_like_the_local_engine(tmp_path: Path) -> None:
                 out.append(eng.step(d, k, _batch(10 * e + k))[1].digest)
             out.append(eng.finish(d, 4, 7 + e)[0])
             prev = d
-        shard, bounds = eng.audit_block(EpochDir(root, 1), 1, 3, B, [0, 0], lambda j: _batch(10 + j), logged=False)
-        return [*out, sorted((k, v.tolist()) for k, v in shard.items()),
-                [sorted((k, t.tolist()) for k, t in o.flat().items()) for o in bounds]]
+        for logged in (False, True):  # whole steps, then (staged) the gradient logs: both cross the merge
+            shard, bounds = eng.audit_block(EpochDir(root, 1), 1, 3, B, [0, 1], lambda j: _batch(10 + j), logged=logged)
+            out += [sorted((k, v.tolist()) for k, v in shard.items()),
+                    [sorted((k, t.tolist()) for k, t in o.flat().items()) for o in bounds]]
+        return out
 
     want = run(LocalEngine(spec, every=2))
     eng = StagedEngine(spec, every=2, stages=2)

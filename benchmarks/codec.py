@@ -35,11 +35,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
+from dilocox.compress import CompressionConfig, EpochRecord, adapt, compress
+from dilocox.inner import PARAM, InnerConfig, init_state, section, train_step
 from protocol.data import batch, default_corpus
 from protocol.formats.payload import decode
 from protocol.model import preset
-from trainer.compress import CompressionConfig, EpochRecord, adapt, compress
-from trainer.inner import PARAM, InnerConfig, init_state, section, train_step
 from veriloco.sparsecodec import (
     BASELINE_CHUNK,
     DCT_BLOCK,

@@ -33,15 +33,15 @@ from typing import Any
 
 import torch
 
+from dilocox.compress import CompressionConfig
+from dilocox.delay import StartRule
+from dilocox.inner import InnerConfig, configure_determinism
+from dilocox.round import RoundSpec
 from protocol.data import batch, default_corpus
 from protocol.leaf import block_count
 from protocol.model import init_params, n_params, preset
 from trainer.checkpoints import EpochDir
-from trainer.compress import CompressionConfig
-from trainer.delay import StartRule
 from trainer.engine import LocalEngine
-from trainer.inner import InnerConfig, configure_determinism
-from trainer.round import RoundSpec
 
 # (preset, batch rows, tokens per row): the protocol benchmark's setting first, then the same model
 # at its full context, then GPT-2 small's shape at its context.

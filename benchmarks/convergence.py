@@ -49,14 +49,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from coordinator.outer import OuterConfig
+from dilocox.compress import CompressionConfig
+from dilocox.device import device_class, resolve_device
+from dilocox.inner import InnerConfig, configure_determinism, init_state, train_step
+from dilocox.outer import OuterConfig
 from protocol.data import EVAL_SPLITS, Corpus, batch, default_corpus
 from protocol.digest import state_digest
 from protocol.errors import VerilocoError
 from protocol.model import PRECISIONS, PRESETS, n_params
-from trainer.compress import CompressionConfig
-from trainer.device import device_class, resolve_device
-from trainer.inner import InnerConfig, configure_determinism, init_state, train_step
 from veriloco.argtypes import non_negative
 from veriloco.simulate import (
     DDP_BUCKET_BYTES,

@@ -46,18 +46,11 @@ from typing import Any
 
 import torch
 
-from protocol.data import batch, default_corpus
-from protocol.devicehash import blake3_tensor
-from protocol.digest import state_digest, tensor_bytes
-from protocol.leaf import block_names
-from protocol.model import GPTConfig, init_params, n_params, preset
-from trainer.blockstep import blockwise_step, replay_block
-from trainer.checkpoints import EpochDir
-from trainer.compress import CompressionConfig
-from trainer.delay import StartRule
-from trainer.device import device_class, resolve_device
-from trainer.engine import LocalEngine, restrict
-from trainer.inner import (
+from dilocox.blockstep import blockwise_step, replay_block
+from dilocox.compress import CompressionConfig
+from dilocox.delay import StartRule
+from dilocox.device import device_class, resolve_device
+from dilocox.inner import (
     MOM1,
     MOM2,
     PARAM,
@@ -66,7 +59,14 @@ from trainer.inner import (
     init_state,
     train_step,
 )
-from trainer.round import RoundSpec
+from dilocox.round import RoundSpec
+from protocol.data import batch, default_corpus
+from protocol.devicehash import blake3_tensor
+from protocol.digest import state_digest, tensor_bytes
+from protocol.leaf import block_names
+from protocol.model import GPTConfig, init_params, n_params, preset
+from trainer.checkpoints import EpochDir
+from trainer.engine import LocalEngine, restrict
 from verifier.calibrate import CALIBRATED_TOLERANCE
 from verifier.replay import max_rel_error
 

@@ -11,7 +11,7 @@ boundaries to answer cheaply (that log grows with the batch). This prices today'
 model, batch, H, K and q without training anything: every file size is the canonical file the code
 would write (`protocol.formats.codec.state_file_size` of `protocol.shard_audit.challenge_spec`,
 `transition_spec` and `start_spec`; the manifest encoded by `protocol.shard_audit.build_manifest` over
-placeholder leaves; the payload by `trainer.compress.payload_size`), for each audit block of the
+placeholder leaves; the payload by `dilocox.compress.payload_size`), for each audit block of the
 model (`protocol.leaf.block_names`), averaged over the uniformly drawn block. Measured inputs: none;
 the shapes are the code's. Assumed: nothing about hardware for the byte figures. The compute figures
 are FLOP ratios (`6 · parameters · tokens` per training step, the same per replayed block-token, plus
@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from dilocox.compress import CompressionConfig, payload_size
 from protocol.formats.codec import TensorSpec, state_file_size
 from protocol.leaf import BlockEntry, GroupLeaf, StepLeaf, block_count, block_names, group_root
 from protocol.model import PRESETS, GPTConfig, param_shapes
@@ -66,7 +67,6 @@ from protocol.shard_audit import (
     transition_spec,
 )
 from protocol.types import Address, Cid
-from trainer.compress import CompressionConfig, payload_size
 from veriloco.simulate import ring_allreduce_bytes
 
 # Models beyond the presets, as shapes only (meta tensors: nothing is allocated). The 7B is Llama-2's
@@ -277,11 +277,11 @@ def validate(workdir: Path) -> dict[str, Any]:
     audit answer a trainer sent, priced by the same specs for the segments, blocks, final block and
     start file its manifest names, against the bytes the trainer logged (``responded.audit_bytes``:
     its files and manifest), and each file against its size in the run's store."""
+    from dilocox.delay import StartRule
+    from dilocox.round import RoundSpec
     from protocol.config import from_json
     from protocol.shard_audit import covers_merge, decode_manifest
     from protocol.store.backends import LocalStore
-    from trainer.delay import StartRule
-    from trainer.round import RoundSpec
 
     summary = json.loads((workdir / "bench-summary.json").read_text())
     store = LocalStore(workdir / "devnet" / "store")

@@ -47,6 +47,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from dilocox.blockstep import blockwise_step
+from dilocox.compress import CompressionConfig
+from dilocox.delay import StartRule
+from dilocox.inner import MOM1, MOM2, PARAM, STEP, InnerConfig, configure_determinism
+from dilocox.round import RoundSpec, compress_seed, epoch_batch
 from protocol import merkle
 from protocol.chain.audit import challenged_steps
 from protocol.config import RunConfig
@@ -65,13 +70,8 @@ from protocol.shard_audit import (
 )
 from protocol.store.backends import LocalStore
 from protocol.types import Address
-from trainer.blockstep import blockwise_step
 from trainer.checkpoints import EpochDir
-from trainer.compress import CompressionConfig
-from trainer.delay import StartRule
 from trainer.engine import LocalEngine
-from trainer.inner import MOM1, MOM2, PARAM, STEP, InnerConfig, configure_determinism
-from trainer.round import RoundSpec, compress_seed, epoch_batch
 from trainer.shard_response import shard_response
 from verifier.shard import Chained, audit_findings
 

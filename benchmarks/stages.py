@@ -26,14 +26,14 @@ from typing import Any
 
 import torch
 
+from dilocox.compress import CompressionConfig
+from dilocox.delay import StartRule
+from dilocox.inner import InnerConfig, configure_determinism
+from dilocox.round import RoundSpec
 from protocol.data import batch, default_corpus
 from protocol.model import init_params, preset
 from trainer.checkpoints import EpochDir
-from trainer.compress import CompressionConfig
-from trainer.delay import StartRule
 from trainer.engine import Engine, LocalEngine
-from trainer.inner import InnerConfig, configure_determinism
-from trainer.round import RoundSpec
 from trainer.stages import StagedEngine
 
 

@@ -11,7 +11,7 @@ along ``+u``) for a fixed unit direction ``u``: a Gaussian vector over all param
 pseudo-gradients of the round: an upper bound on what commit-reveal leaves it):
 
 - ``cap``: norm exactly clip × the lower median of the other workers' norms, which is the
-  coordinator's own limit (``coordinator.aggregate.clip_scales``) once the forgery is the largest;
+  coordinator's own limit (``dilocox.aggregate.clip_scales``) once the forgery is the largest;
 - ``edge``: per coordinate the other workers' most extreme value in the attacker's direction (the
   best forgery against a coordinate-wise rule), clipped by the coordinator like any other.
 
@@ -45,12 +45,12 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from coordinator.aggregate import aggregate, clip_scales, combine, delta_norm
-from coordinator.outer import AGGREGATES, GlobalState, OuterConfig, global_params
+from dilocox.aggregate import aggregate, clip_scales, combine, delta_norm
+from dilocox.inner import InnerConfig, Params, configure_determinism
+from dilocox.outer import AGGREGATES, GlobalState, OuterConfig, global_params
 from protocol.config import OuterSection
 from protocol.data import default_corpus
 from protocol.model import PRESETS, n_params, param_shapes
-from trainer.inner import InnerConfig, Params, configure_determinism
 from veriloco.simulate import SimConfig, methods, resolve_method, run_local
 
 ATTACKS = ("cap", "edge")

@@ -6,7 +6,7 @@ For 1 MiB and 64 MiB of random bytes, each backend's `put` and verified `get` (a
 are timed against baselines doing the same transfer without veriloco's checks: a plain file
 write/read for LocalStore, and ipfshttpclient's own `add_bytes`/`cat` on the same js-ipfs node for
 IpfsStore. The ratio column is veriloco / baseline. The digest part trains the `tiny` and `small`
-presets with trainer.inner.train_step and times protocol.digest.state_digest of the full state
+presets with dilocox.inner.train_step and times protocol.digest.state_digest of the full state
 (params, both moments, error buffer, counters), the hash a trainer takes after every inner step;
 `digest_fraction_of_step` is digest time / step time. Timings are the median of the repetitions.
 
@@ -134,9 +134,9 @@ def bench_hashing() -> dict[str, float]:
 
 def bench_digest(preset_name: str, steps: int, batch_size: int) -> dict[str, Any]:
     """Median inner-step time and median state_digest time for one preset's full training state."""
+    from dilocox.inner import InnerConfig, init_state, train_step
     from protocol.data import batch, default_corpus
     from protocol.model import n_params, preset
-    from trainer.inner import InnerConfig, init_state, train_step
 
     cfg = preset(preset_name)
     inner = InnerConfig(warmup_steps=2, total_steps=1000)

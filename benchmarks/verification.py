@@ -5,7 +5,7 @@
 1. Calibration. Honest replay divergence (verifier.replay.max_rel_error between a trainer's state k+1
    and the verifier's replay of step k from the trainer's state k) is measured on a calibration set
    for: trainer/verifier thread counts 2→1 and 1→2 in one process, a trainer in a separate process
-   (1 and 2 threads), and a trainer running trainer.pipeline with S=2 stages (1 and 2 micro-batches)
+   (1 and 2 threads), and a trainer running dilocox.pipeline with S=2 stages (1 and 2 micro-batches)
    in two gloo processes. verifier.calibrate.choose_tolerance turns the worst divergence into the
    bound; a disjoint validation set then runs the real check_step in tolerant mode with that bound
    and counts false positives. Also: the largest per-step nudge towards an arbitrary target model
@@ -49,17 +49,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from protocol.chain.audit import challenged_steps, final_check
-from protocol.config import RunConfig
-from protocol.data import Corpus, default_corpus
-from protocol.digest import keccak, state_digest
-from protocol.formats.codec import required_leaves, save_state
-from protocol.formats.payload import wrap
-from protocol.model import init_params
-from trainer.compress import compress
-from trainer.inner import PARAM, STEP, State, configure_determinism, section
-from trainer.pipeline import PipelineConfig, merge_states, pipeline_train_step, stage_state
-from trainer.round import (
+from dilocox.compress import compress
+from dilocox.inner import PARAM, STEP, State, configure_determinism, section
+from dilocox.pipeline import PipelineConfig, merge_states, pipeline_train_step, stage_state
+from dilocox.round import (
     RoundSpec,
     compress_seed,
     epoch_batch,
@@ -67,6 +60,13 @@ from trainer.round import (
     replay_step,
     start_state,
 )
+from protocol.chain.audit import challenged_steps, final_check
+from protocol.config import RunConfig
+from protocol.data import Corpus, default_corpus
+from protocol.digest import keccak, state_digest
+from protocol.formats.codec import required_leaves, save_state
+from protocol.formats.payload import wrap
+from protocol.model import init_params
 from verifier import calibrate as cal
 from verifier.replay import check_final, check_start, check_step, max_rel_error
 
@@ -154,7 +154,7 @@ def _process_worker(rank: int, threads: int, preset: str, plan: list[tuple[int, 
 
 
 def _pipeline_worker(rank: int, world: int, micro: int, preset: str, plan: list[tuple[int, int]], store: str, out: str) -> None:
-    """One pipeline stage of a trainer running trainer.pipeline; saves its part of every state."""
+    """One pipeline stage of a trainer running dilocox.pipeline; saves its part of every state."""
     configure_determinism(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:

@@ -1,1 +1,1 @@
-"""The coordinator role: aggregation (decode, mean, outer Nesterov), epoch advancement, and the coordinator node."""
+"""The coordinator role: epoch advancement, building the verified global model, and the coordinator node."""

@@ -2,7 +2,7 @@
 build on it and verifiers check it, each from its own recomputation, never from a downloaded model.
 
 Deterministic: the passing trainers are read from the contract's events, their payloads are
-decoded in ascending address order (the order `finalize` lists them), and `coordinator.aggregate`
+decoded in ascending address order (the order `finalize` lists them), and `dilocox.aggregate`
 sums in that order (with `outer.aggregate` = "trimmed" or "median": per coordinate, in value order).
 The state an epoch aggregates onto is recomputed recursively from G_0 (`VerifiedGlobals`), so a
 coordinator that finalized a wrong model changes nobody's base: every honest node keeps building on
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from coordinator.aggregate import aggregate
-from coordinator.outer import MOM, GlobalState, OuterConfig, global_params, init_global
+from dilocox.aggregate import aggregate
+from dilocox.outer import MOM, GlobalState, OuterConfig, global_params, init_global
 from protocol.chain.binding import Chain, Phase
 from protocol.digest import state_digest
 from protocol.errors import VerilocoError

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from coordinator.build import PayloadMissing, VerifiedGlobals, build_global
-from coordinator.outer import global_params
+from dilocox.outer import global_params
 from protocol.chain import errors as ce
 from protocol.chain.binding import Chain, ChainError, ChainUnavailable, Phase
 from protocol.chain.outage import TRANSIENT, through_outages

@@ -35,7 +35,7 @@ class ConfigError(VerilocoError):
 # while they hold their default, so every config written before them keeps its bytes and digest.
 _NEW = {"omit_default": True}
 
-# outer.aggregate's values (coordinator.outer.AGGREGATES, which implements them)
+# outer.aggregate's values (dilocox.outer.AGGREGATES, which implements them)
 AGGREGATES = ("mean", "trimmed", "median")
 
 
@@ -71,7 +71,7 @@ class InnerSection:
     total_steps: int = 1000  # cosine horizon over all epochs
     grad_clip: float = 1.0
     # micro-batches per inner step; part of the step's definition when audits are per shard
-    # (trainer/blockstep.py), so every trainer and verifier of a run uses the same number
+    # (dilocox/blockstep.py), so every trainer and verifier of a run uses the same number
     microbatches: int = field(default=1, metadata=_NEW)
 
 
@@ -140,7 +140,7 @@ class AuditSection:
     # "shard": one audit block of a segment from that block's state and boundary tensors (§5.3)
     unit: str = field(default="state", metadata=_NEW)
     # the device class exact replay is pinned to: "cpu" or "cuda:<GPU name as torch reports it>"
-    # (trainer/device.py); every trainer and verifier of an exact-mode run computes on it
+    # (dilocox/device.py); every trainer and verifier of an exact-mode run computes on it
     device: str = field(default="cpu", metadata=_NEW)
 
 

@@ -45,7 +45,7 @@ _PARAM, _MOM1, _MOM2, _EF = "param/", "adam.m/", "adam.v/", "ef/"
 
 
 class Boundary(Protocol):
-    """What one block exchanged in a step (``trainer.blockstep.BlockIO``)."""
+    """What one block exchanged in a step (``dilocox.blockstep.BlockIO``)."""
 
     act: torch.Tensor | None
     grad_in: torch.Tensor | None
@@ -154,7 +154,7 @@ def partial_digest(grads: Mapping[str, torch.Tensor]) -> Digest:
 
 
 class PartialSums:
-    """A step's ``on_partial`` hook (trainer.blockstep): the digest of each block's gradient after
+    """A step's ``on_partial`` hook (dilocox.blockstep): the digest of each block's gradient after
     groups 0..M-2, hashed while the sum exists (keeping M copies would cost M block gradients).
 
     ``seconds``: the thread time spent hashing, which is commitment cost, not the step's compute.

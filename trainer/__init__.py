@@ -1,1 +1,1 @@
-"""The trainer role: the DiLoCoX inner loop, the compressor, one-step-delay bookkeeping, pipeline stages, and the trainer node."""
+"""The trainer role: the trainer node, its engines (one process or pipeline stages), checkpoints, the answer log and audit answers."""

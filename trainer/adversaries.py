@@ -38,13 +38,13 @@ import time
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from dilocox.inner import EF, PARAM, Params, State, section, train_step, with_section
+from dilocox.round import Final, epoch_batch
 from protocol.formats.payload import encode, encode_raw, open_publication, unwrap, wrap
 from protocol.leaf import block_names
 from trainer.checkpoints import EpochDir
 from trainer.engine import OFFSET, Engine, LocalEngine, save_merged
-from trainer.inner import EF, PARAM, Params, State, section, train_step, with_section
 from trainer.node import Behaviour, TrainerNode
-from trainer.round import Final, epoch_batch
 
 MAX_COPY_BYTES = 256 << 20
 PLANT_SCALE = 0.01  # the planted buffer: this times the start parameters (a pull of the model towards zero)

@@ -39,9 +39,9 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
+from dilocox.blockstep import BlockIO
 from protocol.formats.codec import write_state
 from protocol.leaf import GroupLeaf
-from trainer.blockstep import BlockIO
 
 SQ = "sq"  # every block's squared gradient norm, fp32, in block order
 TOTAL = "total/"  # a parameter's total gradient in the step (what AdamW used), fp32: the gradient log

@@ -21,14 +21,14 @@ from typing import Any
 
 import torch
 
+from dilocox.blockstep import Batch, BlockIO, OnPartial
+from dilocox.compress import compress
+from dilocox.inner import PARAM, STEP, State
+from dilocox.round import Final, compress_seed
 from protocol.formats.payload import wrap
 from protocol.leaf import block_count, block_names
-from trainer.blockstep import Batch, BlockIO, OnPartial
-from trainer.compress import compress
 from trainer.engine import Engine, LocalEngine
-from trainer.inner import PARAM, STEP, State
 from trainer.node import Behaviour, TrainerNode
-from trainer.round import Final, compress_seed
 
 
 class LazyEngine(LocalEngine):

@@ -20,8 +20,8 @@ from typing import Any
 
 from safetensors import safe_open
 
+from dilocox.inner import State
 from protocol.formats.codec import load_state_file, write_state
-from trainer.inner import State
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

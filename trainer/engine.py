@@ -4,7 +4,7 @@ The node never touches training tensors itself in a sharded run; it asks an engi
 epoch, step, compress and answer audits, and gets back leaves (hashes), payload bytes and the few
 block tensors an audit reveals. ``LocalEngine`` keeps the whole state in this process (S = 1);
 ``trainer.stages.StagedEngine`` gives each pipeline stage process its own blocks. Both run the same
-block-wise step (trainer/blockstep.py), so their leaves and payloads are bitwise equal.
+block-wise step (dilocox/blockstep.py), so their leaves and payloads are bitwise equal.
 
 Files (in the epoch's ``EpochDir``): ``state-<k>`` checkpoints every ``every`` steps and at both
 ends, ``carried`` (the state the next epoch continues from) and, under the merge rule, ``merged``
@@ -23,8 +23,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from protocol.leaf import GroupLeaf, LeafCommitter, PartialSums, StepLeaf, block_names
-from trainer.blockstep import (
+from dilocox.blockstep import (
     Batch,
     BlockIO,
     Capture,
@@ -35,10 +34,8 @@ from trainer.blockstep import (
     replay_block,
     step_update,
 )
-from trainer.boundaries import GRADIENTS, BoundaryLog, ByteBudget
-from trainer.checkpoints import EpochDir
-from trainer.compress import CompressionStats, compress
-from trainer.delay import (
+from dilocox.compress import CompressionStats, compress
+from dilocox.delay import (
     MergeBase,
     StartRule,
     add_offset,
@@ -46,11 +43,14 @@ from trainer.delay import (
     merged_pseudo_gradient,
     pseudo_gradient,
 )
-from trainer.inner import EF, MOM1, MOM2, PARAM, RNG, STEP, Params, State, TrainerError, section
-from trainer.round import RoundSpec, merged_if_due, start_state
+from dilocox.inner import EF, MOM1, MOM2, PARAM, RNG, STEP, Params, State, TrainerError, section
+from dilocox.round import RoundSpec, merged_if_due, start_state
+from protocol.leaf import GroupLeaf, LeafCommitter, PartialSums, StepLeaf, block_names
+from trainer.boundaries import GRADIENTS, BoundaryLog, ByteBudget
+from trainer.checkpoints import EpochDir
 
 MERGED = "merged"  # the file of G_e an epoch folded in at its merge step (schedule.merge_step)
-# with error feedback in the parameters, the file of what the merge step added (trainer.delay.merge_offset)
+# with error feedback in the parameters, the file of what the merge step added (dilocox.delay.merge_offset)
 OFFSET = "merge-offset"
 
 BatchOf = Callable[[int], Batch]  # inner step k of this epoch -> its batch
@@ -175,7 +175,7 @@ def epoch_delta(spec: RoundSpec, start: State, end: State, merged: Callable[[], 
 class Opened:
     """Block b in one step of an answered segment: its boundaries on the opened group's rows (input
     activations, output gradient), its gradient through the group before the opened one and its total
-    (``trainer.blockstep.Capture``; None at M = 1 or group 0), and the group leaves of blocks b−1, b,
+    (``dilocox.blockstep.Capture``; None at M = 1 or group 0), and the group leaves of blocks b−1, b,
     b+1 (the openings)."""
 
     inp: Tensor | None
@@ -231,7 +231,7 @@ class LocalEngine:
                  log_disk_bytes: int | None = None, device: torch.device | str = "cpu") -> None:
         self.spec, self.every = spec, max(1, every)
         # where the steps run; files, leaves, the log and compression stay on the CPU, so on a GPU only
-        # the live state and the step's tensors live there (trainer/device.py says which devices may)
+        # the live state and the step's tensors live there (dilocox/device.py says which devices may)
         self.device = torch.device(device)
         self.keep_boundaries = keep_boundaries
         self.log_budget = ByteBudget(log_ram_bytes)  # shared by the epochs' logs: two overlap while one is audited

@@ -1,6 +1,6 @@
 """The trainer node: follow the run's epochs, train, publish, commit, reveal, answer audits.
 
-A thin loop around the pure round functions (trainer/round.py), talking only to an injected
+A thin loop around the pure round functions (dilocox/round.py), talking only to an injected
 `Chain` and `Store`. Per epoch: derive the start state (docs/protocol.md §8), train H steps
 recording the state digest after each, compress, publish the payload, commit, reveal; then, while
 the next epoch trains, answer the audit with the challenged states and their Merkle proofs. Every
@@ -20,6 +20,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coordinator.build import ModelUnavailable, VerifiedGlobals
+from dilocox.delay import MergeBase, StartRule, epoch_merge_offset, public_history_end
+from dilocox.device import check_device, resolve_device
+from dilocox.inner import Params, State, TrainerError, configure_determinism
+from dilocox.round import (
+    Final,
+    RoundSpec,
+    compress_seed,
+    epoch_batch,
+    final_transition,
+    merged_if_due,
+    replay_step,
+    start_state,
+)
+from dilocox.schedule import Schedule
 from protocol import merkle, shard_audit
 from protocol.chain.audit import build_response
 from protocol.chain.binding import (
@@ -46,21 +60,7 @@ from protocol.types import Cid
 from trainer.answering import AnswerWorker, Built, FileSink, build
 from trainer.boundaries import quarter_of_free_disk, quarter_of_memory
 from trainer.checkpoints import EpochDir
-from trainer.delay import MergeBase, StartRule, epoch_merge_offset, public_history_end
-from trainer.device import check_device, resolve_device
 from trainer.engine import Engine, LocalEngine
-from trainer.inner import Params, State, TrainerError, configure_determinism
-from trainer.round import (
-    Final,
-    RoundSpec,
-    compress_seed,
-    epoch_batch,
-    final_transition,
-    merged_if_due,
-    replay_step,
-    start_state,
-)
-from trainer.schedule import Schedule
 from trainer.shard_response import shard_response
 
 if TYPE_CHECKING:
@@ -207,7 +207,7 @@ class TrainerNode:
 
     def merge_offset(self, e: int, g_e: Params) -> Params:
         """With error feedback in the parameters, what epoch e's merge step adds
-        (``trainer.delay.epoch_merge_offset``): its own e-1 payload is the one it published (e-1 is
+        (``dilocox.delay.epoch_merge_offset``): its own e-1 payload is the one it published (e-1 is
         kept while e runs: ``_prune``)."""
         return epoch_merge_offset(
             e, bool(self._dir(e).meta.get("continued")), g_e, lambda i: params_of(self.globals.base(i)),

@@ -16,6 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from dilocox.delay import StartRule
+from dilocox.inner import EF, PARAM, State, TrainerError
+from dilocox.round import RoundSpec
 from protocol.chain.audit import final_check as final_drawn
 from protocol.formats.codec import save_state
 from protocol.leaf import StepLeaf, block_count, block_names
@@ -38,10 +41,7 @@ from protocol.shard_audit import (
 )
 from protocol.types import Address, Cid
 from trainer.checkpoints import EpochDir
-from trainer.delay import StartRule
 from trainer.engine import BatchOf, Engine, Opened
-from trainer.inner import EF, PARAM, State, TrainerError
-from trainer.round import RoundSpec
 
 Publish = Callable[[bytes], Cid]
 

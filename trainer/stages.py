@@ -8,14 +8,14 @@ tensor: it sends commands, each step's batch, and at ``begin`` each stage's part
 G; it gets back per-block leaf entries (digests), the loss, payload parts and, for an audit, the
 one block's tensors. ``held_bytes`` reports, from each process's own live tensors, what it holds.
 
-A step runs the same ``BlockRun``s as ``trainer.blockstep.blockwise_step``, GPipe-ordered: every
+A step runs the same ``BlockRun``s as ``dilocox.blockstep.blockwise_step``, GPipe-ordered: every
 micro-batch forward (activations ``dist.send`` to the next stage), then backwards m = 0..M-1
 (gradients back), so each block accumulates its micro-batch gradients in the same order; the
 per-block squared norms are all-gathered so every stage clips with ``global_norm`` over all blocks
 in block order. Leaves and payloads are therefore bitwise equal to ``LocalEngine``'s (S = 1): the
 split changes where a block runs, never what it computes. Each stage digests its blocks and
 compresses its tensors itself, in parallel; the node merges the payload parts into the one payload
-``compress`` gives on the whole state (``trainer.compress.merge_compressed``).
+``compress`` gives on the whole state (``dilocox.compress.merge_compressed``).
 
 Files, in the epoch's ``EpochDir``: ``state-<k>.stage<s>.safetensors`` (checkpoint parts),
 ``carried.stage<s>.safetensors`` and ``bounds.stage<s>/`` (the stage's gradient log, where kept);
@@ -35,7 +35,7 @@ store)::
 A process has one default torch.distributed group, so it drives one ``StagedEngine`` at a time.
 
 ``PipelineSteps`` (end of the file) is the legacy state-mode ``--stages``: the node holds the full
-state and ships parts to ``trainer.pipeline`` workers every step, tolerant-equal to one process.
+state and ships parts to ``dilocox.pipeline`` workers every step, tolerant-equal to one process.
 """
 
 from __future__ import annotations
@@ -55,9 +55,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
-from protocol.errors import VerilocoError
-from protocol.leaf import BlockEntry, LeafCommitter, PartialSums, StepLeaf, block_names
-from trainer.blockstep import (
+from dilocox.blockstep import (
     Batch,
     BlockIO,
     BlockRun,
@@ -71,25 +69,9 @@ from trainer.blockstep import (
     microbatches,
     step_update,
 )
-from trainer.boundaries import GRADIENTS, BoundaryLog, ByteBudget
-from trainer.checkpoints import EpochDir
-from trainer.compress import CompressionStats, compress, merge_compressed
-from trainer.delay import carry
-from trainer.engine import (
-    MERGED,
-    OFFSET,
-    BatchOf,
-    Opened,
-    epoch_delta,
-    group_rows,
-    merge_step_of,
-    merged_before,
-    neighbours,
-    restrict,
-    save_merged,
-    tensor_bytes,
-)
-from trainer.inner import (
+from dilocox.compress import CompressionStats, compress, merge_compressed
+from dilocox.delay import carry
+from dilocox.inner import (
     EF,
     MOM1,
     MOM2,
@@ -104,14 +86,32 @@ from trainer.inner import (
     section,
     squared_norm,
 )
-from trainer.pipeline import (
+from dilocox.pipeline import (
     PipelineConfig,
     merge_states,
     pipeline_train_step,
     split_layers,
     stage_state,
 )
-from trainer.round import RoundSpec, start_state
+from dilocox.round import RoundSpec, start_state
+from protocol.errors import VerilocoError
+from protocol.leaf import BlockEntry, LeafCommitter, PartialSums, StepLeaf, block_names
+from trainer.boundaries import GRADIENTS, BoundaryLog, ByteBudget
+from trainer.checkpoints import EpochDir
+from trainer.engine import (
+    MERGED,
+    OFFSET,
+    BatchOf,
+    Opened,
+    epoch_delta,
+    group_rows,
+    merge_step_of,
+    merged_before,
+    neighbours,
+    restrict,
+    save_merged,
+    tensor_bytes,
+)
 
 Bound = tuple[Tensor | None, Tensor | None]
 Budgets = tuple[int, int | None]  # a stage's share of the node's log budgets: memory, disk (None: no limit)
@@ -327,8 +327,8 @@ class _Stage:
               upto: int | None = None) -> tuple[State, float, dict[int, BlockIO], Bound, list[Tensor]]:
         """This stage's share of one block-wise step (collective over the stages): the new state, the loss,
         its blocks' boundaries, block ``watch``'s boundaries if it is one of them, every block's squared
-        norm. ``on_partial``: as in ``trainer.blockstep.blockwise_step``, for its blocks. ``upto`` m: only
-        groups 0..m and no update (``trainer.blockstep.group_pass``): the state comes back unchanged,
+        norm. ``on_partial``: as in ``dilocox.blockstep.blockwise_step``, for its blocks. ``upto`` m: only
+        groups 0..m and no update (``dilocox.blockstep.group_pass``): the state comes back unchanged,
         the watched boundaries are group m's rows, and there are no boundaries or norms."""
         cfg, micro, grp = self.spec.model, self.spec.microbatches, self.group
         nb, first, last = len(self.groups), self.s == 0, self.s == self.S - 1

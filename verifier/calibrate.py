@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from dilocox.inner import PARAM
 from protocol import merkle
 from protocol.errors import VerilocoError
 from protocol.formats.codec import required_leaves
-from trainer.inner import PARAM
 from verifier.replay import max_rel_error
 
 # Tolerant-mode bound chosen from benchmarks/results/verification.json (`calibration.tolerance`):

@@ -26,7 +26,12 @@ from typing import Any
 
 from torch import Tensor
 
-from coordinator.outer import global_params
+from dilocox.delay import MergeBase, Offset, StartRule, epoch_merge_offset
+from dilocox.device import check_device, resolve_device
+from dilocox.inner import Params, State, TrainerError, configure_determinism
+from dilocox.outer import global_params
+from dilocox.round import RoundSpec, start_state
+from dilocox.schedule import Schedule
 from protocol import shard_audit
 from protocol.chain import errors as ce
 from protocol.chain.binding import Assignment, Chain, ChainError, ChainUnavailable, Phase
@@ -64,11 +69,6 @@ from protocol.store.backends import (
 )
 from protocol.store.unixfs import cid_of
 from protocol.types import Cid, Digest
-from trainer.delay import MergeBase, Offset, StartRule, epoch_merge_offset
-from trainer.device import check_device, resolve_device
-from trainer.inner import Params, State, TrainerError, configure_determinism
-from trainer.round import RoundSpec, start_state
-from trainer.schedule import Schedule
 from verifier.keeper import Keeper
 from verifier.replay import (
     NO_WITNESS,
@@ -542,7 +542,7 @@ class VerifierNode:
 
     def _merge_offset(self, e: int, t: str, continued: bool) -> Offset | None:
         """With error feedback in the parameters, what trainer ``t``'s epoch e merge step adds
-        (``trainer.delay.epoch_merge_offset``), all public: its own e-1 payload as it revealed it.
+        (``dilocox.delay.epoch_merge_offset``), all public: its own e-1 payload as it revealed it.
         Computed once, when a replayed step first merges; None under a carried buffer."""
         if not self.spec.ef_in_params:
             return None

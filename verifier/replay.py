@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dilocox.delay import MergeBase, StartRule
+from dilocox.inner import STEP, State
+from dilocox.round import RoundSpec, final_transition, replay_step, start_state
 from protocol.data import Corpus
 from protocol.digest import keccak, state_digest
 from protocol.formats.payload import open_publication
 from protocol.types import Digest
-from trainer.delay import MergeBase, StartRule
-from trainer.inner import STEP, State
-from trainer.round import RoundSpec, final_transition, replay_step, start_state
 
 
 @dataclass(frozen=True)

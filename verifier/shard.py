@@ -19,6 +19,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dilocox.blockstep import accumulate, block_update, replay_group
+from dilocox.compress import compress
+from dilocox.delay import Offset, StartRule, add_offset, merge_global
+from dilocox.inner import EF, MOM1, MOM2, PARAM, RNG, STEP
+from dilocox.round import RoundSpec, compress_seed, epoch_batch, start_state
 from protocol.chain.audit import final_check
 from protocol.chain.outage import TRANSIENT
 from protocol.data import Corpus
@@ -51,11 +56,6 @@ from protocol.shard_audit import (
     transition_spec,
     unbound_input,
 )
-from trainer.blockstep import accumulate, block_update, replay_group
-from trainer.compress import compress
-from trainer.delay import Offset, StartRule, add_offset, merge_global
-from trainer.inner import EF, MOM1, MOM2, PARAM, RNG, STEP
-from trainer.round import RoundSpec, compress_seed, epoch_batch, start_state
 from verifier.replay import Finding, _fail, gradient_digest
 
 _P, _O, _E = (PARAM,), (MOM1, MOM2), (EF,)
@@ -72,7 +72,7 @@ def check_segment(
     then the block's AdamW step from the total, whose squared norm and, at the segment's end, state
     the leaves commit. At the merge rule's step the block first adds G_e − S_e.param (``merged`` = G_e;
     S_e.param is the file's ``start.param/``, bound to leaf 0), or with error feedback in the parameters
-    the public ``offset()`` (``trainer.delay.merge_offset``; at least the block's entries)."""
+    the public ``offset()`` (``dilocox.delay.merge_offset``; at least the block's entries)."""
     start, end, b = c.start, c.end, c.block
     name = f"block {b} steps {start}->{end}"
     names = block_names(spec.model)[b]

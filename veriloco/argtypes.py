@@ -95,11 +95,11 @@ def gibibytes(text: str) -> int:
 
 
 def device(text: str) -> str:
-    """A torch device this machine can compute on: cpu, cuda or cuda:N (trainer/device.py)."""
+    """A torch device this machine can compute on: cpu, cuda or cuda:N (dilocox/device.py)."""
     if text == "cpu":  # the default, always there: a node's first line need not wait for torch (issue 32)
         return text
-    from trainer.device import resolve_device  # torch: only for the commands that take --device
-    from trainer.inner import TrainerError
+    from dilocox.device import resolve_device  # torch: only for the commands that take --device
+    from dilocox.inner import TrainerError
 
     try:
         resolve_device(text)

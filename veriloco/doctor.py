@@ -140,8 +140,8 @@ def check_torch(ctx: Context) -> Result:
 
 
 def check_device(ctx: Context) -> Result:
-    from trainer.device import device_class, resolve_device
-    from trainer.inner import TrainerError
+    from dilocox.device import device_class, resolve_device
+    from dilocox.inner import TrainerError
 
     try:
         dev = resolve_device(ctx.args.device)
@@ -155,7 +155,7 @@ def check_device(ctx: Context) -> Result:
 def check_determinism(ctx: Context) -> Result:
     import torch
 
-    from trainer.inner import configure_determinism
+    from dilocox.inner import configure_determinism
 
     device = ctx.args.device if "device" in ctx.notes else "cpu"  # an unusable --device failed its own check
     configure_determinism(ctx.args.threads, "cuda" if device.startswith("cuda") else "cpu")  # as the node does
@@ -320,9 +320,9 @@ def check_pin(ctx: Context) -> Result:
         return skip("no run config" if ctx.config is None else "no device")
     if ctx.args.role == "coordinator":
         return skip("the coordinator replays nothing")
-    from trainer.device import check_device as pinned
-    from trainer.device import resolve_device
-    from trainer.inner import TrainerError
+    from dilocox.device import check_device as pinned
+    from dilocox.device import resolve_device
+    from dilocox.inner import TrainerError
 
     a = ctx.config.audit
     try:

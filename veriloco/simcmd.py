@@ -16,10 +16,10 @@ import json
 import time
 from pathlib import Path
 
-from coordinator.outer import OuterConfig
+from dilocox.inner import InnerConfig, configure_determinism
+from dilocox.outer import OuterConfig
 from protocol.data import default_corpus
 from protocol.model import preset
-from trainer.inner import InnerConfig, configure_determinism
 from veriloco.argtypes import non_negative, positive
 from veriloco.simulate import (
     SimConfig,

@@ -1,7 +1,7 @@
 """Local simulation: K trainers' DiLoCoX rounds in one process, no chain, no store.
 
-It drives the same pure pieces the nodes use (``trainer.inner.train_step``, ``trainer.delay``,
-``trainer.compress``, ``protocol.formats.payload.decode``, ``coordinator.aggregate``) so that the benchmark
+It drives the same pure pieces the nodes use (``dilocox.inner.train_step``, ``dilocox.delay``,
+``dilocox.compress``, ``protocol.formats.payload.decode``, ``dilocox.aggregate``) so that the benchmark
 and ``veriloco simulate`` measure the real engine, and compares training methods at an equal token
 budget (every worker runs the same number of inner steps on batches of the same size):
 
@@ -44,13 +44,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from coordinator.aggregate import aggregate, mean_delta
-from coordinator.outer import GlobalState, OuterConfig, global_params, init_global
-from protocol.config import merge_step_for
-from protocol.data import Corpus, batch, eval_loss, val_batches
-from protocol.errors import VerilocoError
-from protocol.model import GPTConfig, init_params, loss_fn, n_params, param_shapes
-from trainer.delay import (
+from dilocox.aggregate import aggregate, mean_delta
+from dilocox.delay import (
     MergeBase,
     StartRule,
     carry,
@@ -61,7 +56,7 @@ from trainer.delay import (
     pseudo_gradient,
     public_history_end,
 )
-from trainer.inner import (
+from dilocox.inner import (
     EF,
     PARAM,
     InnerConfig,
@@ -72,6 +67,11 @@ from trainer.inner import (
     section,
     train_step,
 )
+from dilocox.outer import GlobalState, OuterConfig, global_params, init_global
+from protocol.config import merge_step_for
+from protocol.data import Corpus, batch, eval_loss, val_batches
+from protocol.errors import VerilocoError
+from protocol.model import GPTConfig, init_params, loss_fn, n_params, param_shapes
 from veriloco.traffic import ring_allreduce_bytes  # torch-free there: the dashboard uses it
 
 Progress = Callable[[str], None]
@@ -179,8 +179,8 @@ class SparseBaseline:
 
 
 def shipped_budget(shapes: Mapping[str, tuple[int, ...]], rank: int) -> int:
-    """Bytes of the shipped codec's payload (low-rank int4, ``trainer.compress``) at a fixed ``rank``."""
-    from trainer.compress import CompressionConfig, payload_size
+    """Bytes of the shipped codec's payload (low-rank int4, ``dilocox.compress``) at a fixed ``rank``."""
+    from dilocox.compress import CompressionConfig, payload_size
 
     return payload_size(shapes, rank, CompressionConfig(bits=4, rank_initial=rank, rank_min=rank, rank_max=rank))
 
@@ -192,16 +192,16 @@ class Method:
     name: str
     kind: str  # "allreduce" | "local"
     rule: StartRule = StartRule.BLOCKING
-    compression: object | None = None  # trainer.compress.CompressionConfig | SparseBaseline
+    compression: object | None = None  # dilocox.compress.CompressionConfig | SparseBaseline
     description: str = ""
-    own_weight: float = 1.0  # the delayed start's share of the trainer's own Δ (trainer.delay.delayed_start)
+    own_weight: float = 1.0  # the delayed start's share of the trainer's own Δ (dilocox.delay.delayed_start)
     merge_step: int | None = None  # StartRule.MERGE: steps into an epoch at which G_e is folded in
     # StartRule.MERGE: the merge step of epoch 1 alone (None: merge_step); 0 waits for round 1's
     # exchange, where the workers' first rounds, all from G_0, differ the most
     first_merge_step: int | None = None
     # the outer aggregation rule (OuterConfig.aggregate) this method runs with; None: the SimConfig's
     aggregate: str | None = None
-    # StartRule.MERGE with error feedback in the parameters (trainer.delay.merge_offset): no buffer is
+    # StartRule.MERGE with error feedback in the parameters (dilocox.delay.merge_offset): no buffer is
     # carried; the merge adds G_e − G_{e-1} plus the trainer's own decoded payload of e-1
     ef_in_params: bool = False
 
@@ -225,7 +225,7 @@ def methods(h: int = 16, rank: int = 8, merge_step: int = 1) -> dict[str, Method
     ``dilocox_e80`` is DiLoCoX whose rank rule aims at 80% of the pseudo-gradient's energy instead of
     the default 50%, with the ceiling at twice the initial rank (a diagnostic: does holding more of
     each update per round close the gap?)."""
-    from trainer.compress import CompressionConfig
+    from dilocox.compress import CompressionConfig
 
     # a rank above the schedule's usual ceiling raises the ceiling to it (the adaptive rule may then keep it)
     base = CompressionConfig(rank_initial=rank, rank_max=max(CompressionConfig.rank_max, rank),
@@ -347,7 +347,7 @@ def methods(h: int = 16, rank: int = 8, merge_step: int = 1) -> dict[str, Method
 
 
 # a local method's name with one of these suffixes runs it with that robust outer aggregation rule
-# (coordinator/aggregate.py), e.g. fixed_rank_merge_b1_trimmed; the clip is the SimConfig's
+# (dilocox/aggregate.py), e.g. fixed_rank_merge_b1_trimmed; the clip is the SimConfig's
 ROBUST_SUFFIXES = {"_trimmed": "trimmed", "_median": "median"}
 # a compressed merge-rule method with this suffix keeps its error feedback in the parameters
 # (Method.ef_in_params), e.g. fixed_rank_merge_b1_inparams_trimmed
@@ -364,7 +364,7 @@ def resolve_method(name: str, table: Mapping[str, Method]) -> Method | None:
         if base is not None and base.kind == "local" and base.aggregate is None:
             return replace(base, name=name, aggregate=rule, description=f"{base.description}; outer aggregate {rule}")
     if name.endswith(IN_PARAMS):
-        from trainer.compress import CompressionConfig
+        from dilocox.compress import CompressionConfig
 
         base = table.get(name[: -len(IN_PARAMS)])
         if base is not None and base.rule is StartRule.MERGE and base.compression is not None:
@@ -401,7 +401,7 @@ class SimConfig:
     latency_s: float = 0.0  # per message, for every method's exchange
     bucket_bytes: int = DDP_BUCKET_BYTES  # AllReduce's gradient buckets (DDP's default cap)
     # where the workers' steps and the eval run; the global model, payloads and aggregation stay on
-    # the CPU, as in the protocol (trainer/device.py)
+    # the CPU, as in the protocol (dilocox/device.py)
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -692,8 +692,7 @@ def _aggregate(epoch: int, g: GlobalState, deltas: list[Params], outer: OuterCon
 def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress,
               aggregator: Aggregator = _aggregate) -> MethodResult:
     """DiLoCo-family method: local rounds, (compressed) pseudo-gradients, outer Nesterov."""
-    from protocol.formats.payload import decode
-    from trainer.compress import (
+    from dilocox.compress import (
         CompressionConfig,
         EpochRecord,
         adapt,
@@ -701,6 +700,7 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
         compression_seed,
         payload_profile,
     )
+    from protocol.formats.payload import decode
     from veriloco.sparsecodec import SparseCodec, baseline_decode, baseline_encode, largest_k
 
     m = cfg.model

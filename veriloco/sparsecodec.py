@@ -1,7 +1,7 @@
 """The field's compressors, as baselines the benchmarks compare against: SparseLoCo-style top-k and
 DeMo-style chunked-DCT top-k (issue 33).
 
-These are NOT what the protocol ships: the protocol's codec is ``trainer/compress.py`` (low-rank int4
+These are NOT what the protocol ships: the protocol's codec is ``dilocox/compress.py`` (low-rank int4
 with error feedback, its bytes in ``docs/protocol.md``), and nothing here is ever sent on a network or
 replayed by a verifier. ``benchmarks/codec.py`` measures their reconstruction error at equal bytes and
 ``veriloco.simulate`` runs them as training methods (``sparseloco_merge``, ``demo_merge``). Pure

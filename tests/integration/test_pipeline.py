@@ -8,10 +8,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from protocol.data import Corpus, batch, default_corpus
-from protocol.model import GPTConfig, param_shapes
-from trainer.inner import InnerConfig, check_state, configure_determinism, init_state, train_step
-from trainer.pipeline import (
+from dilocox.inner import InnerConfig, check_state, configure_determinism, init_state, train_step
+from dilocox.pipeline import (
     PipelineConfig,
     merge_states,
     pipeline_train_step,
@@ -19,6 +17,8 @@ from trainer.pipeline import (
     stage_param_names,
     stage_state,
 )
+from protocol.data import Corpus, batch, default_corpus
+from protocol.model import GPTConfig, param_shapes
 
 pytestmark = pytest.mark.integration
 

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from dilocox.compress import CompressionConfig
+from dilocox.delay import StartRule
+from dilocox.inner import InnerConfig, TrainerError, configure_determinism
+from dilocox.round import RoundSpec
 from protocol.leaf import block_count
 from protocol.model import init_params, preset
 from trainer.checkpoints import EpochDir
-from trainer.compress import CompressionConfig
-from trainer.delay import StartRule
 from trainer.engine import LocalEngine
-from trainer.inner import InnerConfig, TrainerError, configure_determinism
-from trainer.round import RoundSpec
 from trainer.stages import StagedEngine, tensor_bytes
 
 pytestmark = pytest.mark.integration

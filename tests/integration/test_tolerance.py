@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from dilocox.inner import PARAM, STEP, State, configure_determinism
+from dilocox.round import RoundSpec, replay_step, start_state
 from protocol.config import RunConfig
 from protocol.data import default_corpus
 from protocol.digest import state_digest
 from protocol.model import init_params
-from trainer.inner import PARAM, STEP, State, configure_determinism
-from trainer.round import RoundSpec, replay_step, start_state
 from verifier import calibrate as cal
 from verifier.replay import check_step
 

@@ -17,9 +17,12 @@ from typing import Any
 import pytest
 import torch
 
-from coordinator.aggregate import aggregate
 from coordinator.build import ModelUnavailable, VerifiedGlobals, build_global
-from coordinator.outer import PARAM, OuterConfig, init_global
+from dilocox.aggregate import aggregate
+from dilocox.inner import configure_determinism
+from dilocox.outer import PARAM, OuterConfig, init_global
+from dilocox.round import RoundSpec, final_transition, replay_step, start_state
+from dilocox.schedule import Schedule
 from protocol import merkle
 from protocol.chain.binding import build_response
 from protocol.config import RunConfig
@@ -28,9 +31,6 @@ from protocol.formats.payload import decode, unwrap
 from protocol.run import initial_model, open_run, params_of, publish_run
 from protocol.store.backends import LocalStore
 from tests.fixtures.chain import PyEvmNet
-from trainer.inner import configure_determinism
-from trainer.round import RoundSpec, final_transition, replay_step, start_state
-from trainer.schedule import Schedule
 
 pytestmark = pytest.mark.integration
 

@@ -32,7 +32,7 @@ import torch
 
 from coordinator.build import build_global
 from coordinator.node import CoordinatorNode
-from coordinator.outer import PARAM
+from dilocox.outer import PARAM
 from protocol.chain.binding import ChainError, Phase
 from protocol.digest import state_digest
 from protocol.formats.codec import save_state

@@ -14,6 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dilocox.compress import CompressionConfig, compress
 from protocol import merkle
 from protocol.digest import keccak
 from protocol.formats.codec import (
@@ -25,7 +26,6 @@ from protocol.formats.codec import (
     save_state,
 )
 from protocol.formats.payload import MAX_TENSORS, PayloadError, decode, unwrap, wrap
-from trainer.compress import CompressionConfig, compress
 
 pytestmark = pytest.mark.unit
 

@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from dilocox.delay import StartRule, epoch_merge_offset
+from dilocox.inner import PARAM, Params, configure_determinism
+from dilocox.round import RoundSpec, compress_seed, epoch_batch
 from protocol import merkle
 from protocol.chain.audit import challenged_steps
 from protocol.digest import keccak
@@ -24,10 +27,7 @@ from tests.security.test_shard_audits import CFG, CORPUS, G0, ME, RANK, SLOT, H,
 from tests.security.test_shard_audits import SPEC as DELAYED
 from trainer.boundaries import GRADIENTS
 from trainer.checkpoints import EpochDir
-from trainer.delay import StartRule, epoch_merge_offset
 from trainer.engine import OFFSET, LocalEngine, save_merged
-from trainer.inner import PARAM, Params, configure_determinism
-from trainer.round import RoundSpec, compress_seed, epoch_batch
 from trainer.shard_response import shard_response
 from verifier.shard import Chained, audit_findings
 

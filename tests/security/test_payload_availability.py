@@ -17,6 +17,9 @@ import pytest
 
 from coordinator.build import VerifiedGlobals
 from coordinator.node import CoordinatorNode
+from dilocox.inner import configure_determinism
+from dilocox.round import RoundSpec, final_transition, replay_step, start_state
+from dilocox.schedule import Schedule
 from protocol import merkle
 from protocol.chain.binding import Phase, build_response
 from protocol.config import RunConfig
@@ -26,9 +29,6 @@ from protocol.run import initial_model, open_run, params_of, passing_trainers, p
 from protocol.store.backends import LocalStore
 from protocol.types import Cid
 from tests.fixtures.chain import PyEvmNet
-from trainer.inner import configure_determinism
-from trainer.round import RoundSpec, final_transition, replay_step, start_state
-from trainer.schedule import Schedule
 from verifier.node import VerifierNode
 
 pytestmark = pytest.mark.integration

@@ -11,6 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from dilocox.blockstep import Capture, block_update, blockwise_step
+from dilocox.compress import CompressionConfig
+from dilocox.delay import StartRule
+from dilocox.inner import EF, MOM1, MOM2, PARAM, STEP, InnerConfig, configure_determinism
+from dilocox.round import RoundSpec, compress_seed, epoch_batch
 from protocol.chain.audit import challenged_steps
 from protocol.data import Corpus
 from protocol.formats.codec import load_state, save_state
@@ -21,13 +26,8 @@ from protocol.shard_audit import ShardChallenge, decode_manifest, drawn_block, e
 from protocol.store.backends import LocalStore
 from protocol.types import Address, Cid
 from trainer.adversaries import plant_error_buffer
-from trainer.blockstep import Capture, block_update, blockwise_step
 from trainer.checkpoints import EpochDir
-from trainer.compress import CompressionConfig
-from trainer.delay import StartRule
 from trainer.engine import LocalEngine
-from trainer.inner import EF, MOM1, MOM2, PARAM, STEP, InnerConfig, configure_determinism
-from trainer.round import RoundSpec, compress_seed, epoch_batch
 from trainer.shard_response import challenge_file, shard_response
 from verifier.shard import Chained, audit_findings, check_segment
 

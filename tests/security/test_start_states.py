@@ -16,6 +16,9 @@ from typing import Any
 import pytest
 
 from coordinator.build import build_global
+from dilocox.inner import State, configure_determinism
+from dilocox.round import RoundSpec, final_transition, replay_step, start_state
+from dilocox.schedule import Schedule
 from protocol import merkle
 from protocol.chain.binding import Phase, build_response
 from protocol.config import RunConfig
@@ -26,9 +29,6 @@ from protocol.store.backends import LocalStore
 from protocol.types import Address, Cid
 from tests.fixtures.chain import PyEvmNet
 from trainer.adversaries import plant_error_buffer
-from trainer.inner import State, configure_determinism
-from trainer.round import RoundSpec, final_transition, replay_step, start_state
-from trainer.schedule import Schedule
 from verifier.node import VerifierNode
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,17 @@ import random
 import pytest
 import torch
 
-from coordinator.aggregate import clip_scales, delta_norm
+from dilocox.aggregate import clip_scales, delta_norm
+from dilocox.compress import compress
+from dilocox.inner import PARAM, STEP, configure_determinism
+from dilocox.round import (
+    RoundSpec,
+    compress_seed,
+    final_transition,
+    replay_step,
+    start_state,
+    train_epoch,
+)
 from protocol.chain.audit import assigned_verifiers, challenged_steps, final_check
 from protocol.config import RunConfig
 from protocol.data import build_corpus
@@ -29,16 +39,6 @@ from protocol.formats.codec import (
 from protocol.formats.payload import decode, unwrap, wrap
 from protocol.model import init_params
 from trainer.adversaries import boost_publication, plant_error_buffer, rebind_publication
-from trainer.compress import compress
-from trainer.inner import PARAM, STEP, configure_determinism
-from trainer.round import (
-    RoundSpec,
-    compress_seed,
-    final_transition,
-    replay_step,
-    start_state,
-    train_epoch,
-)
 from verifier.replay import check_final, check_payload, check_start, check_step
 
 pytestmark = pytest.mark.unit

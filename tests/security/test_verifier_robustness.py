@@ -17,6 +17,9 @@ from typing import Any
 import pytest
 import torch
 
+from dilocox.inner import EF, MOM1, MOM2, PARAM, RNG, STEP, State, configure_determinism
+from dilocox.round import RoundSpec, final_transition, replay_step, start_state
+from dilocox.schedule import Schedule
 from protocol import merkle
 from protocol.chain.binding import build_response
 from protocol.config import RunConfig
@@ -34,9 +37,6 @@ from protocol.run import initial_model, open_run, params_of, publish_run
 from protocol.store.backends import LocalStore
 from tests.fixtures.chain import PyEvmNet
 from trainer.adversaries import plant_error_buffer
-from trainer.inner import EF, MOM1, MOM2, PARAM, RNG, STEP, State, configure_determinism
-from trainer.round import RoundSpec, final_transition, replay_step, start_state
-from trainer.schedule import Schedule
 from verifier.node import VerifierNode
 
 pytestmark = pytest.mark.integration

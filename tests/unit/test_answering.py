@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dilocox.inner import configure_determinism
 from protocol.formats.codec import save_state
 from protocol.model import init_params
 from protocol.store.unixfs import cid_of
@@ -17,7 +18,6 @@ from tests.unit.test_engine import SPEC, _batch
 from trainer.answering import AnswerWorker, FileSink, build
 from trainer.checkpoints import EpochDir
 from trainer.engine import LocalEngine, own_cpu
-from trainer.inner import configure_determinism
 
 
 def _epoch(root: Path, e: int, steps: int = 6) -> tuple[LocalEngine, EpochDir]:

@@ -7,18 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from protocol.leaf import (
-    LeafCommitter,
-    PartialSums,
-    StepLeaf,
-    block_names,
-    group_root,
-    partial_digest,
-    tensor_digest,
-)
-from protocol.model import GPTConfig, preset
-from trainer.blockstep import blockwise_step, replay_block, replay_group
-from trainer.inner import (
+from dilocox.blockstep import blockwise_step, replay_block, replay_group
+from dilocox.inner import (
     MOM1,
     MOM2,
     PARAM,
@@ -29,6 +19,16 @@ from trainer.inner import (
     init_state,
     train_step,
 )
+from protocol.leaf import (
+    LeafCommitter,
+    PartialSums,
+    StepLeaf,
+    block_names,
+    group_root,
+    partial_digest,
+    tensor_digest,
+)
+from protocol.model import GPTConfig, preset
 
 CFG = preset("tiny")
 INNER = InnerConfig(lr=3e-3, warmup_steps=2, total_steps=50)
@@ -112,9 +112,9 @@ def test_leaf_preimage_round_trips_and_binds_every_field() -> None:
 @pytest.mark.parametrize("name", ["tiny", "llama-tiny"])
 def test_each_transformer_block_is_two_audit_blocks_whose_chain_is_the_block(name: str) -> None:
     """Attention half then MLP half is the model's own block, bit for bit; each half holds only its names."""
+    from dilocox.blockstep import block_module
     from protocol.leaf import block_count
     from protocol.model import half_of, init_params, model_class
-    from trainer.blockstep import block_module
 
     cfg: GPTConfig = preset(name)
     groups = block_names(cfg)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from dilocox.inner import configure_determinism
 from protocol.formats.codec import save_state
 from protocol.leaf import StepLeaf, block_count
 from protocol.model import init_params
@@ -18,7 +19,6 @@ from tests.unit.test_engine import CFG, SPEC, _batch
 from trainer.boundaries import BoundaryLog
 from trainer.checkpoints import EpochDir
 from trainer.engine import LocalEngine
-from trainer.inner import configure_determinism
 from trainer.shard_response import challenge_file
 from veriloco.argtypes import gibibytes
 

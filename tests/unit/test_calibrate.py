@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
+from dilocox.inner import PARAM
 from protocol.formats.codec import required_leaves
-from trainer.inner import PARAM
 from verifier import calibrate as cal
 from verifier.replay import max_rel_error
 

@@ -10,8 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.formats.payload import PayloadError, decode, parse
-from trainer.compress import (
+from dilocox.compress import (
     CompressError,
     CompressionConfig,
     EnergyProfile,
@@ -25,6 +24,7 @@ from trainer.compress import (
     payload_profile,
     tensor_seed,
 )
+from protocol.formats.payload import PayloadError, decode, parse
 
 pytestmark = pytest.mark.unit
 

@@ -53,8 +53,8 @@ def test_example_run_configs_load(name: str, preset: str) -> None:
     cfg = load_toml(Path(__file__).resolve().parents[2] / "examples" / f"{name}.toml")
     assert cfg.model.preset == preset and (cfg.audit.unit, cfg.audit.steps, cfg.audit.segment) == ("shard", 4, 8)
     if name == "small":  # the measured winner (convergence-small.json): 128 rows, rank 128 and H 8 held, epoch 1 waits
-        from trainer.compress import h_for_rank
-        from trainer.round import RoundSpec
+        from dilocox.compress import h_for_rank
+        from dilocox.round import RoundSpec
 
         spec = RoundSpec.from_config(cfg)
         c = spec.compression  # adapt() clamps to [rank_min, rank_max] (test_compress), so the rank holds

@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from protocol.digest import state_digest
-from trainer.delay import (
+from dilocox.delay import (
     StartRule,
     blocking_start,
     carry,
@@ -17,7 +16,8 @@ from trainer.delay import (
     pseudo_gradient,
     public_history_end,
 )
-from trainer.inner import EF, MOM1, PARAM, STEP, TrainerError, section, state_from_params
+from dilocox.inner import EF, MOM1, PARAM, STEP, TrainerError, section, state_from_params
+from protocol.digest import state_digest
 
 pytestmark = pytest.mark.unit
 

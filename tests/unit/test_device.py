@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dilocox.device import check_device, device_class, resolve_device
+from dilocox.inner import TrainerError
 from protocol.config import ConfigError, RunConfig, to_dict
-from trainer.device import check_device, device_class, resolve_device
-from trainer.inner import TrainerError
 
 
 def test_cpu_resolves_and_is_its_own_class() -> None:

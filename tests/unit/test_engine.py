@@ -6,6 +6,11 @@ from pathlib import Path
 
 import torch
 
+from dilocox.blockstep import accumulate, block_update, replay_group
+from dilocox.compress import CompressionConfig
+from dilocox.delay import StartRule
+from dilocox.inner import InnerConfig, configure_determinism
+from dilocox.round import RoundSpec
 from protocol.leaf import (
     block_names,
     group_root,
@@ -15,13 +20,8 @@ from protocol.leaf import (
     tensor_digest,
 )
 from protocol.model import init_params, preset
-from trainer.blockstep import accumulate, block_update, replay_group
 from trainer.checkpoints import EpochDir
-from trainer.compress import CompressionConfig
-from trainer.delay import StartRule
 from trainer.engine import LocalEngine
-from trainer.inner import InnerConfig, configure_determinism
-from trainer.round import RoundSpec
 
 CFG = preset("tiny")
 SPEC = RoundSpec(CFG, InnerConfig(lr=3e-3, warmup_steps=2, total_steps=50), CompressionConfig(), StartRule.DELAYED,

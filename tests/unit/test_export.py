@@ -71,13 +71,13 @@ def test_cli_prepare_train_export_sample(tmp_path: Path, capsys: pytest.CaptureF
     """The user's path: text files -> BPE corpus -> a few Llama steps -> export -> sample text."""
     import sysconfig
 
+    from dilocox.inner import configure_determinism
+    from dilocox.round import RoundSpec, start_state, train_epoch
     from protocol.config import RunConfig
     from protocol.formats.codec import save_state
     from protocol.run import bind_corpus, corpus_for
     from protocol.store.backends import LocalStore
     from protocol.tokens import load_corpus_dir
-    from trainer.inner import configure_determinism
-    from trainer.round import RoundSpec, start_state, train_epoch
     from veriloco.cli import main
 
     files = sorted((Path(sysconfig.get_paths()["stdlib"]) / "json").glob("*.py"))

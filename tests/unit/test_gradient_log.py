@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from dilocox.inner import configure_determinism
 from protocol.formats.codec import save_state
 from protocol.leaf import StepLeaf, block_count
 from protocol.model import init_params
@@ -15,7 +16,6 @@ from tests.unit.test_engine import CFG, SPEC
 from trainer.boundaries import BOUNDARIES, GRADIENTS, BoundaryLog
 from trainer.checkpoints import EpochDir
 from trainer.engine import LocalEngine
-from trainer.inner import configure_determinism
 from trainer.shard_response import challenge_file
 
 STEPS, EVERY = 8, 4

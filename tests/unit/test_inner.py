@@ -7,10 +7,7 @@ import time
 import pytest
 import torch
 
-from protocol.data import Corpus, batch, default_corpus
-from protocol.digest import state_digest
-from protocol.model import PRESETS, init_params, loss_fn
-from trainer.inner import (
+from dilocox.inner import (
     EF,
     PARAM,
     STEP,
@@ -26,6 +23,9 @@ from trainer.inner import (
     section,
     train_step,
 )
+from protocol.data import Corpus, batch, default_corpus
+from protocol.digest import state_digest
+from protocol.model import PRESETS, init_params, loss_fn
 
 pytestmark = pytest.mark.unit
 

@@ -12,10 +12,11 @@ ROOT = Path(__file__).resolve().parents[2]
 ALLOWED: dict[str, set[str]] = {
     "protocol": set(),
     "devnet": {"protocol"},
-    "coordinator": {"protocol"},
-    "trainer": {"coordinator", "protocol"},
-    "verifier": {"trainer", "coordinator", "protocol"},
-    "veriloco": {"devnet", "verifier", "trainer", "coordinator", "protocol"},
+    "dilocox": {"protocol"},
+    "coordinator": {"dilocox", "protocol"},
+    "trainer": {"coordinator", "dilocox", "protocol"},
+    "verifier": {"coordinator", "dilocox", "protocol"},
+    "veriloco": {"devnet", "verifier", "trainer", "coordinator", "dilocox", "protocol"},
 }
 
 

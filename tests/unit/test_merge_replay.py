@@ -8,14 +8,14 @@ import dataclasses
 import pytest
 import torch
 
+from dilocox.delay import MergeBase, StartRule, add_offset, merge_offset
+from dilocox.inner import TrainerError, configure_determinism
+from dilocox.round import RoundSpec, final_transition, replay_step, start_state, train_epoch
 from protocol.config import ConfigError, RunConfig
 from protocol.data import build_corpus
 from protocol.digest import keccak, state_digest
 from protocol.formats.payload import decode, unwrap
 from protocol.model import init_params, param_shapes
-from trainer.delay import MergeBase, StartRule, add_offset, merge_offset
-from trainer.inner import TrainerError, configure_determinism
-from trainer.round import RoundSpec, final_transition, replay_step, start_state, train_epoch
 from verifier.replay import check_final, check_start_state, check_step
 
 pytestmark = pytest.mark.unit

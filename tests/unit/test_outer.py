@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from coordinator.aggregate import (
+from dilocox.aggregate import (
     AggregateError,
     aggregate,
     aggregate_payloads,
@@ -16,7 +16,8 @@ from coordinator.aggregate import (
     trim_count,
     trimmed_delta,
 )
-from coordinator.outer import (
+from dilocox.compress import CompressionConfig, compress
+from dilocox.outer import (
     AGGREGATES,
     MOM,
     PARAM,
@@ -28,7 +29,6 @@ from coordinator.outer import (
 )
 from protocol.digest import state_digest
 from protocol.formats.payload import PayloadError, decode
-from trainer.compress import CompressionConfig, compress
 
 pytestmark = pytest.mark.unit
 
@@ -238,7 +238,7 @@ def test_one_outlier_moves_a_coordinate_only_within_the_others_range() -> None:
 
 
 def test_trimmed_chunks_and_bad_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    import coordinator.aggregate as agg
+    import dilocox.aggregate as agg
 
     deltas = [_params(s) for s in (1, 2, 3, 4, 5)]
     want = _bits(trimmed_delta(deltas, _shapes(), clip=2.0))

@@ -9,10 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from protocol.config import ConfigError, RunConfig, from_dict, to_dict
-from protocol.errors import VerilocoError
-from protocol.model import loss_fn, preset
-from trainer.inner import (
+from dilocox.inner import (
     PARAM,
     InnerConfig,
     configure_determinism,
@@ -20,6 +17,9 @@ from trainer.inner import (
     section,
     train_step,
 )
+from protocol.config import ConfigError, RunConfig, from_dict, to_dict
+from protocol.errors import VerilocoError
+from protocol.model import loss_fn, preset
 
 INNER = InnerConfig(lr=3e-3, warmup_steps=2, total_steps=50)
 

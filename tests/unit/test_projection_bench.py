@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from benchmarks.projection import Setting, project, render
+from dilocox.compress import CompressionConfig, compress, payload_size
 from protocol.formats.codec import save_state, spec_of, state_file_size
 from protocol.leaf import block_count, block_names
 from protocol.model import param_shapes, preset
 from protocol.shard_audit import challenge_spec
-from trainer.compress import CompressionConfig, compress, payload_size
 
 
 @pytest.mark.parametrize("cfg", [CompressionConfig(), CompressionConfig(bits=8, dense_bits=8, group_size=32),

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
+from dilocox.inner import EF, MOM1, MOM2, PARAM, RNG, STEP, configure_determinism
+from dilocox.round import RoundSpec, final_transition, start_state, train_epoch
 from protocol.config import RunConfig
 from protocol.data import build_corpus
 from protocol.digest import keccak, state_digest
 from protocol.model import init_params
-from trainer.inner import EF, MOM1, MOM2, PARAM, RNG, STEP, configure_determinism
-from trainer.round import RoundSpec, final_transition, start_state, train_epoch
 from verifier.replay import check_final, check_leaf_count, check_payload, check_start, check_step
 
 pytestmark = pytest.mark.unit
@@ -48,7 +48,7 @@ def test_wrong_batch_or_forged_state_fails(setup) -> None:
 
 def test_tolerant_mode_accepts_tiny_noise_and_rejects_large(setup) -> None:
     spec, corpus, _, s0, _ = setup
-    from trainer.round import replay_step
+    from dilocox.round import replay_step
 
     nxt, _ = replay_step(s0, spec, corpus, 0, 1, 0)
     name = next(k for k in nxt if k.startswith(PARAM))

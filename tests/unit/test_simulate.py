@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
+from dilocox.inner import InnerConfig, configure_determinism
 from protocol.data import Corpus, default_corpus
 from protocol.model import GPTConfig, n_params
-from trainer.inner import InnerConfig, configure_determinism
 from veriloco.simulate import (
     DDP_BUCKET_BYTES,
     Link,

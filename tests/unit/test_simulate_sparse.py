@@ -16,10 +16,10 @@ import torch
 import veriloco.simulate as sim
 import veriloco.sparsecodec as sc
 from benchmarks.convergence import PRESETS_BENCH, _compressed, main
+from dilocox.compress import CompressionConfig, compress
+from dilocox.inner import InnerConfig, configure_determinism
 from protocol.data import Corpus, default_corpus
 from protocol.model import PRESETS, param_shapes
-from trainer.compress import CompressionConfig, compress
-from trainer.inner import InnerConfig, configure_determinism
 
 pytestmark = pytest.mark.unit
 

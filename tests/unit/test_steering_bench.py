@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from benchmarks.steering import cap_forgery, direction, edge_forgery, main, momentum_bound
-from coordinator.aggregate import clip_scales, delta_norm
+from dilocox.aggregate import clip_scales, delta_norm
 
 pytestmark = pytest.mark.unit
 

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from dilocox.inner import PARAM, configure_determinism
+from dilocox.round import RoundSpec, start_state, train_epoch
 from protocol.config import RunConfig
 from protocol.data import Corpus, DataError, batch
 from protocol.digest import keccak
@@ -19,8 +21,6 @@ from protocol.run import RunError, bind_corpus, corpus_for, tokenizer_for
 from protocol.store.backends import LocalStore
 from protocol.tokenizer import EOT, Tokenizer
 from protocol.tokens import LLMC_HEADER_BYTES, load_corpus_dir, read_token_files, write_llmc
-from trainer.inner import PARAM, configure_determinism
-from trainer.round import RoundSpec, start_state, train_epoch
 from verifier.replay import check_step
 from veriloco.datacmd import prepare_corpus
 

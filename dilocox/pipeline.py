@@ -5,7 +5,7 @@ parameters of a contiguous run of blocks (stage 0 also the embeddings, the last 
 norm and LM head), their Adam moments and error buffer, and the step counter. A batch is cut into
 micro-batches and run with ``torch.distributed.pipelining`` (``PipelineStage`` + ``ScheduleGPipe``),
 gloo on CPU and NCCL on GPU. The gradient norm for clipping is all-reduced so every stage clips with
-the global norm; then each stage applies the same explicit AdamW as ``trainer.inner``.
+the global norm; then each stage applies the same explicit AdamW as ``dilocox.inner``.
 
 The result equals the single-process ``train_step`` within fp32 tolerance (micro-batching and the
 split norm change summation order), so pipelined training is for speed; bitwise replay by a verifier
@@ -24,8 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-from protocol.model import GPTConfig, model_class, param_shapes
-from trainer.inner import (
+from dilocox.inner import (
     EF,
     MOM1,
     MOM2,
@@ -38,6 +37,7 @@ from trainer.inner import (
     apply_update,
     squared_norm,
 )
+from protocol.model import GPTConfig, model_class, param_shapes
 
 
 def split_layers(n_layer: int, n_stages: int, unit: str = "layers") -> list[range]:

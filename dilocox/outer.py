@@ -30,7 +30,7 @@ class OuterConfig:
     momentum: float = 0.9
     nesterov: bool = True
     clip: float = 0.0  # cap each pseudo-gradient's norm at clip × the lower median norm (0: off)
-    # how the (clipped) pseudo-gradients are combined (coordinator/aggregate.py, docs/protocol.md §9):
+    # how the (clipped) pseudo-gradients are combined (dilocox/aggregate.py, docs/protocol.md §9):
     # "mean"; "trimmed", per coordinate the mean without the `trim` largest and `trim` smallest values;
     # "median", per coordinate the median (the mean of the middle two for an even count)
     aggregate: str = "mean"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.inner import TrainerError
+from dilocox.inner import TrainerError
 
 
 def resolve_device(name: str) -> torch.device:

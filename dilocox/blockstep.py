@@ -14,7 +14,7 @@ The step, per micro-batch m of M (rows ``m*B/M .. (m+1)*B/M``): forward through 
 head's output is ``cross_entropy / M``; backward in reverse. Per block, gradients accumulate over
 micro-batches in order (``g_0 + g_1 + ...``); its squared norm ``sq_b`` sums its tensors in name
 order; the global norm is ``sqrt(sq_0 + sq_1 + ...)`` in block order (fp32); then the same AdamW as
-``trainer.inner.apply_update``, elementwise, so updating block by block changes nothing.
+``dilocox.inner.apply_update``, elementwise, so updating block by block changes nothing.
 """
 
 from __future__ import annotations
@@ -28,9 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from protocol.leaf import block_count, block_names
-from protocol.model import ATTENTION, GPTConfig, compute_precision, half_of, model_class
-from trainer.inner import (
+from dilocox.inner import (
     PARAM,
     STEP,
     InnerConfig,
@@ -41,6 +39,8 @@ from trainer.inner import (
     check_state,
     squared_norm,
 )
+from protocol.leaf import block_count, block_names
+from protocol.model import ATTENTION, GPTConfig, compute_precision, half_of, model_class
 
 Batch = tuple[Tensor, Tensor]
 

@@ -12,14 +12,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from protocol import merkle
-from protocol.config import RunConfig, merge_step_for
-from protocol.data import Corpus, batch
-from protocol.digest import state_digest
-from protocol.formats.payload import wrap
-from protocol.model import GPTConfig
-from protocol.types import Digest
-from trainer.compress import (
+from dilocox.compress import (
     CompressionConfig,
     CompressionStats,
     EpochRecord,
@@ -27,7 +20,7 @@ from trainer.compress import (
     compress,
     compression_seed,
 )
-from trainer.delay import (
+from dilocox.delay import (
     MergeBase,
     StartRule,
     carry,
@@ -35,7 +28,14 @@ from trainer.delay import (
     next_start,
     pseudo_gradient,
 )
-from trainer.inner import EF, InnerConfig, State, TrainerError, section, train_step
+from dilocox.inner import EF, InnerConfig, State, TrainerError, section, train_step
+from protocol import merkle
+from protocol.config import RunConfig, merge_step_for
+from protocol.data import Corpus, batch
+from protocol.digest import state_digest
+from protocol.formats.payload import wrap
+from protocol.model import GPTConfig
+from protocol.types import Digest
 
 Batch = tuple[Tensor, Tensor]
 StepHook = Callable[[int, State, float], None]  # (step just finished, state after it, loss)
@@ -96,7 +96,7 @@ class RoundSpec:
     @property
     def ef_in_params(self) -> bool:
         """``compression.error_feedback = "params"``: no error buffer; the merge step adds the public
-        offset (G_e − G_{e-1}) + decode(P_{e-1}) (``trainer.delay.merge_offset``, docs/protocol.md §8)."""
+        offset (G_e − G_{e-1}) + decode(P_{e-1}) (``dilocox.delay.merge_offset``, docs/protocol.md §8)."""
         return self.rule is StartRule.MERGE and not self.compression.error_feedback
 
     def merges_at(self, k: int, epoch: int) -> bool:
@@ -110,7 +110,7 @@ def epoch_batch(spec: RoundSpec, corpus: Corpus, epoch: int, slot: int, step: in
 
 
 def plan(spec: RoundSpec, history: Sequence[EpochRecord]) -> tuple[int, int]:
-    """(rank, H) for an epoch, from the records of epochs public when it starts (trainer.delay)."""
+    """(rank, H) for an epoch, from the records of epochs public when it starts (dilocox.delay)."""
     return adapt(history, spec.compression)
 
 

@@ -32,7 +32,7 @@ from enum import Enum
 
 from torch import Tensor
 
-from trainer.inner import (
+from dilocox.inner import (
     EF,
     PARAM,
     Params,

@@ -1,7 +1,7 @@
 """The public rank/H schedule of a run, rebuilt from the chain and the store.
 
 Every participant must agree on epoch e's rank and local-step count H without trusting anyone, so
-both come from `trainer.compress.adapt` over records of epochs already aggregated when e started:
+both come from `dilocox.compress.adapt` over records of epochs already aggregated when e started:
 the rank and H each of those epochs used (themselves from this rule) and the energy profiles of the
 payloads that epoch accepted. Trainers use it to plan; verifiers use it to check leaf counts and to
 replay the final transition.
@@ -9,13 +9,13 @@ replay the final transition.
 
 from __future__ import annotations
 
+from dilocox.compress import EnergyProfile, EpochRecord, payload_profile
+from dilocox.delay import public_history_end
+from dilocox.round import RoundSpec, plan
 from protocol.chain.binding import Chain, Phase
 from protocol.formats.payload import PayloadError, unwrap
 from protocol.run import RunContext, passing_trainers, revealed_payload
 from protocol.store.backends import Store
-from trainer.compress import EnergyProfile, EpochRecord, payload_profile
-from trainer.delay import public_history_end
-from trainer.round import RoundSpec, plan
 
 
 class Schedule:

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from coordinator.outer import GlobalState, OuterConfig, OuterError, global_params, outer_step
+from dilocox.outer import GlobalState, OuterConfig, OuterError, global_params, outer_step
 
 
 class AggregateError(OuterError):

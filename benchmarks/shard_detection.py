@@ -340,7 +340,7 @@ def main() -> int:
             payload = ms["payload_bytes_per_trainer_per_epoch"] if ms else None
             files_r = shard_bytes("small", r, 8, 64)
             cost = policy_cost(h, s, r, blocks, q, 1.0, files_r, payload)
-            pol = {"s": s, "r": r, "H": h, "blocks": blocks, "quorum": q, "f": F,
+            pol: dict[str, Any] = {"s": s, "r": r, "H": h, "blocks": blocks, "quorum": q, "f": F,
                    "analytic": {k: {"per_epoch": round(v, 4), f"{EPOCHS}_epochs": round(over_epochs(v), 4)} for k, v in a.items()},
                    "sampled": sampled(h, s, r, blocks, max(1000, args.seeds * 2 // s)),  # about equal draws per policy
                    "cost": cost}

@@ -343,7 +343,10 @@ def main() -> int:
     ap.add_argument("--modes", nargs="+", choices=sorted(MODES), default=["shard", "full_state"])
     ap.add_argument("--stages", type=int, default=1)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[8], metavar="ROWS",
-                    help="rows per trainer and step, side by side (the demo's 64 tokens each); default 8")
+                    help="rows per trainer and step, side by side (--seq-len tokens each); default 8")
+    ap.add_argument("--seq-len", type=int, default=64, metavar="TOKENS",
+                    help="tokens per row, at most the preset's context; default 64 (the demo's); "
+                         "examples/small.toml ships 128")
     ap.add_argument("--group-rows", type=non_negative, default=0, metavar="ROWS",
                     help="rows per group (micro-batch): a shard challenge opens one group per step; 0 (default): the whole batch")
     ap.add_argument("--segment", type=int, default=8, help="steps per shard challenge (audit.segment); default 8")
@@ -379,7 +382,7 @@ def main() -> int:
         opts = DemoOptions(trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=name,
                            steps=hs[0], workdir=args.analyze, stages=args.stages, audit=MODES[args.modes[0]],
                            merge_step=args.merge_steps[0], batch_size=args.batch_sizes[0], group_rows=args.group_rows,
-                           segment=args.segment, error_feedback=args.error_feedback[0])
+                           segment=args.segment, error_feedback=args.error_feedback[0], seq_len=args.seq_len)
         saved = args.analyze / "bench-summary.json"
         if saved.exists():
             summary = json.loads(saved.read_text())
@@ -401,13 +404,14 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="veriloco-bench-") as tmp:
             # windows long enough for an epoch of steps; the contract advances as soon as everyone has acted
             tag = f"{name}-h{h}-{mode}" + (f"-merge{m}" if m else "") + (f"-b{rows}" if rows != 8 else "") + (
+                f"-t{args.seq_len}" if args.seq_len != 64 else "") + (
                 f"-g{args.group_rows}" if args.group_rows else "") + ("-efbuffer" if m and ef == "buffer" else "") + (
                 f"-log{budget[0]}-{budget[1]}" if budget else "")
             opts = DemoOptions(trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=name,
                                steps=h, workdir=(args.keep / tag) if args.keep else Path(tmp),
                                stages=args.stages, audit=MODES[mode], windows_s=3600, timeout_s=6 * 3600,
                                checkpoint_every=CHECKPOINT_EVERY, merge_step=m, batch_size=rows, group_rows=args.group_rows,
-                               segment=args.segment, error_feedback=ef,
+                               segment=args.segment, error_feedback=ef, seq_len=args.seq_len,
                                log_ram_gib=budget[0] if budget else None, log_disk_gib=budget[1] if budget else None)
             r = measure(opts, mode)
         runs.append(r)

@@ -86,6 +86,7 @@ class DemoOptions:
     # (docs/results-protocol.md)
     merge_step: int = 1
     batch_size: int = 8  # rows per trainer and step (benchmarks/protocol.py --batch-sizes: audits at larger batches)
+    seq_len: int = 64  # tokens per row, at most the preset's context (examples/small.toml ships 128 on `small`)
     # rows per group (micro-batch): a shard challenge opens one group per step, with the running gradient
     # sums around it (docs/protocol.md §5.3), so the demo runs the token-bounded unit at M = 2; 0: one group
     group_rows: int = 4
@@ -104,7 +105,8 @@ class DemoOptions:
         w = self.windows_s
         return RunConfig(name="veriloco-demo").replace(
             model={"preset": self.preset},
-            data={"seq_len": min(64, preset(self.preset).seq_len), "batch_size": self.batch_size, "corpus_bytes": 2_000_000},
+            data={"seq_len": min(self.seq_len, preset(self.preset).seq_len), "batch_size": self.batch_size,
+                  "corpus_bytes": 2_000_000},
             inner={"lr": 3e-3, "warmup_steps": 8, "total_steps": self.steps * self.epochs * 2,
                    "microbatches": self.groups},
             # plain averaging: in a run of a few rounds momentum overshoots; see docs/results-engine.md.

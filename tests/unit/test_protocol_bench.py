@@ -94,3 +94,13 @@ def test_stall_is_the_last_epoch_s_cycle_and_answers_count_as_compute(tmp_path) 
     assert r["audit_answer_build_fraction"] == 0.1 and r["audit_answers_beside_training"]
     assert r["boundary_log_fraction"] == 0.05 and r["audit_answer_compute_fraction"] == 0.15  # the log's writes count too
     assert r["boundary_log_bytes_per_trainer_per_epoch"] == 2000 and r["boundary_log_ram_bytes_per_trainer_per_epoch"] == 250
+
+
+def test_rows_of_the_shipped_length_reach_the_run_config() -> None:
+    """``--seq-len``: the benchmark runs `small` at the 128-token rows examples/small.toml ships, the
+    demo keeps its 64, and no row outgrows the preset's context."""
+    from veriloco.netdemo import DemoOptions
+
+    assert DemoOptions(preset="small", seq_len=128, batch_size=8).config().data.seq_len == 128
+    assert DemoOptions(preset="small").config().data.seq_len == 64
+    assert DemoOptions(preset="tiny", seq_len=4096).config().data.seq_len == DemoOptions(preset="tiny").config().data.seq_len

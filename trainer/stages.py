@@ -96,6 +96,7 @@ from dilocox.pipeline import (
 from dilocox.round import RoundSpec, start_state
 from protocol.errors import VerilocoError
 from protocol.leaf import BlockEntry, LeafCommitter, PartialSums, StepLeaf, block_names
+from protocol.model import param_shapes
 from trainer.boundaries import GRADIENTS, BoundaryLog, ByteBudget
 from trainer.checkpoints import EpochDir
 from trainer.engine import (
@@ -122,6 +123,14 @@ TIMEOUT = timedelta(minutes=30)
 def stage_blocks(n_blocks: int, stages: int) -> list[range]:
     """Contiguous audit-block ranges per stage, the first stages taking one more when uneven."""
     return split_layers(n_blocks, stages, "audit blocks")
+
+
+def log_shares(spec: RoundSpec, stages: int, budget: int) -> list[int]:
+    """Each stage's share of a log budget, by its blocks' parameters: a stage's log is their totals,
+    so an even split would leave the stage holding the embeddings short while others have room."""
+    shapes, names = param_shapes(spec.model), block_names(spec.model)
+    sizes = [sum(math.prod(shapes[n]) for b in r for n in names[b]) for r in stage_blocks(len(names), stages)]
+    return [budget * size // sum(sizes) for size in sizes]
 
 
 def part(name: str, s: int) -> str:
@@ -478,7 +487,7 @@ class StagedEngine:
     ``addr:port``. ``device`` ("cpu" or "cuda") is where the stages keep their state.
 
     With ``keep_boundaries`` each stage keeps a gradient log of its blocks (``trainer.boundaries``,
-    in ``bounds.stage<s>/``), each within an S-th of the memory and disk budgets, and an audit answer
+    in ``bounds.stage<s>/``), within its share of the memory and disk budgets (by its parameters), and an audit answer
     advances the state by AdamW alone and runs groups 0..m of each challenged step through the
     pipeline, as ``LocalEngine`` does from its gradient log. A stage keeps the totals, not the
     boundaries: the tensors crossing its borders live in its neighbours, and the totals are the log
@@ -512,8 +521,10 @@ class StagedEngine:
                 p.start()
         dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=0, world_size=stages + 1,
                                 timeout=TIMEOUT)
-        budgets = (log_ram_bytes // stages, None if log_disk_bytes is None else log_disk_bytes // stages) if keep_boundaries else None
+        ram = log_shares(spec, stages, log_ram_bytes)
+        disk = None if log_disk_bytes is None else log_shares(spec, stages, log_disk_bytes)
         for s in range(stages):
+            budgets = (ram[s], None if disk is None else disk[s]) if keep_boundaries else None
             dist.send_object_list([(spec, self.every, threads, device, budgets)], dst=s + 1)
         dist.new_group(list(range(1, stages + 1)), backend="nccl" if device.startswith("cuda") else "gloo")
         self.open = True

@@ -148,6 +148,20 @@ def test_a_stage_missing_a_log_file_answers_with_whole_steps(runs) -> None:
     assert runs["log"]["forgotten"] == (0, 0)
 
 
+def test_log_budgets_are_shared_by_parameters() -> None:
+    """A stage's log is its blocks' totals, so its share of a log budget follows its parameters (uneven
+    stages of a Llama: an even split would starve the largest), and no share overspends the budget."""
+    from protocol.leaf import block_names
+    from trainer.stages import log_shares, stage_blocks
+
+    spec, budget = replace(SPEC, model=preset("llama-tiny")), 10**9
+    g, names = init_params(spec.model, 0), block_names(spec.model)
+    sizes = [sum(g[n].numel() for b in r for n in names[b]) for r in stage_blocks(len(names), 4)]
+    assert len(set(sizes)) > 1
+    assert log_shares(spec, 4, budget) == [budget * x // sum(sizes) for x in sizes]
+    assert sum(log_shares(spec, 4, budget)) <= budget and log_shares(SPEC, 1, budget) == [budget]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -228,6 +228,8 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
         # what that log held: every step's boundaries or, where those outgrow the model and do not fit the
         # budgets, every step's total gradients (trainer/boundaries.py); absent from events before it was logged
         "answer_log": "+".join(sorted(str(k) for k in kinds if k)) or None,
+        # the trainers' --boundary-log-ram and --boundary-log-disk in GiB (None: the node's defaults)
+        "log_budgets_gib": None if opts.log_ram_gib is None else [opts.log_ram_gib, opts.log_disk_gib],
         "verifiers": opts.verifiers,
         "epochs": opts.epochs,
         "audit_steps": config.audit.steps,
@@ -275,10 +277,12 @@ def combine(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Runs of the same scenario as one: what fixes the scenario, the mean of each figure in
     ``SAMPLED``, and every run whole under ``runs`` (its bytes, seconds, draws)."""
     fixed = ("preset", "H", "tokens_per_step", "audit_mode", "audit_steps", "audit_segment", "stages", "quorum", "trainers",
-             "verifiers", "epochs", "state_bytes_largest_process_fraction", "merge_step", "error_feedback")
+             "verifiers", "epochs", "state_bytes_largest_process_fraction", "merge_step", "error_feedback", "log_budgets_gib")
+    groups: dict[str, list[dict[str, Any]]] = {}  # in first-seen order, wherever a scenario's repeats stand
+    for sc in scenarios:
+        groups.setdefault(json.dumps([sc.get(k, 0) for k in fixed]), []).append(sc)
     out = []
-    for _, group in itertools.groupby(scenarios, lambda sc: tuple(sc.get(k, 0) for k in fixed)):
-        runs = list(group)
+    for runs in groups.values():
         if len(runs) == 1:
             out.append(runs[0])
             continue

@@ -42,6 +42,17 @@ def test_start_rules_stay_apart_whatever_order_the_runs_came_in(tmp_path, monkey
     assert "| one-step delay |" in out and "| merge at step 1 |" in out
 
 
+def test_log_budgets_and_stages_stay_apart_when_runs_interleave() -> None:
+    """--log-budgets node 0:0 run twice: the repeats of each budget average together although the two
+    budgets alternate in the list, and a staged run of the same budget is its own scenario."""
+    node, none = ({"log_budgets_gib": b} for b in (None, [0.0, 0.0]))
+    runs = [{**_run(16, 1.0), **node}, {**_run(16, 5.0), **none}, {**_run(16, 3.0), **node}, {**_run(16, 7.0), **none},
+            {**_run(16, 9.0), **node, "stages": 2, "state_bytes_largest_process_fraction": 0.5}]
+    merged = combine(runs)
+    assert [m["verifier_compute_fraction"] for m in merged] == [2.0, 6.0, 9.0]
+    assert [len(m.get("runs", [m])) for m in merged] == [2, 2, 1] and merged[1]["log_budgets_gib"] == [0.0, 0.0]
+
+
 def test_merge_writes_the_means_and_every_run(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     parts = []
     for n, x in enumerate((1.0, 3.0)):

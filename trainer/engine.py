@@ -115,7 +115,8 @@ class Engine(Protocol):
 
     @property
     def timings(self) -> dict[str, float]:
-        """Cumulative CPU seconds: ``compute_s`` (the steps), ``commit_s`` (hashing the leaves)."""
+        """Cumulative CPU seconds: ``compute_s`` (the steps), ``commit_s`` (hashing the leaves), ``log_s``
+        (the answer log); ``answer_cpu_s`` where audit answers run in processes other than the node's."""
 
 
 def tensor_bytes(obj: object) -> int:

@@ -12,6 +12,7 @@ Run it with `veriloco trainer --run ID`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -671,7 +672,10 @@ class TrainerNode:
         """
         make = functools.partial(self._shard_answer, e, d, seed, steps, eng)
         if not self._answers_beside_training(eng):
-            return self._send_answer(e, d, steps, response, build(make, d.path, background=False))
+            before = eng.timings.get("answer_cpu_s", 0.0)  # an engine whose answers run in other processes (stages)
+            built = build(make, d.path, background=False)
+            extra = eng.timings.get("answer_cpu_s", 0.0) - before  # counts their CPU, which this clock cannot see
+            return self._send_answer(e, d, steps, response, dataclasses.replace(built, cpu_s=built.cpu_s + extra))
         deadline = self.chain.epoch_times(self.run_id, e).response_deadline
         self.answers.start(e, make, d.path, window_s=deadline - self.chain.now(), context=(steps, response))
         self.log("answering", epoch=e, transitions=list(steps), beside_training=True)

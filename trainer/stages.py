@@ -247,10 +247,11 @@ class _Stage:
             raise TrainerError(what if not ok else f"another stage could not read its log ({what})")
 
     def audit_gradients(self, d: EpochDir, base: int, start: int, end: int, b: int, picks: Sequence[int],
-                        batches: Sequence[Batch]) -> tuple[State | None, list[Opened]]:
+                        batches: Sequence[Batch]) -> tuple[State | None, list[Opened], float]:
         """``audit`` from the gradient log: every stage advances its blocks from checkpoint ``base`` by
         AdamW alone on its logged totals; per step of the segment, groups 0..m run through the pipeline
         for group m's boundaries and the sum before it ((m + 1) / M of a step, whatever the batch)."""
+        t0 = time.process_time()
         log, micro, mine = self._log(d), self.spec.microbatches, b in self.blocks
         state = self._load(d, f"state-{base:06d}")
         shard: State | None = None
@@ -274,7 +275,7 @@ class _Stage:
                 out.append(Opened(_cpu(inp), _cpu(g_out), None if cap is None else cap.before, total, groups))
             state = step_update(state, {n: t.to(self.device) for n, t in totals.items()}, self.spec.inner,
                                 [q.to(self.device) for q in sqs])
-        return shard, out
+        return shard, out, time.process_time() - t0
 
     def _merged(self, d: EpochDir, state: State, k: int) -> State:
         """Under the merge rule, ``state`` with this stage's share of G_e folded in before step k."""
@@ -308,9 +309,10 @@ class _Stage:
         return restrict(d.load(part(f"state-{k:06d}", self.s)), self.groups[b], prefixes)
 
     def audit(self, d: EpochDir, base: int, start: int, end: int, b: int, picks: Sequence[int],
-              batches: Sequence[Batch]) -> tuple[State | None, list[Opened]]:
+              batches: Sequence[Batch]) -> tuple[State | None, list[Opened], float]:
         """Whole steps from checkpoint ``base``; per step of the segment, this stage's part of the answer:
         block b's boundaries and sums if it owns b, and the group leaves of its blocks among b−1..b+1."""
+        t0 = time.process_time()
         state = self._load(d, f"state-{base:06d}")
         for j in range(base, start):
             state = self._pipe(self._merged(d, state, j), batches[j - base], None)[0]
@@ -325,7 +327,7 @@ class _Stage:
             before = None if cap.before is None else {n: t.cpu() for n, t in cap.before.items()}
             total = None if cap.total is None or micro == 1 else {n: t.cpu() for n, t in cap.total.items()}
             out.append(Opened(_cpu(group_rows(inp, micro, m)), _cpu(group_rows(g_out, micro, m)), before, total, groups))
-        return shard, out
+        return shard, out, time.process_time() - t0
 
     def held(self) -> int:
         return tensor_bytes(self.state)
@@ -506,7 +508,7 @@ class StagedEngine:
         self.ranges = stage_blocks(len(self.groups), stages)
         self.owner = [s for s, r in enumerate(self.ranges) for _ in r]
         self.steps = 0
-        self._timings = {"compute_s": 0.0, "commit_s": 0.0, "log_s": 0.0}
+        self._timings = {"compute_s": 0.0, "commit_s": 0.0, "log_s": 0.0, "answer_cpu_s": 0.0}
         self.keep_boundaries = keep_boundaries
         self.log_error: str | None = None  # the last log write or read that failed (answers then replay whole steps)
         self.procs: list[Any] = []
@@ -592,7 +594,8 @@ class StagedEngine:
     @property
     def timings(self) -> dict[str, float]:
         """Cumulative CPU seconds of all stages together: ``compute_s`` (the steps), ``commit_s`` (their
-        leaf digests), ``log_s`` (their gradient logs)."""
+        leaf digests), ``log_s`` (their gradient logs), ``answer_cpu_s`` (their audit answers, which the
+        node's own clock does not see)."""
         return self._timings
 
     def finish(self, d: EpochDir, rank: int, seed: int) -> tuple[bytes, CompressionStats]:
@@ -625,7 +628,8 @@ class StagedEngine:
                 self.log_error = f"epoch {d.epoch} gradient log unreadable ({exc}); replaying whole steps"
         if got is None:
             got = self._all("audit", d, base, start, end, b, list(picks), batches)
-        shard, steps = got[s]
+        self._timings["answer_cpu_s"] += sum(g[2] for g in got.values())
+        shard, steps, _ = got[s]
         assert shard is not None
         for i, o in enumerate(steps):
             for j in range(self.S):

@@ -82,7 +82,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory):
         log = {"kind": eng.log_kind(EpochDir(staged_root, 1)), "bytes": eng.boundary_log_bytes(EpochDir(staged_root, 1)),
                "unlogged": eng.unlogged_steps(EpochDir(staged_root, 1))}
         audits = _audit(local, local_root, B), _audit(eng, staged_root, B)
-        log["error"] = eng.log_error
+        log["error"], log["answer_cpu_s"] = eng.log_error, eng.timings["answer_cpu_s"]
         whole_steps = _audit(eng, staged_root, B, logged=False)
         # a stage's log file garbled: every stage learns it before the pipeline runs, and the answer is whole steps
         (staged_root / "epoch-000001" / "bounds.stage0" / "grad-000002.safetensors").write_bytes(b"not a log")
@@ -138,6 +138,7 @@ def test_stages_answer_from_their_gradient_logs_with_the_bits_of_whole_steps(run
     steps, and as one process answering from its boundary log."""
     log = runs["log"]
     assert log["kind"] == "gradients" and log["unlogged"] == 0 and log["error"] is None
+    assert log["answer_cpu_s"] > 0  # the stages' answer CPU, which the node's clock cannot see, is counted
     assert sum(log["bytes"]) >= STEPS * 4 * sum(t.numel() for t in init_params(CFG, 0).values())
     _same_answer(runs["whole_steps"], runs["audits"][1])
 

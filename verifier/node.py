@@ -35,6 +35,7 @@ from dilocox.schedule import Schedule
 from protocol import shard_audit
 from protocol.chain import errors as ce
 from protocol.chain.binding import Assignment, Chain, ChainError, ChainUnavailable, Phase
+from protocol.chain.errors import WrongPhase
 from protocol.chain.outage import TRANSIENT, through_outages
 from protocol.cpumeter import RPC
 from protocol.digest import state_digest
@@ -652,6 +653,9 @@ class VerifierNode:
                         self.log("attested", epoch=e, model=cid, matches=matches, gas=tx.gas_used)
                     except ChainUnavailable:
                         raise
+                    except WrongPhase as exc:  # the committee's majority finalized the model first: routine
+                        late = self.chain.epoch_status(self.run_id, e).phase is Phase.FINALIZED
+                        self.log("attest-late" if late else "attest-failed", epoch=e, error=str(exc))
                     except ChainError as exc:  # attested before a restart, or the window closed
                         self.log("attest-failed", epoch=e, error=str(exc))
                     self._record(f"attested:{e}", True)

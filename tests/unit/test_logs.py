@@ -93,6 +93,7 @@ def test_levels() -> None:
     assert level("verified", {"passed": False}) == "WARN"
     assert level("reveal-retry", {}) == "WARN"
     assert level("alarm", {}) == level("aggregate-error", {}) == level("attest-failed", {}) == "ERROR"
+    assert level("attest-late", {}) == "INFO"  # the committee finalized first: routine, not an error
 
 
 @pytest.mark.parametrize("role", ["trainer", "verifier", "coordinator"])

@@ -284,7 +284,8 @@ def register(sub: Any) -> None:
             p.add_argument("--no-boundary-log", action="store_true",
                            help="sharded runs: do not keep each step's boundary tensors (2(B-1) activations "
                                 "per step, deleted once the audit is answered; or, where those outgrow the model "
-                                "and an epoch of them would not fit the budgets below, its total gradients); "
+                                "and an epoch of them would not fit the budgets below, its total gradients; with "
+                                "--stages, each stage keeps its blocks' total gradients within its share); "
                                 "answers then replay whole steps")
             p.add_argument("--boundary-log-ram", type=gibibytes, metavar="GIB", default=None,
                            help="memory the boundary log may hold before it writes to disk (default: a quarter of "

@@ -168,7 +168,6 @@ class _Stage:
         # the gradient log of this stage's blocks (None: keep none); shared by the epochs' logs, as in LocalEngine
         self.budgets = None if budgets is None else (ByteBudget(budgets[0]), ByteBudget(budgets[1]))
         self.logs: dict[Path, BoundaryLog] = {}
-        self.log_error: str | None = None
 
     # -- files
 

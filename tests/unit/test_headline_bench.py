@@ -384,3 +384,18 @@ def test_piece_args_are_a_convergence_command() -> None:
     assert p.args("o.json") == [CONVERGENCE, "--preset", "ci", "--seeds", "0,1", "--methods", "allreduce,diloco",
                                 "--out", "o.json"]
     assert with_flag(("--rank", "8", "--h", "2"), "--rank", "16") == ("--rank", "16", "--h", "2")
+
+
+def test_the_baselines_plan_is_the_committed_baselines_file() -> None:
+    """convergence-small-baselines.json is what its one command makes: the held-out plan's runs plus the
+    SparseLoCo- and DeMo-style methods on seeds 3-5 and the held-out rows, merged in the plan's order."""
+    h, data = HEADLINES["convergence-small-baselines"], committed("convergence-small-baselines")
+    assert config_mismatches(h, data) == []
+    work = f".veriloco/headline/{h.name}"
+    assert data["merged_from"] == [f"{work}/{p.name}.json" for p in h.pieces]
+    assert data["dilocox_method"] == h.dilocox and data["config"]["eval_split"] == "heldout"
+    assert data["held_out_seeds"] == list(HELDOUT_SEEDS) and data["selection"]["file"] == h.selection
+    held = committed("convergence-small-heldout")
+    for method in ("allreduce", "diloco", h.dilocox):  # the shared runs are the held-out file's, to the digit
+        assert [s["methods"][method]["final_eval_loss"] for s in data["per_seed"]] == \
+            [s["methods"][method]["final_eval_loss"] for s in held["per_seed"]]

@@ -55,16 +55,19 @@ class Piece:
 @dataclass(frozen=True)
 class Headline:
     """A results file ``benchmarks/results/<name>.json``: its pieces, then one ``--merge`` of them in
-    this order (the first piece of each seed must have AllReduce: the others pair against it)."""
+    this order (the first piece of each seed must have AllReduce: the others pair against it). A plan
+    that adds methods to a committed headline's seeds names that file as its ``base``: the merge starts
+    from it, so its runs are neither repeated nor needed in a work folder."""
 
     name: str
     pieces: tuple[Piece, ...]
     dilocox: str | None = None  # --dilocox: the method the targets and the projection read
     keep: tuple[str, ...] = ()  # --keep: the methods the merged file keeps (empty: all)
     selection: str | None = None  # --selection: the selection file a held-out file reports beside its own
+    base: str | None = None  # a committed merged file (relative to ROOT) the merge joins the pieces onto
 
     def merge_args(self, inputs: Sequence[str], out: str) -> list[str]:
-        return [CONVERGENCE, "--merge", *inputs,
+        return [CONVERGENCE, "--merge", *([self.base] if self.base else []), *inputs,
                 *(["--dilocox", self.dilocox] if self.dilocox else []),
                 *(["--selection", self.selection] if self.selection else []),
                 *(["--keep", ",".join(self.keep)] if self.keep else []), "--out", out]
@@ -121,6 +124,11 @@ SELECTION = "benchmarks/results/convergence-small.json"  # the held-out files re
 # payload's bytes (rank 128), SparseLoCo-style and DeMo-style top-k with 2-bit values, on the held-out
 # seeds and rows beside the held-out plan's runs, which it reuses (the same pieces: nothing runs twice).
 BASELINES = ("sparseloco_merge_trimmed", "demo_merge_trimmed")
+# convergence-small-adaptive.json (issue 33): DiLoCoX's adaptive rank and H rule (dilocox_merge_b1: the
+# shipped start rule, error feedback and aggregate, the rank starting at the shipped 128 and free to fall)
+# on the held-out seeds and rows, joined onto the committed baselines file (AllReduce, DiLoCo, the shipped
+# fixed rank and the field's compressors), whose runs it pairs against.
+ADAPTIVE = "dilocox_merge_b1_inparams_trimmed"
 # convergence-tiny.json (`make bench`): the tiny preset at outer 0.7 / 0.5, the outer sweep beside it.
 TINY = ("--preset", "tiny", "--eval-rows", "512", "--outer-lr", "0.7", "--outer-momentum", "0.5",
         "--sweep-outer", "1.0:0.0,1.0:0.3,1.2:0.0")
@@ -146,6 +154,11 @@ HEADLINES: dict[str, Headline] = {
             per_run(HELDOUT_SEEDS, [("allreduce", HELDOUT), ("diloco", HELDOUT),
                                     *((m, with_flag(HELDOUT, "--rank", "128")) for m in (SHIPPED, *BASELINES))]),
             dilocox=f"{SHIPPED}_r128", selection=SELECTION,
+        ),
+        Headline(
+            "convergence-small-adaptive",
+            per_run(HELDOUT_SEEDS, [(ADAPTIVE, with_flag(HELDOUT, "--rank", "128"))]),
+            dilocox=f"{SHIPPED}_r128", selection=SELECTION, base="benchmarks/results/convergence-small-baselines.json",
         ),
         # the outer sweep pairs against AllReduce within a run: one piece per seed, every method in it
         Headline("convergence-tiny",
@@ -283,6 +296,9 @@ def run(h: Headline, work: Path, out: Path, selected: Sequence[int], jobs: int, 
     if left:
         _say(f"{len(left)} of {n} pieces still to run ({', '.join(map(str, left))}); the merge waits for them")
         return 0
+    if h.base and not (ROOT / h.base).is_file():
+        _say(f"the merge needs {h.base}, the committed file this plan joins onto; restore it (git checkout -- {h.base})")
+        return 1
     args = h.merge_args([_rel(p) for p in paths], _rel(out))
     log = work / "merge.log"
     _say(f"merging {n} pieces into {_rel(out)}")
@@ -301,7 +317,8 @@ def dry_run(h: Headline, work: Path, out: Path, selected: Sequence[int]) -> str:
                  if states[i] is not None and (o := sibling(p, path)) is not None}
     done = sum(s is None for s in states)
     lines = [f"# {h.name}: {len(h.pieces)} pieces ({done} done"
-             + (f", {len(elsewhere)} done by another plan" if elsewhere else "") + f"), then their merge into {_rel(out)}; "
+             + (f", {len(elsewhere)} done by another plan" if elsewhere else "") + "), then their merge "
+             + (f"onto {h.base} " if h.base else "") + f"into {_rel(out)}; "
              + f"work folder {_rel(work)}"]
     for i in selected:
         lines.append(f"{_show(h.pieces[i].args(_rel(paths[i])))}  # piece {i + 1}: "

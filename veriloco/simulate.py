@@ -299,6 +299,15 @@ def methods(h: int = 16, rank: int = 8, merge_step: int = 1) -> dict[str, Method
             f"adaptive low-rank int4, the previous round merged after step {merge_step} (delay {merge_step} steps)",
             merge_step=merge_step,
         ),
+        "dilocox_merge_b1": Method(
+            "dilocox_merge_b1",
+            "local",
+            StartRule.MERGE,
+            base,
+            f"adaptive low-rank int4, round 1's exchange awaited, later ones merged after step {merge_step}",
+            merge_step=merge_step,
+            first_merge_step=0,
+        ),
         "fixed_rank_merge": Method(
             "fixed_rank_merge",
             "local",

@@ -379,6 +379,34 @@ def test_a_toy_plan_runs_end_to_end_and_joins_its_ranks(tmp_path: Path, capsys: 
     assert [c[1] for c in calls] == ["--merge"]  # every piece done: only the merge reruns
 
 
+def test_a_plan_joins_its_pieces_onto_a_committed_file(tmp_path: Path) -> None:
+    """A plan with a ``base`` merges its pieces onto that merged file: the base's runs are kept to the
+    digit and paired against, none of them reruns, and the new method joins at its rank."""
+    import benchmarks.headline as hb
+
+    ci = ("--preset", "ci", "--eval-rows", "8", "--steps", "4", "--h", "2", "--rank", "8", "--merge-step", "1")
+    first = Headline("first", per_run((3,), [("allreduce", ci), ("fixed_rank_merge_b1", ci)]))
+    base = tmp_path / "first.json"
+    assert run(first, tmp_path / "w1", base, range(2), 1, str) == 0
+    h = Headline("more", per_run((3,), [("dilocox_merge_b1", with_flag(ci, "--rank", "16"))]), base=str(base))
+    out = tmp_path / "more.json"
+    calls: list[list[str]] = []
+
+    def spy(args: Sequence[str], log: Path) -> int:
+        calls.append(list(args))
+        return hb._launch(args, log)
+
+    assert run(h, tmp_path / "w2", out, range(1), 1, str, spy) == 0
+    assert [c[1:3] for c in calls[:-1]] == [["--preset", "ci"]] and calls[-1][1:3] == ["--merge", str(base)]
+    r, b = json.loads(out.read_text()), json.loads(base.read_text())
+    assert list(r["per_seed"][0]["methods"]) == ["allreduce", "fixed_rank_merge_b1", "dilocox_merge_b1_r16"]
+    for m in ("allreduce", "fixed_rank_merge_b1"):
+        assert r["per_seed"][0]["methods"][m]["final_eval_loss"] == b["per_seed"][0]["methods"][m]["final_eval_loss"]
+    assert r["merged_from"][0] == str(base) and len(r["command"]) == 3
+    base.unlink()
+    assert run(h, tmp_path / "w2", out, range(1), 1, str) == 1  # no base file: said, not a traceback
+
+
 def test_piece_args_are_a_convergence_command() -> None:
     p = Piece("s0", (0, 1), ("allreduce", "diloco"), ("--preset", "ci"))
     assert p.args("o.json") == [CONVERGENCE, "--preset", "ci", "--seeds", "0,1", "--methods", "allreduce,diloco",

@@ -60,7 +60,7 @@ def test_all_methods_run_with_the_stated_traffic(corpus: Corpus) -> None:
         res["diloco"].bytes_per_worker == dense * 2
     )  # two rounds of H=4, one full all-reduce each
     for name in ("dilocox", "dilocox_blocking", "dilocox_eager", "dilocox_e80", "quant_only", "fixed_rank",
-                 "fixed_rank_blocking", "fixed_rank_half", "lowrank_only", "dilocox_merge", "fixed_rank_merge",
+                 "fixed_rank_blocking", "fixed_rank_half", "lowrank_only", "dilocox_merge", "dilocox_merge_b1", "fixed_rank_merge",
                  "fixed_rank_merge_b1"):
         r = res[name]
         assert r.steps_per_worker == 8

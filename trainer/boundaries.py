@@ -32,7 +32,8 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -59,15 +60,53 @@ def _grad(b: int) -> str:
     return f"grad/{b}"
 
 
+Headroom = Callable[[], "int | None"]  # bytes the machine can still give a log now (None: unknown, no check)
+
+
 class ByteBudget:
     """Bytes of boundary tensors a trainer's logs may keep in memory (or on disk), together (epochs
-    overlap). ``limit`` None: no limit."""
+    overlap). ``limit`` None: no limit. ``headroom`` (the machine's, read at each step) also bounds
+    it: a budget is this node's share, but nodes sharing a machine each have one, so a log also stops
+    where the machine would run short (``memory_headroom``, ``DiskHeadroom``)."""
 
-    def __init__(self, limit: int | None) -> None:
+    def __init__(self, limit: int | None, headroom: Headroom | None = None) -> None:
         self.limit, self.used = (None if limit is None else max(0, limit)), 0
+        self.headroom = headroom
+
+    def room(self) -> float:
+        """Bytes left (inf where neither the limit nor the machine bounds it)."""
+        left = math.inf if self.limit is None else self.limit - self.used
+        spare = None if self.headroom is None else self.headroom()
+        return left if spare is None else min(left, max(0, spare))
 
     def fits(self, size: int) -> bool:
-        return self.limit is None or self.used + size <= self.limit
+        return size <= self.room()
+
+
+def memory_headroom() -> int | None:
+    """Memory a log may still take on this machine: what it has available less a quarter of its
+    physical memory, kept for the processes beside it (None where the kernel does not say)."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f if ":" in line)}
+        return info["MemAvailable"] - info["MemTotal"] // 4
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class DiskHeadroom:
+    """Disk a log may still take where ``path`` lives: what is free less a tenth of the file system,
+    kept so that nodes sharing a disk cannot fill it."""
+
+    path: Path
+
+    def __call__(self) -> int | None:
+        try:
+            use = shutil.disk_usage(self.path)
+        except OSError:
+            return None
+        return use.free - use.total // 10
 
 
 def quarter_of_free_disk(path: Path) -> int:
@@ -119,9 +158,7 @@ class BoundaryLog:
 
     def _room(self) -> float:
         """Bytes both budgets have left (inf where one has no limit)."""
-        ram = 0.0 if self.budget is None else math.inf if self.budget.limit is None else self.budget.limit - self.budget.used
-        disk = math.inf if self.disk is None or self.disk.limit is None else self.disk.limit - self.disk.used
-        return ram + disk
+        return (0.0 if self.budget is None else self.budget.room()) + (math.inf if self.disk is None else self.disk.room())
 
     def _choose(self, bound: int, grad: int) -> str:
         if grad >= bound or self.steps is None or bound * self.steps <= self._room():
@@ -235,4 +272,5 @@ def _bytes(tensors: Mapping[str, Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-__all__ = ["BOUNDARIES", "GRADIENTS", "BoundaryLog", "ByteBudget", "quarter_of_free_disk", "quarter_of_memory"]
+__all__ = ["BOUNDARIES", "GRADIENTS", "BoundaryLog", "ByteBudget", "DiskHeadroom", "Headroom", "memory_headroom",
+           "quarter_of_free_disk", "quarter_of_memory"]

@@ -46,7 +46,7 @@ from dilocox.delay import (
 from dilocox.inner import EF, MOM1, MOM2, PARAM, RNG, STEP, Params, State, TrainerError, section
 from dilocox.round import RoundSpec, merged_if_due, start_state
 from protocol.leaf import GroupLeaf, LeafCommitter, PartialSums, StepLeaf, block_names
-from trainer.boundaries import GRADIENTS, BoundaryLog, ByteBudget
+from trainer.boundaries import GRADIENTS, BoundaryLog, ByteBudget, Headroom
 from trainer.checkpoints import EpochDir
 
 MERGED = "merged"  # the file of G_e an epoch folded in at its merge step (schedule.merge_step)
@@ -229,14 +229,16 @@ class LocalEngine:
     concurrent_audits = True
 
     def __init__(self, spec: RoundSpec, every: int, *, keep_boundaries: bool = True, log_ram_bytes: int = 0,
-                 log_disk_bytes: int | None = None, device: torch.device | str = "cpu") -> None:
+                 log_disk_bytes: int | None = None, device: torch.device | str = "cpu",
+                 log_headroom: tuple[Headroom | None, Headroom | None] = (None, None)) -> None:
         self.spec, self.every = spec, max(1, every)
         # where the steps run; files, leaves, the log and compression stay on the CPU, so on a GPU only
         # the live state and the step's tensors live there (dilocox/device.py says which devices may)
         self.device = torch.device(device)
         self.keep_boundaries = keep_boundaries
-        self.log_budget = ByteBudget(log_ram_bytes)  # shared by the epochs' logs: two overlap while one is audited
-        self.log_disk = ByteBudget(log_disk_bytes)  # the same on disk (None: as much as the disk holds)
+        # shared by the epochs' logs (two overlap while one is audited), within the machine's headroom
+        self.log_budget = ByteBudget(log_ram_bytes, log_headroom[0])
+        self.log_disk = ByteBudget(log_disk_bytes, log_headroom[1])  # the same on disk (None: as much as the disk holds)
         self._logs: dict[Path, BoundaryLog] = {}
         self.log_error: str | None = None  # the last boundary log write that failed (answers then replay whole steps)
         self.groups = block_names(spec.model)

@@ -59,7 +59,12 @@ from protocol.statedir import run_dir
 from protocol.store.backends import IntegrityError, Metered, Store
 from protocol.types import Cid
 from trainer.answering import AnswerWorker, Built, FileSink, build
-from trainer.boundaries import quarter_of_free_disk, quarter_of_memory
+from trainer.boundaries import (
+    DiskHeadroom,
+    memory_headroom,
+    quarter_of_free_disk,
+    quarter_of_memory,
+)
 from trainer.checkpoints import EpochDir
 from trainer.engine import Engine, LocalEngine
 from trainer.shard_response import shard_response
@@ -134,6 +139,9 @@ class TrainerNode:
         self.keep_boundaries = keep_boundaries
         self.boundary_log_ram = quarter_of_memory() if boundary_log_ram is None else boundary_log_ram
         self.boundary_log_disk = quarter_of_free_disk(self.root) if boundary_log_disk is None else boundary_log_disk
+        # the machine's headroom bounds them too, read at each step: trainers sharing a machine each have
+        # their budgets, and together they must not exhaust its memory or fill its disk
+        self.log_headroom = (memory_headroom, DiskHeadroom(self.root))
         self.pipeline: PipelineSteps | None = None  # tolerant whole-state audits, stages > 1
         self.engine: Engine | None = None  # sharded runs: where the training state lives
         self.answers = AnswerWorker(threads)  # shard answers built while the next epoch trains
@@ -180,12 +188,12 @@ class TrainerNode:
         if self.stages == 1:
             return LocalEngine(self.spec, self.shard_checkpoint_every, keep_boundaries=self.keep_boundaries,
                                log_ram_bytes=self.boundary_log_ram, log_disk_bytes=self.boundary_log_disk,
-                               device=self.device)
+                               device=self.device, log_headroom=self.log_headroom)
         from trainer.stages import StagedEngine
 
         return StagedEngine(self.spec, self.shard_checkpoint_every, self.stages, self.threads, self.device.type,
                             keep_boundaries=self.keep_boundaries, log_ram_bytes=self.boundary_log_ram,
-                            log_disk_bytes=self.boundary_log_disk)
+                            log_disk_bytes=self.boundary_log_disk, log_headroom=self.log_headroom)
 
     def inner_step(self, state: State, epoch: int, k: int) -> tuple[State, float]:
         """Inner step k of `epoch` on this trainer's batch: in this process, or across its pipeline stages.
@@ -491,7 +499,8 @@ class TrainerNode:
         if unlogged:  # expected at large batches: said, not warned
             self.log("boundary-log-full", epoch=e, unlogged_steps=unlogged, of=steps, ram_budget=self.boundary_log_ram,
                      disk_budget=self.boundary_log_disk, effect="audit answers over those steps replay whole steps "
-                     "(--boundary-log-ram, --boundary-log-disk raise the budgets)")
+                     "(--boundary-log-ram, --boundary-log-disk raise the budgets; a log also stops short of leaving this "
+                     "machine less than a quarter of its memory available or a tenth of its disk free)")
         payload, stats = eng.finish(d, rank, compress_seed(self.spec.run_seed, e, self.slot))
         final = Final(wrap(self.run_id, e, self.me, payload), {}, stats)
         d.write_bytes("payload.bin", self.behaviour.publication(self, final, e))

@@ -97,7 +97,7 @@ from dilocox.round import RoundSpec, start_state
 from protocol.errors import VerilocoError
 from protocol.leaf import BlockEntry, LeafCommitter, PartialSums, StepLeaf, block_names
 from protocol.model import param_shapes
-from trainer.boundaries import GRADIENTS, BoundaryLog, ByteBudget
+from trainer.boundaries import GRADIENTS, BoundaryLog, ByteBudget, Headroom
 from trainer.checkpoints import EpochDir
 from trainer.engine import (
     MERGED,
@@ -154,7 +154,7 @@ class _Stage:
     """What one stage process holds and does: its blocks' state, steps, digests, payload part."""
 
     def __init__(self, spec: RoundSpec, every: int, s: int, stages: int, group: Any, device: torch.device,
-                 budgets: Budgets | None = None) -> None:
+                 budgets: Budgets | None = None, headroom: tuple[Headroom | None, Headroom | None] = (None, None)) -> None:
         self.spec, self.every, self.s, self.S = spec, max(1, every), s, stages
         self.groups = block_names(spec.model)
         ranges = stage_blocks(len(self.groups), stages)
@@ -166,7 +166,7 @@ class _Stage:
         self.steps = 0
         self.committer = LeafCommitter(spec.model, spec.segment, 2, self.blocks, spec.microbatches)
         # the gradient log of this stage's blocks (None: keep none); shared by the epochs' logs, as in LocalEngine
-        self.budgets = None if budgets is None else (ByteBudget(budgets[0]), ByteBudget(budgets[1]))
+        self.budgets = None if budgets is None else (ByteBudget(budgets[0], headroom[0]), ByteBudget(budgets[1], headroom[1]))
         self.logs: dict[Path, BoundaryLog] = {}
 
     # -- files
@@ -435,11 +435,11 @@ def serve(stage: int, stages: int, addr: str, port: int) -> None:
     try:
         msg: list[Any] = [None]
         dist.recv_object_list(msg, src=0)
-        spec, every, threads, device, budgets = msg[0]
+        spec, every, threads, device, budgets, headroom = msg[0]
         configure_determinism(threads, device)
         dev = _stage_device(device, stage)
         group = dist.new_group(list(range(1, stages + 1)), backend="nccl" if dev.type == "cuda" else "gloo")
-        st = _Stage(spec, every, stage, stages, group, dev, budgets)
+        st = _Stage(spec, every, stage, stages, group, dev, budgets, headroom)
         while True:
             dist.recv_object_list(msg, src=0)
             op, args = msg[0]
@@ -499,7 +499,8 @@ class StagedEngine:
 
     def __init__(self, spec: RoundSpec, every: int, stages: int = 2, threads: int = 1, device: str = "cpu",
                  launch: bool = True, addr: str = "127.0.0.1", port: int = 0, *, keep_boundaries: bool = True,
-                 log_ram_bytes: int = 0, log_disk_bytes: int | None = None) -> None:
+                 log_ram_bytes: int = 0, log_disk_bytes: int | None = None,
+                 log_headroom: tuple[Headroom | None, Headroom | None] = (None, None)) -> None:
         if spec.batch_size % spec.microbatches:
             raise TrainerError(f"batch size {spec.batch_size} is not divisible by {spec.microbatches} micro-batches")
         self.spec, self.every, self.S = spec, max(1, every), stages
@@ -526,7 +527,7 @@ class StagedEngine:
         disk = None if log_disk_bytes is None else log_shares(spec, stages, log_disk_bytes)
         for s in range(stages):
             budgets = (ram[s], None if disk is None else disk[s]) if keep_boundaries else None
-            dist.send_object_list([(spec, self.every, threads, device, budgets)], dst=s + 1)
+            dist.send_object_list([(spec, self.every, threads, device, budgets, log_headroom)], dst=s + 1)
         dist.new_group(list(range(1, stages + 1)), backend="nccl" if device.startswith("cuda") else "gloo")
         self.open = True
 

@@ -289,10 +289,11 @@ def register(sub: Any) -> None:
                                 "answers then replay whole steps")
             p.add_argument("--boundary-log-ram", type=gibibytes, metavar="GIB", default=None,
                            help="memory the boundary log may hold before it writes to disk (default: a quarter of "
-                                "this machine's memory; 0: disk only)")
+                                "this machine's memory; 0: disk only); whatever the budget, it stops short of leaving "
+                                "the machine less than a quarter of its memory available, so nodes sharing it cannot exhaust it")
             p.add_argument("--boundary-log-disk", type=gibibytes, metavar="GIB", default=None,
                            help="disk the boundary log may use past its memory (default: a quarter of the free space "
-                                "in the state folder at start); steps past both are not logged and their audit "
-                                "answers replay whole steps")
+                                "in the state folder at start; never past a tenth of the disk left free); steps past "
+                                "both are not logged and their audit answers replay whole steps")
             p.add_argument("--cheat", choices=CHEAT_KINDS, help=argparse.SUPPRESS)
         p.set_defaults(func=func)

@@ -4,6 +4,8 @@ fraction of it, and a torn or altered log never reaches a verifier."""
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import time
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from protocol.formats.codec import save_state
 from protocol.leaf import StepLeaf, block_count
 from protocol.model import init_params
 from tests.unit.test_engine import CFG, SPEC, _batch
-from trainer.boundaries import BoundaryLog
+from trainer.boundaries import BoundaryLog, ByteBudget, DiskHeadroom, memory_headroom
 from trainer.checkpoints import EpochDir
 from trainer.engine import LocalEngine
 from trainer.shard_response import challenge_file
@@ -160,3 +162,43 @@ def test_steps_over_both_budgets_are_not_logged_and_their_answers_replay_whole_s
         assert _file(eng, d, start, b, leaves) == _file(disk, d_disk, start, b, leaves)
     eng.forget_boundaries(d)
     assert eng.log_budget.used == 0 and eng.log_disk.used == 0 and eng.unlogged_steps(d) == 0
+
+
+def test_trainers_sharing_a_machine_stop_at_its_headroom_not_at_their_budgets(tmp_path: Path) -> None:
+    """Each node's default budget is a share of the machine (a quarter of its memory), so trainers
+    started side by side could together keep more than it has. The machine's headroom, read at each
+    step, bounds them together: here each budget alone holds 4 steps, the machine 5 for both; what
+    does not fit goes to disk and the answers are the same bytes."""
+    configure_determinism(1)
+    _, d_disk, leaves = _epoch(tmp_path / "disk")
+    disk = LocalEngine(SPEC, every=EVERY)
+    one = sum(f.stat().st_size for f in (d_disk.path / "bounds").iterdir()) // STEPS
+    engines: list[LocalEngine] = []
+
+    def headroom() -> int:  # a machine with room for 5 steps of logs, less what both logs keep
+        return 5 * one - sum(e.log_budget.used for e in engines)
+
+    engines += [LocalEngine(SPEC, every=EVERY, log_ram_bytes=4 * one, log_headroom=(headroom, None)) for _ in range(2)]
+    dirs = [EpochDir(tmp_path / f"t{i}", 0) for i in range(2)]
+    for e, d in zip(engines, dirs):
+        e.begin(d, STEPS, init_params(CFG, 0), None)
+    for k in range(STEPS):
+        for e, d in zip(engines, dirs):
+            e.step(d, k, _batch(k))
+    ram = [e.boundary_log_bytes(d)[0] for e, d in zip(engines, dirs)]
+    assert all(r > 0 for r in ram) and sum(ram) <= 5 * one < 8 * one
+    for e, d in zip(engines, dirs):
+        assert e.unlogged_steps(d) == 0  # the rest is on disk
+        for start, b in ((0, 4), (6, 3)):
+            assert _file(e, d, start, b, leaves) == _file(disk, d_disk, start, b, leaves)
+
+
+def test_the_machine_headroom_is_read_from_this_machine(tmp_path: Path) -> None:
+    mem = memory_headroom()
+    assert mem is None or mem < os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    use = shutil.disk_usage(tmp_path)
+    spare = DiskHeadroom(tmp_path)()
+    assert spare is not None and abs(spare - (use.free - use.total // 10)) < 2**30
+    assert DiskHeadroom(tmp_path / "gone" / "deeper")() is None  # unreadable: no check, not a crash
+    full = ByteBudget(None, lambda: -5)  # a machine already past its reserve: nothing fits
+    assert full.room() == 0 and not full.fits(1) and ByteBudget(10, lambda: None).fits(10)

@@ -212,6 +212,8 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
         "state_bytes_largest_process_fraction": state_fraction(trainer_logs, opts.stages),
         "stages": opts.stages,
         "merge_step": opts.merge_step,
+        "first_merge_step": config.schedule.first_merge_step,
+        "rank": config.compression.rank_initial if config.compression.rank_min == config.compression.rank_max else None,
         "error_feedback": config.compression.error_feedback,
         # under the merge rule: wall seconds a trainer waits at its merge step for the previous epoch's model
         "merge_wait_seconds_per_trainer_per_epoch": round(sum(
@@ -277,7 +279,8 @@ def combine(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Runs of the same scenario as one: what fixes the scenario, the mean of each figure in
     ``SAMPLED``, and every run whole under ``runs`` (its bytes, seconds, draws)."""
     fixed = ("preset", "H", "tokens_per_step", "audit_mode", "audit_steps", "audit_segment", "stages", "quorum", "trainers",
-             "verifiers", "epochs", "state_bytes_largest_process_fraction", "merge_step", "error_feedback", "log_budgets_gib")
+             "verifiers", "epochs", "state_bytes_largest_process_fraction", "merge_step", "error_feedback", "log_budgets_gib",
+             "rank", "first_merge_step")
     groups: dict[str, list[dict[str, Any]]] = {}  # in first-seen order, wherever a scenario's repeats stand
     for sc in scenarios:
         groups.setdefault(json.dumps([sc.get(k, 0) for k in fixed]), []).append(sc)
@@ -359,6 +362,11 @@ def main() -> int:
     ap.add_argument("--error-feedback", nargs="+", choices=["buffer", "params"], default=["params"],
                     help="with the merge rule: where the compression residual waits (compression.error_feedback), side "
                          "by side; \"buffer\" ships a start file every continued epoch, \"params\" none")
+    ap.add_argument("--rank", type=int, default=None,
+                    help="hold the compression rank at this (rank_initial = rank_min = rank_max, as examples/small.toml "
+                         "ships 128); default the demo's adaptive rule from rank 8")
+    ap.add_argument("--first-merge-step", type=int, default=-1, metavar="M",
+                    help="with the merge rule: epoch 1's merge step (examples/small.toml ships 0); -1 (default): as the others")
     ap.add_argument("--log-budgets", type=log_budget, nargs="+", default=[None], metavar="RAM:DISK",
                     help="the trainers' --boundary-log-ram and --boundary-log-disk in GiB, one scenario each; 'node': "
                          "the node's defaults (the default). Budgets an epoch of boundaries does not fit make a trainer "
@@ -386,7 +394,8 @@ def main() -> int:
         opts = DemoOptions(trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=name,
                            steps=hs[0], workdir=args.analyze, stages=args.stages, audit=MODES[args.modes[0]],
                            merge_step=args.merge_steps[0], batch_size=args.batch_sizes[0], group_rows=args.group_rows,
-                           segment=args.segment, error_feedback=args.error_feedback[0], seq_len=args.seq_len)
+                           segment=args.segment, error_feedback=args.error_feedback[0], seq_len=args.seq_len,
+                           rank=args.rank, first_merge_step=args.first_merge_step)
         saved = args.analyze / "bench-summary.json"
         if saved.exists():
             summary = json.loads(saved.read_text())
@@ -416,7 +425,7 @@ def main() -> int:
                                stages=args.stages, audit=MODES[mode], windows_s=3600, timeout_s=6 * 3600,
                                checkpoint_every=CHECKPOINT_EVERY, merge_step=m, batch_size=rows, group_rows=args.group_rows,
                                segment=args.segment, error_feedback=ef, seq_len=args.seq_len,
-                               log_ram_gib=budget[0] if budget else None, log_disk_gib=budget[1] if budget else None)
+                               rank=args.rank, first_merge_step=args.first_merge_step, log_ram_gib=budget[0] if budget else None, log_disk_gib=budget[1] if budget else None)
             r = measure(opts, mode)
         runs.append(r)
         print(f"{tag}: done in {r['wall_seconds']} s", file=sys.stderr, flush=True)

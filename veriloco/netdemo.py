@@ -94,6 +94,10 @@ class DemoOptions:
     # where the merge rule keeps the compression residual (compression.error_feedback, docs/protocol.md §8):
     # "params" needs no error buffer and no start file; "buffer" carries one (ignored without the merge rule)
     error_feedback: str = "params"
+    # a held compression rank (rank_initial = rank_min = rank_max, as examples/small.toml ships 128);
+    # None: the adaptive rule from the config's default rank
+    rank: int | None = None
+    first_merge_step: int = -1  # schedule.first_merge_step (examples/small.toml: 0, epoch 1 waits for G_1)
 
     @property
     def groups(self) -> int:
@@ -113,8 +117,10 @@ class DemoOptions:
             # The trimmed mean, as examples/run.toml ships it (the median of three at three trainers)
             outer={"lr": 1.0, "momentum": 0.0, "aggregate": "trimmed"},
             schedule={"epochs": self.epochs, "h_initial": self.steps, "h_min": max(1, self.steps // 2),
-                      "h_max": self.steps * 2, "merge_step": self.merge_step},
-            compression={"error_feedback": self.error_feedback if self.merge_step else "buffer"},
+                      "h_max": self.steps * 2, "merge_step": self.merge_step,
+                      "first_merge_step": self.first_merge_step if self.merge_step else -1},
+            compression={"error_feedback": self.error_feedback if self.merge_step else "buffer",
+                         **({"rank_initial": self.rank, "rank_min": self.rank, "rank_max": self.rank} if self.rank else {})},
             # shard audits: 4 segments of 8 steps, one block each (docs/protocol.md §5.3; the policy of
             # docs/results-protocol.md); whole states: 3 steps. Pipelined whole-state audits are
             # tolerant; shard audits are exact at any number of stages.

@@ -115,3 +115,17 @@ def test_rows_of_the_shipped_length_reach_the_run_config() -> None:
     assert DemoOptions(preset="small", seq_len=128, batch_size=8).config().data.seq_len == 128
     assert DemoOptions(preset="small").config().data.seq_len == 64
     assert DemoOptions(preset="tiny", seq_len=4096).config().data.seq_len == DemoOptions(preset="tiny").config().data.seq_len
+
+
+def test_the_shipped_rank_and_first_merge_reach_the_run_config() -> None:
+    """--rank 128 --first-merge-step 0 run examples/small.toml's compression and epoch-1 merge, not the
+    demo's adaptive rule from rank 8; the scenario records both, so such runs merge apart."""
+    from veriloco.netdemo import DemoOptions
+
+    cfg = DemoOptions(preset="small", rank=128, first_merge_step=0, merge_step=1).config()
+    c = cfg.compression
+    assert (c.rank_initial, c.rank_min, c.rank_max, cfg.schedule.first_merge_step) == (128, 128, 128, 0)
+    plain = DemoOptions(preset="small").config()
+    assert plain.compression.rank_min < plain.compression.rank_max and plain.schedule.first_merge_step == -1
+    assert DemoOptions(preset="small", first_merge_step=0, merge_step=0).config().schedule.first_merge_step == -1
+    assert len(combine([{**_run(256, 1.0), "rank": 128}, {**_run(256, 2.0), "rank": None}])) == 2

@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks.convergence import PRESETS_BENCH, parse_outer
 from benchmarks.headline import (
+    ADAPTIVE,
     CONVERGENCE,
     HEADLINES,
     HELDOUT_SEEDS,
@@ -427,3 +428,21 @@ def test_the_baselines_plan_is_the_committed_baselines_file() -> None:
     for method in ("allreduce", "diloco", h.dilocox):  # the shared runs are the held-out file's, to the digit
         assert [s["methods"][method]["final_eval_loss"] for s in data["per_seed"]] == \
             [s["methods"][method]["final_eval_loss"] for s in held["per_seed"]]
+
+
+def test_the_adaptive_plan_is_the_committed_adaptive_file() -> None:
+    """convergence-small-adaptive.json is what its one command makes: DiLoCoX's adaptive rank and H rule
+    on the held-out seeds and rows, joined onto the committed baselines file, whose runs it keeps to the digit."""
+    h, data = HEADLINES["convergence-small-adaptive"], committed("convergence-small-adaptive")
+    work = f".veriloco/headline/{h.name}"
+    assert h.base is not None and data["merged_from"] == [h.base, *(f"{work}/{p.name}.json" for p in h.pieces)]
+    assert data["dilocox_method"] == h.dilocox and data["config"]["eval_split"] == "heldout"
+    assert data["held_out_seeds"] == list(HELDOUT_SEEDS) and data["selection"]["file"] == h.selection
+    base = committed(Path(h.base).stem)
+    for s, b in zip(data["per_seed"], base["per_seed"], strict=True):
+        assert list(s["methods"]) == [*b["methods"], f"{ADAPTIVE}_r128"]
+        for method, rec in b["methods"].items():
+            assert s["methods"][method]["final_eval_loss"] == rec["final_eval_loss"]
+    for p in h.pieces:
+        assert p.methods == (ADAPTIVE,) and flag_values(p.flags)["--rank"] == "128"
+        assert resolve_method(ADAPTIVE, methods()).compression.adaptive  # type: ignore[union-attr]

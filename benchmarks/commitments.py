@@ -107,7 +107,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--segment", type=int, default=8, help="steps per state leaf (audit.segment; default 8, the demo's)")
+    ap.add_argument("--segment", type=int, default=4, help="steps per state leaf (audit.segment; default 4, what the examples ship)")
     ap.add_argument("--only", default="", help="comma-separated presets to run (default: every setting)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="measure each setting this many times and report the run with the median fraction, "

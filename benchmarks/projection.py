@@ -80,7 +80,8 @@ SHAPES: dict[str, GPTConfig] = {
     "qwen-107b": GPTConfig(n_layer=80, n_head=64, d_model=8192, seq_len=4096, vocab_size=152064, arch="llama",
                            n_kv_head=8, d_ff=49152),
 }
-SEGMENT_TOKENS = 8192
+SEGMENT_TOKENS = 4096  # a segment's tokens: r = 4 at 1,024 tokens a step (examples/small.toml), 1 past 4,096
+SEGMENT_MAX = 4  # audit.segment as the examples ship it
 CHECKPOINT_EVERY = 4  # trainer/node.py's default --checkpoint-every (a sharded run keeps max(it, r))
 BENCH_CHECKPOINT_EVERY = 16  # benchmarks/protocol.py's trainers (its CHECKPOINT_EVERY), for validate's kept runs
 WRAP_BYTES = 74  # protocol.formats.payload.wrap: magic, version, run id, epoch, address, length
@@ -98,7 +99,7 @@ class Setting:
     K: int
     q: int = 3
     s: int = 4  # audit.steps: challenges per trainer and epoch
-    r: int = 0  # audit.segment: steps per challenge; 0: SEGMENT_TOKENS // tokens, within 1..8
+    r: int = 0  # audit.segment: steps per challenge; 0: SEGMENT_TOKENS // tokens, within 1..SEGMENT_MAX
     final_check: float = 1.0  # final_check_bps / 10,000
     merge: bool = True  # the merge rule (schedule.merge_step): start files carry no start parameters
     # compression.error_feedback = "params" (the merge rule only): no error buffer, so no start file
@@ -116,10 +117,10 @@ class Setting:
 
     @property
     def segment(self) -> int:
-        """r: a segment spans about SEGMENT_TOKENS tokens (8 steps at 1,024 tokens, 1 step past 8,192), so
+        """r: a segment spans about SEGMENT_TOKENS tokens (4 steps at 1,024 tokens, 1 step past 4,096), so
         the state hashed every r steps costs the same fraction of a step at any batch, and a
         challenge's total sums (one block-sized tensor per step when M > 1) stay few."""
-        return self.r or max(1, min(8, SEGMENT_TOKENS // self.tokens))
+        return self.r or max(1, min(SEGMENT_MAX, SEGMENT_TOKENS // self.tokens))
 
     @property
     def group_rows(self) -> int:
@@ -228,6 +229,7 @@ def project(st: Setting) -> dict[str, Any]:
         "setting": asdict(st),
         "tokens_per_step": st.tokens,
         "K": st.K,
+        "segment": seg,
         "groups": M,
         "group_tokens": st.tokens // M,
         "params": P,
@@ -405,14 +407,15 @@ HALF_M = 1 << 19  # 524,288 tokens per step: "the batches people train with" (is
 
 
 def grid() -> list[Setting]:
-    """Today's network benchmark, `small` at its context and 8x that batch, examples/small.toml's batch,
-    then 0.5M tokens per step for
+    """Today's network benchmark, `small` at its context and 8x that batch, examples/small.toml's batch
+    (its groups of 2,048 tokens), then 0.5M tokens per step for
     every model at H = 256 (and 500, the DiLoCoX paper's) and K = 4 and 64; the 107B in bf16."""
     rows: list[Setting] = [
         Setting("small", 8, 64, 256, 2),  # the network benchmark's setting (benchmarks/protocol.py)
-        Setting("small", 8, 128, 256, 4),  # its own context
-        Setting("small", 64, 128, 256, 4),  # 8x that batch
-        Setting("small", 128, 64, 256, 4),  # examples/small.toml: 128 rows of 64 tokens
+        Setting("small", 8, 128, 256, 4),  # its own context (the K = 4 network run, r = 4)
+        Setting("small", 64, 128, 256, 4, group_tokens=2048),  # 8x that batch in groups of 16 rows
+        Setting("small", 128, 64, 256, 4, group_tokens=2048),  # examples/small.toml: 128 rows of 64, groups of 32
+        Setting("small", 128, 64, 64, 4, group_tokens=2048),  # the same at the 8x network run's H
         Setting("gpt2-124m", 8, 1024, 64, 4),
     ]
     for model in ("gpt2-124m", "llama-1b", "llama-7b", "qwen-107b"):
@@ -449,7 +452,7 @@ def render(doc: dict[str, Any]) -> str:
     ]
     for r in doc["rows"]:
         st = r["setting"]
-        seg = st["r"] or max(1, min(8, SEGMENT_TOKENS // r["tokens_per_step"]))
+        seg = r["segment"]
         lines.append(
             f"| {st['model']}{' (bf16)' if st['element_bytes'] == 2 else ''} | {r['params'] / 1e6:,.1f}M | {r['tokens_per_step']:,} "
             f"| {st['H']} | {st['K']} | {r['groups']} ({r['group_tokens']:,}) | {seg} "
@@ -465,8 +468,9 @@ def render(doc: dict[str, Any]) -> str:
             f"| {r['hashed_bytes_per_training_flop']:.2e} | {r['detect_one_group_forgery_per_epoch']:.1e} |")
     st0 = doc["rows"][0]["setting"]
     lines += ["", (f"Policy in every row: s = {st0['s']} challenges, each of r steps (a segment spans about "
-              f"{SEGMENT_TOKENS:,} tokens: r = 8 at 1,024 tokens per step, 1 past 8,192), one group of up to "
-              f"{st0['group_tokens']:,} tokens opened per step, quorum {st0['q']}, the final check drawn every epoch, "
+              f"{SEGMENT_TOKENS:,} tokens: r = {SEGMENT_MAX} at 1,024 tokens per step, 1 past {SEGMENT_TOKENS:,}), one group of up to "
+              f"{st0['group_tokens']:,} tokens opened per step (the `small` rows past 4,096 tokens: 2,048, as "
+              f"examples/small.toml ships), quorum {st0['q']}, the final check drawn every epoch, "
               "the merge rule with error feedback in the parameters (no start file; in brackets the same with a "
               "carried error buffer, whose continued start ships every parameter and buffer), rank 128 at 4 bits "
               "(examples/small.toml). Hashed bytes per training FLOP: every "
@@ -484,9 +488,10 @@ def render(doc: dict[str, Any]) -> str:
             ["Validation against measured network runs (`benchmarks/protocol.py --keep`): every audit answer the",
              "trainers sent, priced by the model for the segments, blocks and files its manifest names, over the bytes",
              "the trainer logged; every file over its size in the run's store; the boundary log over what was logged."],
-            ["run", "tokens / step", "answers", "answer bytes, model / measured", "files (model / store)",
-             "boundary log, model / measured"],
-            [f"| `{Path(v['workdir']).name}` | {v['tokens_per_step']:,} | {len(v['answers'])} "
+            ["run", "tokens / step", "r", "answers", "answer bytes, model / measured", "files (model / store)",
+             "boundary log, model / measured (above 1: steps a full log left unlogged)"],
+            [f"| `{Path(v['workdir']).parent.name}/{Path(v['workdir']).name}` | {v['tokens_per_step']:,} "
+             f"| {v['settings_key'][2]} | {len(v['answers'])} "
              f"| {v['audit_bytes_modelled_over_measured']:.4f} | {v['files_checked']}: {v['file_ratio_min']:.4f} to {v['file_ratio_max']:.4f} "
              f"| {v['boundary_log_ratio_min']} to {v['boundary_log_ratio_max']} |" for v in doc["validation"]])
     if doc.get("compute_validation"):
@@ -509,6 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--render", type=Path, metavar="JSON", help="print (and with --md write) the Markdown of a results file")
     ap.add_argument("--validate", type=Path, nargs="+", default=[], metavar="DIR",
                     help="kept network runs (benchmarks/protocol.py --keep DIR): model / measured for their audit answers")
+    ap.add_argument("--validated", type=Path, metavar="JSON",
+                    help="keep the validation entries of this earlier results file (runs whose folders are gone) "
+                         "before those of --validate")
     a = ap.parse_args(argv)
     if a.render is not None:
         doc = json.loads(a.render.read_text())
@@ -519,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
         for st in grid():
             print(f"projecting {st.model} at {st.tokens:,} tokens, H {st.H}, K {st.K}", file=sys.stderr)
             rows.append(project(st))
-        validation = [validate(d) for d in a.validate]
+        validation = json.loads(a.validated.read_text())["validation"] if a.validated else []
+        validation += [validate(d) for d in a.validate]
         doc = {"benchmark": "projection", "command": " ".join(["benchmarks/projection.py", *(argv if argv is not None else sys.argv[1:])]),
                "python": platform.python_version(), "torch": torch.__version__, "rows": rows,
                "validation": validation, "compute_validation": compute_check(validation)}

@@ -6,7 +6,7 @@
 Runs `veriloco demo` (a py-evm devnet, a LocalStore, K trainer, 3 verifier and one coordinator
 processes; quorum 3) once per scenario: shard audits and full-state audits, at H = 64 and H = 256
 on the `small` preset, both under the same deterrence policy (s = 4 audited steps, segments of
-r = 8 steps: 32 replayed steps per challenge set). Per scenario, from the nodes' logs:
+r = 4 steps as the examples ship, `--segment`: 16 replayed steps per challenge set). Per scenario, from the nodes' logs:
 
 - `traffic_reduction_vs_allreduce`: ring AllReduce of fp32 gradients for the steps trained
   (2 (K-1)/K x 4 bytes x parameters x H) over every store byte a trainer moves: what it publishes
@@ -76,7 +76,7 @@ from veriloco.argtypes import non_negative
 from veriloco.netdemo import DemoOptions, run_demo
 from veriloco.traffic import allreduce_bytes, compare, trainer_traffic
 
-AUDIT_STEPS, AUDIT_SEGMENT = 4, 8  # the deterrence policy (docs/results-protocol.md): 4 segments of 8 steps
+AUDIT_STEPS, AUDIT_SEGMENT = 4, 4  # the deterrence policy (docs/results-protocol.md): 4 segments of 4 steps
 # Trainers keep every 16th state (a `small` state is 174 MB: every 4th, the node's default, fills ~22 GB
 # per trainer at H = 256); answering an audit replays at most 15 steps from the last kept state.
 CHECKPOINT_EVERY = 16
@@ -352,11 +352,12 @@ def main() -> int:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[8], metavar="ROWS",
                     help="rows per trainer and step, side by side (--seq-len tokens each); default 8")
     ap.add_argument("--seq-len", type=int, default=64, metavar="TOKENS",
-                    help="tokens per row, at most the preset's context; default 64 (the demo's); "
-                         "examples/small.toml ships 128")
+                    help="tokens per row, at most the preset's context; default 64 (the demo's and "
+                         "examples/small.toml's, 128 rows of them; `small`'s context is 128)")
     ap.add_argument("--group-rows", type=non_negative, default=0, metavar="ROWS",
                     help="rows per group (micro-batch): a shard challenge opens one group per step; 0 (default): the whole batch")
-    ap.add_argument("--segment", type=int, default=8, help="steps per shard challenge (audit.segment); default 8")
+    ap.add_argument("--segment", type=int, default=AUDIT_SEGMENT,
+                    help=f"steps per shard challenge (audit.segment); default {AUDIT_SEGMENT}, as the examples ship")
     ap.add_argument("--merge-steps", type=non_negative, nargs="+", default=[0], metavar="M",
                     help="start rules to run side by side: 0 is the one-step delay, M > 0 the merge rule at step M")
     ap.add_argument("--error-feedback", nargs="+", choices=["buffer", "params"], default=["params"],

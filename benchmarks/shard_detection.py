@@ -21,7 +21,8 @@ tiny real trace with each forgery planted, the real trainer answer (trainer.shar
 the real checks (verifier.shard.audit_findings) for a set of seeds: the check must fail exactly when
 the draws cover the forgery, i.e. a forgery is caught whenever it is drawn.
 
-Costs per policy (small preset, the demo's batch of 8 x 64 tokens): the shard files a trainer
+Costs per policy (small preset, 8 rows of 128 tokens as examples/small.toml ships; `--batch`,
+`--seq-len`): the shard files a trainer
 publishes per epoch (exact tensor bytes from protocol.shard_audit.challenge_spec; leaf preimages and
 proofs, a few KB, not counted) and the verifier's replay in block-steps over the trainer's H x B,
 with the measured verifier/trainer compute of benchmarks/protocol.py when its results exist.
@@ -76,7 +77,7 @@ from trainer.shard_response import shard_response
 from verifier.shard import Chained, audit_findings
 
 F = 0.10  # the fraction of steps a lazy trainer fakes
-CHOSEN = (4, 8)  # (s, r) of the demo, examples/run.toml and benchmarks/protocol.py
+CHOSEN = (4, 4)  # (s, r) of the demo, the examples and benchmarks/protocol.py
 EPOCHS = 10
 TRAINER = Address("0x" + "ab" * 20)
 
@@ -315,8 +316,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seeds", type=int, default=20_000, help="seeds sampled for s = 2; 2 x seeds / s for larger s (as many draws)")
     ap.add_argument("--real-seeds", type=int, default=24, help="seeds judged per planted forgery on the tiny trace")
-    ap.add_argument("--protocol", type=Path, default=Path("benchmarks/results/protocol.json"),
-                    help="benchmarks/protocol.py's results, for measured costs")
+    ap.add_argument("--protocol", type=Path, default=Path("benchmarks/results/protocol-small-k4.json"),
+                    help="benchmarks/protocol.py's results, for measured costs (its scenarios at --batch x --seq-len)")
+    ap.add_argument("--batch", type=int, default=8, help="rows per trainer and step the shard files are priced at")
+    ap.add_argument("--seq-len", type=int, default=128, help="tokens per row (examples/small.toml's context)")
     args = ap.parse_args()
     t0 = time.time()
     small = preset("small")
@@ -329,16 +332,16 @@ def main() -> int:
     if args.protocol.exists():
         for sc in json.loads(args.protocol.read_text()).get("scenarios", []):
             if sc.get("preset") == "small":
-                measured[(sc["audit_mode"], sc["H"])] = sc
+                measured[(sc["audit_mode"], sc["H"], sc["audit_steps"], sc["audit_segment"], sc.get("tokens_per_step"))] = sc
     policies = []
     # the chosen policy; ones that deter a clustering cheater (>= 37% per epoch, >= 99% in 10 epochs);
     # the per-epoch 99% ones: s r >= 44 against spread fakes, s >= 44 segments against clustered ones
-    for s, r in ((2, 8), (3, 8), CHOSEN, (5, 8), (6, 8), (44, 1), (44, 8)):
+    for s, r in ((2, 8), (3, 8), CHOSEN, (4, 8), (5, 8), (6, 8), (44, 1), (44, 8)):
         for h in (64, 256):
             a = analytic(h, s, r, blocks)
-            ms = measured.get(("shard", h)) if (s, r) == CHOSEN else None
+            ms = measured.get(("shard", h, s, r, args.batch * args.seq_len))
             payload = ms["payload_bytes_per_trainer_per_epoch"] if ms else None
-            files_r = shard_bytes("small", r, 8, 64)
+            files_r = shard_bytes("small", r, args.batch, args.seq_len)
             cost = policy_cost(h, s, r, blocks, q, 1.0, files_r, payload)
             pol: dict[str, Any] = {"s": s, "r": r, "H": h, "blocks": blocks, "quorum": q, "f": F,
                    "analytic": {k: {"per_epoch": round(v, 4), f"{EPOCHS}_epochs": round(over_epochs(v), 4)} for k, v in a.items()},

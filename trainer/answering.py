@@ -1,7 +1,7 @@
 """Audit answers built beside training: one worker thread replays the drawn segments while the node trains.
 
 Answering a shard audit replays each drawn segment from the last checkpoint to recover the block's
-boundary tensors (trainer/shard_response.py): about 48 steps per epoch at s = 4, r = 8 and a
+boundary tensors (trainer/shard_response.py): about 40 steps per epoch at s = 4, r = 4 and a
 checkpoint every 16 steps. Inline, that stops the next epoch's training for as long; on this
 worker thread it runs beside it, so the trainer waits only while it publishes the files and sends
 the transaction. The replay still costs its CPU (logged as ``answer_cpu_s``): on a machine with a

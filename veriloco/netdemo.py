@@ -86,11 +86,11 @@ class DemoOptions:
     # (docs/results-protocol.md)
     merge_step: int = 1
     batch_size: int = 8  # rows per trainer and step (benchmarks/protocol.py --batch-sizes: audits at larger batches)
-    seq_len: int = 64  # tokens per row, at most the preset's context (examples/small.toml ships 128 on `small`)
+    seq_len: int = 64  # tokens per row, at most the preset's context (128 on `small`; examples/small.toml trains on 64)
     # rows per group (micro-batch): a shard challenge opens one group per step, with the running gradient
     # sums around it (docs/protocol.md §5.3), so the demo runs the token-bounded unit at M = 2; 0: one group
     group_rows: int = 4
-    segment: int = 8  # steps per shard challenge (audit.segment)
+    segment: int = 4  # steps per shard challenge (audit.segment)
     # where the merge rule keeps the compression residual (compression.error_feedback, docs/protocol.md §8):
     # "params" needs no error buffer and no start file; "buffer" carries one (ignored without the merge rule)
     error_feedback: str = "params"
@@ -121,7 +121,7 @@ class DemoOptions:
                       "first_merge_step": self.first_merge_step if self.merge_step else -1},
             compression={"error_feedback": self.error_feedback if self.merge_step else "buffer",
                          **({"rank_initial": self.rank, "rank_min": self.rank, "rank_max": self.rank} if self.rank else {})},
-            # shard audits: 4 segments of 8 steps, one block each (docs/protocol.md §5.3; the policy of
+            # shard audits: 4 segments of 4 steps, one block each (docs/protocol.md §5.3; the policy of
             # docs/results-protocol.md); whole states: 3 steps. Pipelined whole-state audits are
             # tolerant; shard audits are exact at any number of stages.
             audit={"steps": 4 if self.audit == "shard" else 3, "segment": self.segment if self.audit == "shard" else 1,

@@ -108,8 +108,8 @@ def test_stall_is_the_last_epoch_s_cycle_and_answers_count_as_compute(tmp_path) 
 
 
 def test_rows_of_the_shipped_length_reach_the_run_config() -> None:
-    """``--seq-len``: the benchmark runs `small` at the 128-token rows examples/small.toml ships, the
-    demo keeps its 64, and no row outgrows the preset's context."""
+    """``--seq-len``: the benchmark runs `small` at rows of its 128-token context, the demo keeps its 64
+    (examples/small.toml's too), and no row outgrows the preset's context."""
     from veriloco.netdemo import DemoOptions
 
     assert DemoOptions(preset="small", seq_len=128, batch_size=8).config().data.seq_len == 128

@@ -416,6 +416,7 @@ def grid() -> list[Setting]:
         Setting("small", 64, 128, 256, 4, group_tokens=2048),  # 8x that batch in groups of 16 rows
         Setting("small", 128, 64, 256, 4, group_tokens=2048),  # examples/small.toml: 128 rows of 64, groups of 32
         Setting("small", 128, 64, 64, 4, group_tokens=2048),  # the same at the 8x network run's H
+        Setting("small", 128, 64, 8, 4, group_tokens=2048),  # and at its own H = 8: every epoch carries its audits
         Setting("gpt2-124m", 8, 1024, 64, 4),
     ]
     for model in ("gpt2-124m", "llama-1b", "llama-7b", "qwen-107b"):

@@ -292,13 +292,14 @@ def validate(workdir: Path) -> dict[str, Any]:
     shapes, blocks, B = param_shapes(cfg), block_names(cfg), block_count(cfg)
     act = (spec.batch_size, spec.seq_len, cfg.d_model)
     group = (spec.batch_size // spec.microbatches, spec.seq_len, cfg.d_model)
-    step_log = sum((int(b > 0) + int(b < B - 1)) * math.prod(act) * 4 for b in range(B))
+    step_log = {"boundaries": sum((int(b > 0) + int(b < B - 1)) * math.prod(act) * 4 for b in range(B)),
+                "gradients": 4 * sum(math.prod(s) for s in shapes.values())}  # per step, by the log kept
     answers, files, logs = [], [], []
     for log in sorted((workdir / "logs").glob("trainer*.jsonl")):
         for line in log.read_text().splitlines():
             ev = json.loads(line) if line.startswith("{") else {}
             if ev.get("event") == "trained" and ev.get("boundary_log_bytes"):
-                logs.append(step_log * ev["steps"] / ev["boundary_log_bytes"])
+                logs.append(step_log[ev.get("answer_log", "boundaries")] * ev["steps"] / ev["boundary_log_bytes"])
             if ev.get("event") != "responded":
                 continue
             raw = store.get(ev["manifest"])
@@ -320,7 +321,8 @@ def validate(workdir: Path) -> dict[str, Any]:
             "settings_key": [spec.seq_len, spec.batch_size // spec.microbatches, spec.segment, spec.rule.value, spec.ef_in_params],
             "compute": _work_done(workdir, spec, store), "answers": answers, "audit_bytes_modelled_over_measured": round(total_m / total_x, 4) if total_x else None,
             "files_checked": len(files), "file_ratio_min": min(files, default=None), "file_ratio_max": max(files, default=None),
-            # the boundary log's tensor bytes (the model) over what the trainer logged (its files' headers included)
+            # the answer log's tensor bytes (the model: boundaries, or the gradient log where the trainer kept
+            # that) over what the trainer logged (its files' headers included)
             "boundary_log_ratio_min": round(min(logs), 4) if logs else None, "boundary_log_ratio_max": round(max(logs), 4) if logs else None}
 
 
@@ -488,9 +490,9 @@ def render(doc: dict[str, Any]) -> str:
         lines += _table(
             ["Validation against measured network runs (`benchmarks/protocol.py --keep`): every audit answer the",
              "trainers sent, priced by the model for the segments, blocks and files its manifest names, over the bytes",
-             "the trainer logged; every file over its size in the run's store; the boundary log over what was logged."],
+             "the trainer logged; every file over its size in the run's store; the answer log (boundaries or gradients) over what was logged."],
             ["run", "tokens / step", "r", "answers", "answer bytes, model / measured", "files (model / store)",
-             "boundary log, model / measured (above 1: steps a full log left unlogged)"],
+             "answer log, model / measured (above 1: steps a full log left unlogged)"],
             [f"| `{Path(v['workdir']).parent.name}/{Path(v['workdir']).name}` | {v['tokens_per_step']:,} "
              f"| {v['settings_key'][2]} | {len(v['answers'])} "
              f"| {v['audit_bytes_modelled_over_measured']:.4f} | {v['files_checked']}: {v['file_ratio_min']:.4f} to {v['file_ratio_max']:.4f} "

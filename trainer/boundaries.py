@@ -61,6 +61,7 @@ def _grad(b: int) -> str:
 
 
 Headroom = Callable[[], "int | None"]  # bytes the machine can still give a log now (None: unknown, no check)
+LogHeadroom = tuple[Headroom | None, Headroom | None]  # (memory, disk): what a log's two budgets are also held to
 
 
 class ByteBudget:
@@ -272,5 +273,5 @@ def _bytes(tensors: Mapping[str, Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-__all__ = ["BOUNDARIES", "GRADIENTS", "BoundaryLog", "ByteBudget", "DiskHeadroom", "Headroom", "memory_headroom",
+__all__ = ["BOUNDARIES", "GRADIENTS", "BoundaryLog", "ByteBudget", "DiskHeadroom", "Headroom", "LogHeadroom", "memory_headroom",
            "quarter_of_free_disk", "quarter_of_memory"]

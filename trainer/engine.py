@@ -46,7 +46,7 @@ from dilocox.delay import (
 from dilocox.inner import EF, MOM1, MOM2, PARAM, RNG, STEP, Params, State, TrainerError, section
 from dilocox.round import RoundSpec, merged_if_due, start_state
 from protocol.leaf import GroupLeaf, LeafCommitter, PartialSums, StepLeaf, block_names
-from trainer.boundaries import GRADIENTS, BoundaryLog, ByteBudget, Headroom
+from trainer.boundaries import GRADIENTS, BoundaryLog, ByteBudget, LogHeadroom
 from trainer.checkpoints import EpochDir
 
 MERGED = "merged"  # the file of G_e an epoch folded in at its merge step (schedule.merge_step)
@@ -230,7 +230,7 @@ class LocalEngine:
 
     def __init__(self, spec: RoundSpec, every: int, *, keep_boundaries: bool = True, log_ram_bytes: int = 0,
                  log_disk_bytes: int | None = None, device: torch.device | str = "cpu",
-                 log_headroom: tuple[Headroom | None, Headroom | None] = (None, None)) -> None:
+                 log_headroom: LogHeadroom = (None, None)) -> None:
         self.spec, self.every = spec, max(1, every)
         # where the steps run; files, leaves, the log and compression stay on the CPU, so on a GPU only
         # the live state and the step's tensors live there (dilocox/device.py says which devices may)

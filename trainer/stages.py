@@ -97,7 +97,7 @@ from dilocox.round import RoundSpec, start_state
 from protocol.errors import VerilocoError
 from protocol.leaf import BlockEntry, LeafCommitter, PartialSums, StepLeaf, block_names
 from protocol.model import param_shapes
-from trainer.boundaries import GRADIENTS, BoundaryLog, ByteBudget, Headroom
+from trainer.boundaries import GRADIENTS, BoundaryLog, ByteBudget, LogHeadroom
 from trainer.checkpoints import EpochDir
 from trainer.engine import (
     MERGED,
@@ -154,7 +154,7 @@ class _Stage:
     """What one stage process holds and does: its blocks' state, steps, digests, payload part."""
 
     def __init__(self, spec: RoundSpec, every: int, s: int, stages: int, group: Any, device: torch.device,
-                 budgets: Budgets | None = None, headroom: tuple[Headroom | None, Headroom | None] = (None, None)) -> None:
+                 budgets: Budgets | None = None, headroom: LogHeadroom = (None, None)) -> None:
         self.spec, self.every, self.s, self.S = spec, max(1, every), s, stages
         self.groups = block_names(spec.model)
         ranges = stage_blocks(len(self.groups), stages)
@@ -500,7 +500,7 @@ class StagedEngine:
     def __init__(self, spec: RoundSpec, every: int, stages: int = 2, threads: int = 1, device: str = "cpu",
                  launch: bool = True, addr: str = "127.0.0.1", port: int = 0, *, keep_boundaries: bool = True,
                  log_ram_bytes: int = 0, log_disk_bytes: int | None = None,
-                 log_headroom: tuple[Headroom | None, Headroom | None] = (None, None)) -> None:
+                 log_headroom: LogHeadroom = (None, None)) -> None:
         if spec.batch_size % spec.microbatches:
             raise TrainerError(f"batch size {spec.batch_size} is not divisible by {spec.microbatches} micro-batches")
         self.spec, self.every, self.S = spec, max(1, every), stages

@@ -80,7 +80,7 @@ SHAPES: dict[str, GPTConfig] = {
     "qwen-107b": GPTConfig(n_layer=80, n_head=64, d_model=8192, seq_len=4096, vocab_size=152064, arch="llama",
                            n_kv_head=8, d_ff=49152),
 }
-SEGMENT_TOKENS = 4096  # a segment's tokens: r = 4 at 1,024 tokens a step (examples/small.toml), 1 past 4,096
+SEGMENT_TOKENS = 4096  # a segment's tokens: r = 4 at 1,024 tokens a step, 1 past 4,096 (examples/small.toml's 8,192)
 SEGMENT_MAX = 4  # audit.segment as the examples ship it
 CHECKPOINT_EVERY = 4  # trainer/node.py's default --checkpoint-every (a sharded run keeps max(it, r))
 BENCH_CHECKPOINT_EVERY = 16  # benchmarks/protocol.py's trainers (its CHECKPOINT_EVERY), for validate's kept runs

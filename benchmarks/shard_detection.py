@@ -21,7 +21,7 @@ tiny real trace with each forgery planted, the real trainer answer (trainer.shar
 the real checks (verifier.shard.audit_findings) for a set of seeds: the check must fail exactly when
 the draws cover the forgery, i.e. a forgery is caught whenever it is drawn.
 
-Costs per policy (small preset, 8 rows of 128 tokens as examples/small.toml ships; `--batch`,
+Costs per policy (small preset, 8 rows of its 128-token context, the K = 4 network run's; `--batch`,
 `--seq-len`): the shard files a trainer
 publishes per epoch (exact tensor bytes from protocol.shard_audit.challenge_spec; leaf preimages and
 proofs, a few KB, not counted) and the verifier's replay in block-steps over the trainer's H x B,
@@ -319,7 +319,7 @@ def main() -> int:
     ap.add_argument("--protocol", type=Path, default=Path("benchmarks/results/protocol-small-k4.json"),
                     help="benchmarks/protocol.py's results, for measured costs (its scenarios at --batch x --seq-len)")
     ap.add_argument("--batch", type=int, default=8, help="rows per trainer and step the shard files are priced at")
-    ap.add_argument("--seq-len", type=int, default=128, help="tokens per row (examples/small.toml's context)")
+    ap.add_argument("--seq-len", type=int, default=128, help="tokens per row (`small`'s context)")
     args = ap.parse_args()
     t0 = time.time()
     small = preset("small")

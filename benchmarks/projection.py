@@ -171,6 +171,13 @@ def flops_per_token(cfg: GPTConfig, names: Sequence[str] | None = None) -> float
     return dense + 12.0 * cfg.d_model * cfg.seq_len * attn_layers
 
 
+def log_bytes_per_step(shapes: Mapping[str, tuple[int, ...]], n_blocks: int, act: tuple[int, ...],
+                       w: int) -> dict[str, int]:
+    """What one step adds to a trainer's answer log, by kind (trainer/boundaries.py): every block's input
+    and output gradient on ``act`` (the B − 1 edges, two tensors each), or every parameter's total gradient."""
+    return {"boundaries": 2 * (n_blocks - 1) * math.prod(act) * w, "gradients": w * sum(math.prod(s) for s in shapes.values())}
+
+
 def project(st: Setting) -> dict[str, Any]:
     """Every byte and FLOP figure of one setting (docs/protocol.md §5.3's files; see the module doc)."""
     cfg = SHAPES[st.model]
@@ -185,7 +192,9 @@ def project(st: Setting) -> dict[str, Any]:
     M = st.micro
     seg = min(st.segment, st.H)
     params = st.merge and st.ef_in_params
-    challenge, buffered, final, log_step, block_p, bound_step = [], [], [], 0, [], 0
+    log_step = log_bytes_per_step(shapes, B, act, w)["boundaries"]  # one step's in/gout of every block
+    bound_step = log_bytes_per_step(shapes, B, group, w)["boundaries"]  # of one group
+    challenge, buffered, final, block_p = [], [], [], []
     for b, names in enumerate(blocks):
         spec = challenge_spec(shapes, names, b, B, 0, seg, group, merge=False, micro=M)
         plain = state_file_size(_as(spec, w))
@@ -194,8 +203,6 @@ def project(st: Setting) -> dict[str, Any]:
         buffered.append(plain + cover * (merged - plain))  # its block's start parameters ride along
         challenge.append(plain if params else buffered[-1])
         final.append(state_file_size(_as(transition_spec(shapes, names), w)))
-        log_step += (int(b > 0) + int(b < B - 1)) * math.prod(act) * w  # one step's in/gout of this block
-        bound_step += (int(b > 0) + int(b < B - 1)) * math.prod(group) * w  # of one group
         block_p.append(sum(math.prod(shapes[n]) for n in names))
     per_challenge = sum(challenge) / B
     per_final = sum(final) / B
@@ -292,8 +299,7 @@ def validate(workdir: Path) -> dict[str, Any]:
     shapes, blocks, B = param_shapes(cfg), block_names(cfg), block_count(cfg)
     act = (spec.batch_size, spec.seq_len, cfg.d_model)
     group = (spec.batch_size // spec.microbatches, spec.seq_len, cfg.d_model)
-    step_log = {"boundaries": sum((int(b > 0) + int(b < B - 1)) * math.prod(act) * 4 for b in range(B)),
-                "gradients": 4 * sum(math.prod(s) for s in shapes.values())}  # per step, by the log kept
+    step_log = log_bytes_per_step(shapes, B, act, 4)
     answers, files, logs = [], [], []
     for log in sorted((workdir / "logs").glob("trainer*.jsonl")):
         for line in log.read_text().splitlines():

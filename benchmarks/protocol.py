@@ -76,7 +76,7 @@ from veriloco.argtypes import non_negative
 from veriloco.netdemo import DemoOptions, run_demo
 from veriloco.traffic import allreduce_bytes, compare, trainer_traffic
 
-AUDIT_STEPS, AUDIT_SEGMENT = 4, 4  # the deterrence policy (docs/results-protocol.md): 4 segments of 4 steps
+AUDIT_STEPS = 4  # the deterrence policy (docs/results-protocol.md): 4 segments, of the demo's length by default
 # Trainers keep every 16th state (a `small` state is 174 MB: every 4th, the node's default, fills ~22 GB
 # per trainer at H = 256); answering an audit replays at most 15 steps from the last kept state.
 CHECKPOINT_EVERY = 16
@@ -356,8 +356,8 @@ def main() -> int:
                          "examples/small.toml's, 128 rows of them; `small`'s context is 128)")
     ap.add_argument("--group-rows", type=non_negative, default=0, metavar="ROWS",
                     help="rows per group (micro-batch): a shard challenge opens one group per step; 0 (default): the whole batch")
-    ap.add_argument("--segment", type=int, default=AUDIT_SEGMENT,
-                    help=f"steps per shard challenge (audit.segment); default {AUDIT_SEGMENT}, as the examples ship")
+    ap.add_argument("--segment", type=int, default=DemoOptions.segment,
+                    help=f"steps per shard challenge (audit.segment); default {DemoOptions.segment}, the demo's")
     ap.add_argument("--merge-steps", type=non_negative, nargs="+", default=[0], metavar="M",
                     help="start rules to run side by side: 0 is the one-step delay, M > 0 the merge rule at step M")
     ap.add_argument("--error-feedback", nargs="+", choices=["buffer", "params"], default=["params"],

@@ -933,16 +933,13 @@ def merge(paths: list[Path], keep: list[str] | None = None, dilocox: str | None 
     first = parts[0]
     main_lr = first["config"]["inner"]["lr"]
 
-    def but_lr(cfg: dict[str, Any]) -> dict[str, Any]:
-        return {**_but_merge_step(cfg), "inner": {**cfg["inner"], "lr": None}}
-
     mains: list[tuple[Path, dict[str, Any]]] = []
     others: list[tuple[Path, dict[str, Any]]] = []
     for path, part in zip(paths, parts):
         for key in ("preset", "eval_rows"):
             if part.get(key) != first.get(key):
                 raise SystemExit(f"cannot merge {path}: its {key!r} differs from {paths[0]}'s")
-        if but_lr(part["config"]) != but_lr(first["config"]):
+        if _but_lr(part["config"]) != _but_lr(first["config"]):
             raise SystemExit(f"cannot merge {path}: its 'config' differs from {paths[0]}'s in more than the inner lr; "
                              "merge only runs of one configuration")
         ours, theirs = first["per_seed"][0], part["per_seed"][0]
@@ -1022,8 +1019,14 @@ def one_clock(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _joinable(cfg: dict[str, Any]) -> dict[str, Any]:
     """What runs joined by their methods share: the config but the merge step and the initial rank,
-    which name their methods apart (``join_methods``)."""
-    return {k: v for k, v in _but_merge_step(cfg).items() if k != "rank_initial"}
+    which name their methods apart, and the inner lr, by which ``join_methods`` groups them (runs at
+    other lrs then join the sweep of the main lr's)."""
+    return {k: v for k, v in _but_lr(cfg).items() if k != "rank_initial"}
+
+
+def _but_lr(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A config without the merge step or the inner lr: what runs of one lr sweep share."""
+    return {**_but_merge_step(cfg), "inner": {**cfg["inner"], "lr": None}}
 
 
 def _but_merge_step(cfg: dict[str, Any]) -> dict[str, Any]:

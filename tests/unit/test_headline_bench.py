@@ -16,6 +16,8 @@ from benchmarks.headline import (
     CONVERGENCE,
     HEADLINES,
     HELDOUT_SEEDS,
+    SHIPPED,
+    TUNING_LRS,
     Headline,
     Piece,
     flag_values,
@@ -406,6 +408,47 @@ def test_a_plan_joins_its_pieces_onto_a_committed_file(tmp_path: Path) -> None:
     assert r["merged_from"][0] == str(base) and len(r["command"]) == 3
     base.unlink()
     assert run(h, tmp_path / "w2", out, range(1), 1, str) == 1  # no base file: said, not a traceback
+
+
+def test_a_plan_s_runs_at_other_inner_lrs_join_the_base_file_s_sweep(tmp_path: Path) -> None:
+    """The tuning plan's shape: a method per piece at another inner lr (one at another rank) joins the
+    committed file as its inner lr sweep, and each method is read at its own best lr."""
+    ci = ("--preset", "ci", "--eval-rows", "8", "--steps", "4", "--h", "2", "--rank", "8", "--merge-step", "1")
+    r16 = with_flag(ci, "--rank", "16")
+    first = Headline("first", per_run((3,), [("allreduce", ci), ("diloco", ci), ("fixed_rank_merge_b1", r16)]))
+    base = tmp_path / "first.json"
+    assert run(first, tmp_path / "w1", base, range(3), 1, str) == 0
+    lr = f"{PRESETS_BENCH['ci'].lr * 2:g}"
+    h = Headline("tune", tuple(Piece(f"s3-{m}", (3,), (m,), with_flag(f, "--inner-lr", lr))
+                               for m, f in (("allreduce", ci), ("fixed_rank_merge_b1", r16), ("diloco", ci))),
+                 keep=("allreduce", "fixed_rank_merge_b1_r16"), base=str(base))
+    out = tmp_path / "tune.json"
+    assert run(h, tmp_path / "w2", out, range(3), 1, str) == 0
+    r, b = json.loads(out.read_text()), json.loads(base.read_text())
+    seed = r["per_seed"][0]
+    assert list(seed["methods"]) == ["allreduce", "fixed_rank_merge_b1_r16"]
+    assert set(seed["sweep_inner_lr"]) == {lr} and set(seed["sweep_inner_lr"][lr]) == set(seed["methods"])
+    assert seed["methods"]["allreduce"]["final_eval_loss"] == b["per_seed"][0]["methods"]["allreduce"]["final_eval_loss"]
+    tuned = r["sweep_inner_lr"]
+    main_lr = f"{PRESETS_BENCH['ci'].lr:g}"
+    assert tuned["lrs"] == sorted([main_lr, lr], key=float) and set(tuned["best_lr"]) == set(seed["methods"])
+
+
+def test_the_tuning_plan_gives_every_method_the_same_lr_grid_on_the_selection_seeds() -> None:
+    """Issue 33's equal tuning budget: AllReduce, DiLoCo and the shipped method each at the same inner lrs
+    beside the selection file's, on its seeds, and otherwise at its settings."""
+    h, sel = HEADLINES["convergence-small-tuning"], committed("convergence-small")
+    grid: dict[str, set[tuple[int, float]]] = {}
+    for p in h.pieces:
+        f = effective(p.args("x")[1:])
+        assert {k: v for k, v in f.items() if k not in ("inner_lr", "rank_initial")} == \
+            {k: v for k, v in recorded(sel["config"]).items() if k not in ("inner_lr", "rank_initial")}
+        assert f["rank_initial"] == (128 if p.methods[0] == SHIPPED else sel["config"]["rank_initial"])
+        grid.setdefault(p.methods[0], set()).update((s, f["inner_lr"]) for s in p.seeds)
+    lrs = {float(x) for x in TUNING_LRS}
+    assert sel["config"]["inner"]["lr"] not in lrs and set(grid) == {"allreduce", "diloco", SHIPPED}
+    assert all(g == {(s, lr) for s in sel["seeds"] for lr in lrs} for g in grid.values())
+    assert h.base == "benchmarks/results/convergence-small.json" and set(h.keep) <= set(sel["per_seed"][0]["methods"])
 
 
 def test_piece_args_are_a_convergence_command() -> None:

@@ -494,7 +494,7 @@ def aggregate_seeds(
     for key in sweep_keys:
         lr, mom = parse_outer(key)[0]
         sl = {"allreduce": losses["allreduce"]}
-        sl.update({n: col(["sweep", key, n, "final_eval_loss"]) for n in local})
+        sl.update({n: col(["sweep", key, n, "final_eval_loss"]) for n in local if n in per_seed[0]["sweep"][key]})
         rows.append({"outer": {"lr": lr, "momentum": mom}, "main": False, **gap_summary(sl, dilocox)})
     out["sweep_outer"] = rows
     if per_seed[0].get("sweep_inner_lr"):
@@ -917,6 +917,9 @@ def merge(paths: list[Path], keep: list[str] | None = None, dilocox: str | None 
     same seeds are joined method by method (``join_methods``). The first file sets the main lr."""
     given = [str(x) for x in paths]
     parts = [json.loads(x.read_text()) for x in paths]
+    variants = [(p, d) for p, d in zip(paths[1:], parts[1:]) if _outer_variant(d, parts[0])]
+    paths, parts = [paths[0]] + [p for p, d in zip(paths[1:], parts[1:]) if not _outer_variant(d, parts[0])], \
+        [parts[0]] + [d for d in parts[1:] if not _outer_variant(d, parts[0])]
     for path, part in zip(paths, parts):
         for key in ("preset", "eval_rows"):
             if part.get(key) != parts[0].get(key):
@@ -967,6 +970,11 @@ def merge(paths: list[Path], keep: list[str] | None = None, dilocox: str | None 
                 raise SystemExit(f"cannot merge {path}: seed {s['seed']} already has runs at inner lr {lr}")
             sweep[lr] = {n: {"final_eval_loss": r["final_eval_loss"], "eval_curve": r["eval_curve"]}
                          for n, r in s["methods"].items()}
+    for path, part in variants:
+        _join_outer(by_seed, part, path, first, keep)
+    if len({tuple((k, *sorted(v)) for k, v in sorted(s.get("sweep", {}).items())) for s in per_seed}) > 1:
+        raise SystemExit("cannot merge: the seeds have different outer settings or methods in their sweeps; "
+                         "run every outer setting's methods on every seed")
     if len({tuple(sorted(s.get("sweep_inner_lr", {}))) for s in per_seed}) > 1:
         raise SystemExit("cannot merge: the seeds were run at different inner lrs; give every seed the same ones")
     kept = {k: v for k, v in first.items() if k in ("benchmark", "preset", "eval_rows", "config", "digest_cost",
@@ -1015,6 +1023,40 @@ def one_clock(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     rule = ("every method of every seed simulated at the median of the merged runs' measured step times" if clock
             else "per seed, at its first run's step time: the methods in `untimed` carry no timing to simulate at another")
     return {"step_seconds": clock, "measured_step_seconds": samples, "untimed": untimed, "rule": rule}
+
+
+def _outer_variant(part: dict[str, Any], first: dict[str, Any]) -> bool:
+    """Whether ``part`` is a run of local methods at another outer lr or momentum than ``first`` and
+    otherwise its configuration (the rank and merge step aside, which name methods): it joins the outer
+    sweep of the seeds it shares (``_join_outer``), as ``--sweep-outer`` in one run would have made it."""
+    a, b = part["config"], first["config"]
+
+    def rest(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        return ({**_joinable(cfg), "inner": cfg["inner"], "outer": None},
+                {k: v for k, v in cfg["outer"].items() if k not in ("lr", "momentum")})
+
+    return (rest(a) == rest(b) and a["outer"] != b["outer"] and part.get("preset") == first.get("preset")
+            and part.get("eval_rows") == first.get("eval_rows")
+            and all("allreduce" not in s["methods"] for s in part["per_seed"]))
+
+
+def _join_outer(by_seed: dict[int, dict[str, Any]], part: dict[str, Any], path: Path, first: dict[str, Any],
+                keep: list[str] | None) -> None:
+    """Add an outer variant's methods (``_outer_variant``) to the sweep of the seeds it ran on, in place."""
+    o = part["config"]["outer"]
+    key, name = f"{o['lr']}:{o['momentum']}", _method_name(part, first)
+    if part.get("sweep_inner_lr") or any(s.get("sweep") or s.get("sweep_inner_lr") for s in part["per_seed"]):
+        raise SystemExit(f"cannot merge {path}: a run at another outer setting joins the sweep; it must not sweep itself")
+    for s in part["per_seed"]:
+        if s["seed"] not in by_seed:
+            raise SystemExit(f"cannot merge {path}: seed {s['seed']} has no run at the main outer setting")
+        sweep = by_seed[s["seed"]].setdefault("sweep", {}).setdefault(key, {})
+        for n, r in ((name(n), r) for n, r in s["methods"].items()):
+            if keep is not None and n not in keep:
+                continue
+            if n in sweep:
+                raise SystemExit(f"cannot merge {path}: seed {s['seed']} already has {n} at outer {key}")
+            sweep[n] = {k: r[k] for k in ("final_eval_loss", "simulated_seconds_1gbps", "eval_curve")}
 
 
 def _joinable(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -134,8 +134,11 @@ ADAPTIVE = "dilocox_merge_b1_inparams_trimmed"
 # all at 8 rows, not at 128). Joined onto that file as its inner lr sweep, each method is then read at its
 # own best lr (AllReduce too: an untuned AllReduce would flatter the local methods). Seed by seed, so a
 # partial plan already pairs every method at every lr on the seeds it has.
+# The local methods also run at the DiLoCo paper's outer setting (lr 0.7, Nesterov momentum 0.9) beside
+# plain averaging, joined as the file's outer sweep.
 TUNING_LRS = ("2.5e-4", "1e-3")
 TUNING = ("allreduce", "diloco", SHIPPED)
+TUNING_OUTER = ("0.7", "0.9")
 # convergence-tiny.json (`make bench`): the tiny preset at outer 0.7 / 0.5, the outer sweep beside it.
 TINY = ("--preset", "tiny", "--eval-rows", "512", "--outer-lr", "0.7", "--outer-momentum", "0.5",
         "--sweep-outer", "1.0:0.0,1.0:0.3,1.2:0.0")
@@ -171,7 +174,11 @@ HEADLINES: dict[str, Headline] = {
             "convergence-small-tuning",
             tuple(Piece(f"s{s}-{m}{'-r128' if m == SHIPPED else ''}-lr{lr}", (s,), (m,),
                         with_flag(with_flag(SMALL, "--inner-lr", lr), "--rank", "128" if m == SHIPPED else "64"))
-                  for s in (0, 1, 2) for lr in TUNING_LRS[::-1] for m in TUNING),
+                  for s in (0, 1, 2) for lr in TUNING_LRS[::-1] for m in TUNING)
+            + tuple(Piece(f"s{s}-{m}{'-r128' if m == SHIPPED else ''}-outer{TUNING_OUTER[0]}m{TUNING_OUTER[1]}", (s,), (m,),
+                          (*with_flag(SMALL, "--rank", "128" if m == SHIPPED else "64"),
+                           "--outer-lr", TUNING_OUTER[0], "--outer-momentum", TUNING_OUTER[1]))
+                    for s in (0, 1, 2) for m in TUNING[1:]),
             dilocox=f"{SHIPPED}_r128", keep=("allreduce", "diloco", f"{SHIPPED}_r128"), base=SELECTION,
         ),
         # the outer sweep pairs against AllReduce within a run: one piece per seed, every method in it

@@ -18,6 +18,7 @@ from benchmarks.headline import (
     HELDOUT_SEEDS,
     SHIPPED,
     TUNING_LRS,
+    TUNING_OUTER,
     Headline,
     Piece,
     flag_values,
@@ -412,18 +413,21 @@ def test_a_plan_joins_its_pieces_onto_a_committed_file(tmp_path: Path) -> None:
 
 def test_a_plan_s_runs_at_other_inner_lrs_join_the_base_file_s_sweep(tmp_path: Path) -> None:
     """The tuning plan's shape: a method per piece at another inner lr (one at another rank) joins the
-    committed file as its inner lr sweep, and each method is read at its own best lr."""
+    committed file as its inner lr sweep, and each method is read at its own best lr; a local method at
+    another outer lr and momentum joins its outer sweep."""
     ci = ("--preset", "ci", "--eval-rows", "8", "--steps", "4", "--h", "2", "--rank", "8", "--merge-step", "1")
     r16 = with_flag(ci, "--rank", "16")
     first = Headline("first", per_run((3,), [("allreduce", ci), ("diloco", ci), ("fixed_rank_merge_b1", r16)]))
     base = tmp_path / "first.json"
     assert run(first, tmp_path / "w1", base, range(3), 1, str) == 0
     lr = f"{PRESETS_BENCH['ci'].lr * 2:g}"
+    outer = ("--outer-lr", "0.7", "--outer-momentum", "0.9")
     h = Headline("tune", tuple(Piece(f"s3-{m}", (3,), (m,), with_flag(f, "--inner-lr", lr))
-                               for m, f in (("allreduce", ci), ("fixed_rank_merge_b1", r16), ("diloco", ci))),
+                               for m, f in (("allreduce", ci), ("fixed_rank_merge_b1", r16), ("diloco", ci)))
+                 + (Piece("s3-outer", (3,), ("fixed_rank_merge_b1",), (*r16, *outer)),),
                  keep=("allreduce", "fixed_rank_merge_b1_r16"), base=str(base))
     out = tmp_path / "tune.json"
-    assert run(h, tmp_path / "w2", out, range(3), 1, str) == 0
+    assert run(h, tmp_path / "w2", out, range(len(h.pieces)), 1, str) == 0
     r, b = json.loads(out.read_text()), json.loads(base.read_text())
     seed = r["per_seed"][0]
     assert list(seed["methods"]) == ["allreduce", "fixed_rank_merge_b1_r16"]
@@ -432,22 +436,31 @@ def test_a_plan_s_runs_at_other_inner_lrs_join_the_base_file_s_sweep(tmp_path: P
     tuned = r["sweep_inner_lr"]
     main_lr = f"{PRESETS_BENCH['ci'].lr:g}"
     assert tuned["lrs"] == sorted([main_lr, lr], key=float) and set(tuned["best_lr"]) == set(seed["methods"])
+    assert list(seed["sweep"]) == ["0.7:0.9"] and list(seed["sweep"]["0.7:0.9"]) == ["fixed_rank_merge_b1_r16"]
+    assert [(row["outer"], row["main"]) for row in r["sweep_outer"]] == [
+        ({"lr": 1.0, "momentum": 0.0}, True), ({"lr": 0.7, "momentum": 0.9}, False)]
+    assert set(r["sweep_outer"][1]["paired_gap_vs_allreduce"]) == {"allreduce", "fixed_rank_merge_b1_r16"}
 
 
 def test_the_tuning_plan_gives_every_method_the_same_lr_grid_on_the_selection_seeds() -> None:
     """Issue 33's equal tuning budget: AllReduce, DiLoCo and the shipped method each at the same inner lrs
     beside the selection file's, on its seeds, and otherwise at its settings."""
     h, sel = HEADLINES["convergence-small-tuning"], committed("convergence-small")
-    grid: dict[str, set[tuple[int, float]]] = {}
+    grid: dict[str, set[tuple[int, float, tuple[float, float]]]] = {}
+    main_lr, main_outer = sel["config"]["inner"]["lr"], recorded(sel["config"])["outer"]
     for p in h.pieces:
         f = effective(p.args("x")[1:])
-        assert {k: v for k, v in f.items() if k not in ("inner_lr", "rank_initial")} == \
-            {k: v for k, v in recorded(sel["config"]).items() if k not in ("inner_lr", "rank_initial")}
+        assert {k: v for k, v in f.items() if k not in ("inner_lr", "rank_initial", "outer")} == \
+            {k: v for k, v in recorded(sel["config"]).items() if k not in ("inner_lr", "rank_initial", "outer")}
         assert f["rank_initial"] == (128 if p.methods[0] == SHIPPED else sel["config"]["rank_initial"])
-        grid.setdefault(p.methods[0], set()).update((s, f["inner_lr"]) for s in p.seeds)
+        assert (f["inner_lr"] == main_lr) != (f["outer"] == main_outer)  # one setting moved at a time
+        grid.setdefault(p.methods[0], set()).update((s, f["inner_lr"], f["outer"]) for s in p.seeds)
     lrs = {float(x) for x in TUNING_LRS}
-    assert sel["config"]["inner"]["lr"] not in lrs and set(grid) == {"allreduce", "diloco", SHIPPED}
-    assert all(g == {(s, lr) for s in sel["seeds"] for lr in lrs} for g in grid.values())
+    outer = tuple(float(x) for x in TUNING_OUTER)
+    assert main_lr not in lrs and outer != main_outer and set(grid) == {"allreduce", "diloco", SHIPPED}
+    for m, g in grid.items():
+        want = {(s, lr, main_outer) for s in sel["seeds"] for lr in lrs}
+        assert g == want | ({(s, main_lr, outer) for s in sel["seeds"]} if m != "allreduce" else set())
     assert h.base == "benchmarks/results/convergence-small.json" and set(h.keep) <= set(sel["per_seed"][0]["methods"])
 
 

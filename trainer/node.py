@@ -734,6 +734,10 @@ class TrainerNode:
                  blocks=[c.block for c in m.challenges], audit_bytes=file_bytes + len(encoded),
                  answer_s=round(built.seconds, 3), answer_cpu_s=round(built.cpu_s, 3),
                  beside_training=built.background, **self.traffic())
+        if self.engine is not None and self.engine.log_error:  # the answer's own log trouble, if training has not said it
+            self.log("warning", epoch=e, what="boundary log", error=self.engine.log_error,
+                     effect="this answer replayed whole steps where the log failed it (slower, the same bytes)")
+            self.engine.log_error = None
 
     def _close(self, d: EpochDir) -> None:
         """The epoch is over for this trainer: drop what it kept only to answer its audit."""

@@ -54,7 +54,8 @@ def challenge_file(engine: Engine, d: EpochDir, start: int, end: int, b: int, pi
 
     An engine may build it from its boundary log (trainer/boundaries.py), a cache on disk: if that
     answer is not bound to the committed leaves (a torn or altered file), whole steps are replayed
-    instead, so an honest trainer never publishes an answer its own commitments refute.
+    instead, so an honest trainer never publishes an answer its own commitments refute; the engine's
+    ``log_error`` says so, for the node to warn.
     """
     n_blocks = block_count(spec.model)
     names = block_names(spec.model)[b]
@@ -73,6 +74,8 @@ def challenge_file(engine: Engine, d: EpochDir, start: int, end: int, b: int, pi
     logged = build(True)
     if logged[2] == 2:
         return logged[:2]
+    engine.log_error = (f"epoch {d.epoch}: the answer log's segment {start}..{end} of block {b} does not match "
+                        "this trainer's commitments (an altered or torn file); replayed whole steps")
     whole = build(False)
     return (whole if whole[2] >= logged[2] else logged)[:2]
 

@@ -78,9 +78,13 @@ def test_an_altered_or_missing_log_falls_back_to_whole_steps(tmp_path: Path) -> 
     tensors = load_file(step)
     tensors["act/1"] = tensors["act/1"] + 1.0  # block 2's input at step 6
     save_file(tensors, step)
+    assert eng.log_error is None
     assert _file(eng, d, 6, 2, leaves) == honest[2]
+    assert eng.log_error is not None and "segment 6..8 of block 2" in eng.log_error  # said, for the node to warn
+    eng.log_error = None
     (d.path / "bounds" / "step-000005.safetensors").write_bytes(b"torn")  # inside block 5's replay to the segment
     assert _file(eng, d, 6, 5, leaves) == honest[5]
+    assert eng.log_error is not None and "unreadable" in eng.log_error
     (d.path / "bounds" / "step-000007.safetensors").unlink()
     assert not log.has(range(4, 8)) and _file(eng, d, 6, 5, leaves) == honest[5]
 
@@ -130,6 +134,7 @@ def test_steps_within_the_memory_budget_are_kept_the_rest_written_and_answers_ar
     assert on_disk == sum(f.stat().st_size for f in (d.path / "bounds").iterdir())
     for start, b in ((0, 4), (2, 1), (6, 3)):  # from memory, across memory and disk, from disk
         assert _file(eng, d, start, b, leaves) == _file(disk, d_disk, start, b, leaves)
+        assert eng.log_error is None  # built from the log, not by the whole-step fallback that would match too
     eng.forget_boundaries(d)
     assert eng.log_budget.used == 0 and eng.boundary_log_bytes(d) == (0, 0)
 

@@ -38,6 +38,8 @@ r = 4 steps as the examples ship, `--segment`: 16 replayed steps per challenge s
   compute, counted here. `audit_answer_seconds_per_trainer_per_epoch` is its wall time, and
   `boundary_log_bytes_per_trainer_per_epoch` what the log holds until the answer is sent
   (`boundary_log_ram_bytes_per_trainer_per_epoch` of it in memory, the rest on disk).
+  `checkpoint_write_fraction` is the CPU of writing the checkpoints that answers replay from (the
+  `trained` events' `checkpoint_s`), reported apart: a restart needs them too.
 - `commitment_fraction_of_training`: CPU seconds of leaf commitments over CPU seconds of steps.
 - `audit_bytes_per_payload_byte`: bytes a trainer publishes to answer audits over its payload bytes.
 - `state_bytes_largest_process_fraction`: the training state (parameters, moments, error buffer)
@@ -149,7 +151,7 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
     logs = {p.stem: _events(p) for p in (opts.workdir / "logs").glob("*.jsonl")}
     trainer_logs = [evs for name, evs in logs.items() if name.startswith("trainer")]
     stalls, stalls_first, stalls_whole, traffic = [], [], [], []
-    compute = digest = audit = payload = answer_wall = answer_cpu = log_cpu = log_bytes = log_ram = 0.0
+    compute = digest = audit = payload = answer_wall = answer_cpu = log_cpu = ckpt_cpu = log_bytes = log_ram = 0.0
     per_epoch_compute: dict[int, list[float]] = {}
     kinds: set[Any] = set()
     for evs in trainer_logs:
@@ -168,6 +170,7 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
             compute += ev["compute_s"]
             digest += ev["digest_s"]
             log_cpu += ev.get("log_s", 0.0)
+            ckpt_cpu += ev.get("checkpoint_s", 0.0)
             log_bytes += ev.get("boundary_log_bytes", 0)
             log_ram += ev.get("boundary_log_ram_bytes", 0)
             kinds.add(ev.get("answer_log"))
@@ -246,6 +249,8 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict
         "audit_answer_compute_fraction": round((answer_cpu + log_cpu) / compute, 4),
         "audit_answer_build_fraction": round(answer_cpu / compute, 4),
         "boundary_log_fraction": round(log_cpu / compute, 4),
+        # writing the checkpoints answers replay from (every max(4, r) steps); runs before this field have none
+        "checkpoint_write_fraction": round(ckpt_cpu / compute, 4),
         "boundary_log_bytes_per_trainer_per_epoch": round(log_bytes / n / epochs),
         "boundary_log_ram_bytes_per_trainer_per_epoch": round(log_ram / n / epochs),
         "audit_answers_beside_training": all(ev.get("beside_training", False) for evs in trainer_logs for ev in evs

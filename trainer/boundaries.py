@@ -41,8 +41,9 @@ from safetensors import safe_open
 from torch import Tensor
 
 from dilocox.blockstep import BlockIO
-from protocol.formats.codec import write_state
+from protocol.formats.codec import iter_state
 from protocol.leaf import GroupLeaf
+from trainer.direct_io import write_file
 
 SQ = "sq"  # every block's squared gradient norm, fp32, in block order
 TOTAL = "total/"  # a parameter's total gradient in the step (what AdamW used), fp32: the gradient log
@@ -204,7 +205,7 @@ class BoundaryLog:
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".step-")
         os.close(fd)
         try:
-            write_state(tensors, tmp)  # the canonical state file: safetensors, read back by safe_open
+            write_file(iter_state(tensors), tmp)  # the canonical state file (safetensors, read back by safe_open), past the page cache
             os.replace(tmp, self._file(k))
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -21,7 +21,8 @@ from typing import Any
 from safetensors import safe_open
 
 from dilocox.inner import State
-from protocol.formats.codec import load_state_file, write_state
+from protocol.formats.codec import iter_state, load_state_file
+from trainer.direct_io import write_file
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -55,10 +56,15 @@ class EpochDir:
         return meta
 
     def save(self, name: str, state: State) -> None:
+        """Write ``name`` atomically, past the page cache (read back rarely: trainer/direct_io.py)."""
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f".{name}.")
         os.close(fd)
-        write_state(state, tmp)
-        os.replace(tmp, self.path / f"{name}.safetensors")
+        try:
+            write_file(iter_state(state), tmp)
+            os.replace(tmp, self.path / f"{name}.safetensors")
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     def load(self, name: str) -> State:
         return load_state_file(self.path / f"{name}.safetensors", allow_nonfinite=True)

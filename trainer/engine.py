@@ -245,7 +245,7 @@ class LocalEngine:
         self.state: State | None = None
         self.committer: LeafCommitter | None = None
         self.steps = 0
-        self._timings = {"compute_s": 0.0, "commit_s": 0.0, "log_s": 0.0}
+        self._timings = {"compute_s": 0.0, "commit_s": 0.0, "log_s": 0.0, "checkpoint_s": 0.0}
 
     @property
     def timings(self) -> dict[str, float]:
@@ -302,7 +302,9 @@ class LocalEngine:
         self._timings["commit_s"] += t_leaf - t_step + sums.seconds
         self._timings["log_s"] += own_cpu() - t_leaf
         if (k + 1) % self.every == 0 or k + 1 == self.steps:
-            d.save_step(k + 1, self.state)
+            t_save = own_cpu()
+            d.save_step(k + 1, self.state)  # what answers (and a restart) replay from
+            self._timings["checkpoint_s"] += own_cpu() - t_save
         return loss, leaf
 
     def _merged(self, d: EpochDir, state: State, k: int) -> State:

@@ -509,6 +509,7 @@ class TrainerNode:
         self.log("trained", epoch=e, steps=steps, rank=rank, loss=round(sum(losses[-4:]) / max(1, len(losses[-4:])), 4),
                  seconds=round(time.monotonic() - t0, 2), compute_s=spent.get("compute_s", 0.0),
                  digest_s=spent.get("commit_s", 0.0), log_s=spent.get("log_s", 0.0),
+                 checkpoint_s=spent.get("checkpoint_s", 0.0),
                  boundary_log_bytes=sum(log_bytes), boundary_log_ram_bytes=log_bytes[0], boundary_log_unlogged_steps=unlogged,
                  answer_log=eng.log_kind(d),
                  step_wall_s=round(step_wall_s, 3),

@@ -110,7 +110,7 @@ def test_a_log_write_that_fails_costs_the_log_not_the_step(tmp_path: Path, monke
 
     for k in range(4):
         if k == 2:
-            monkeypatch.setattr("trainer.boundaries.write_state", full)
+            monkeypatch.setattr("trainer.boundaries.write_file", full)
         leaves[k + 1] = eng.step(d, k, _batch(k))[1]
         assert leaves[k + 1] == ref.step(d_ref, k, _batch(k))[1]
     assert eng.log_error is not None and "No space left" in eng.log_error

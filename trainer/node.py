@@ -741,11 +741,13 @@ class TrainerNode:
             self.engine.log_error = None
 
     def _close(self, d: EpochDir) -> None:
-        """The epoch is over for this trainer: drop what it kept only to answer its audit."""
+        """The epoch is over for this trainer: drop what it kept only to answer its audit (the log and
+        the checkpoints between its first and last state)."""
         d.update(status=CLOSED)
         self.answers.forget(d.epoch)
         if self.engine is not None:
             self.engine.forget_boundaries(d)
+        d.drop_between()
 
     def _prune(self, e: int) -> None:
         """Keep the last two epochs (the next start-rule check needs e-1); drop older checkpoints."""

@@ -12,8 +12,7 @@ import pytest
 import torch
 
 import trainer.direct_io as dio
-from protocol.formats.codec import iter_state, load_state_file, save_state
-from trainer.checkpoints import EpochDir
+from protocol.formats.codec import iter_state, save_state
 
 pytestmark = pytest.mark.unit
 
@@ -43,20 +42,3 @@ def test_a_file_system_that_refuses_o_direct_gets_the_same_bytes_buffered(tmp_pa
     state = {"w": torch.randn(1000)}
     assert dio.write_file(iter_state(state), tmp_path / "s") == (len(save_state(state)), False)
     assert (tmp_path / "s").read_bytes() == save_state(state)
-
-
-def test_a_checkpoint_written_past_the_cache_reads_back_whole_and_a_failed_one_leaves_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    d = EpochDir(tmp_path, 0)
-    state = {"param/w": torch.randn(4, dio.ALIGN + 3), "step": torch.tensor([7])}
-    d.save_step(4, state)
-    back = load_state_file(d.path / "state-000004.safetensors")
-    assert all(torch.equal(back[k], v) for k, v in state.items())
-
-    def full(*_: object, **__: object) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr("trainer.checkpoints.write_file", full)
-    with pytest.raises(OSError, match="No space"):
-        d.save_step(8, state)
-    assert sorted(p.name for p in d.path.iterdir()) == ["state-000004.safetensors"]  # no torn temporary left

@@ -1,0 +1,47 @@
+"""trainer/checkpoints.py: a checkpoint written past the page cache reads back whole, a failed write
+leaves no temporary behind, and a closed epoch keeps only the states the next one checks."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+import torch
+
+import trainer.direct_io as dio
+from protocol.formats.codec import load_state_file
+from trainer.checkpoints import EpochDir
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_checkpoint_written_past_the_cache_reads_back_whole_and_a_failed_one_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = EpochDir(tmp_path, 0)
+    state = {"param/w": torch.randn(4, dio.ALIGN + 3), "step": torch.tensor([7])}
+    d.save_step(4, state)
+    back = load_state_file(d.path / "state-000004.safetensors")
+    assert all(torch.equal(back[k], v) for k, v in state.items())
+
+    def full(*_: object, **__: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("trainer.checkpoints.write_file", full)
+    with pytest.raises(OSError, match="No space"):
+        d.save_step(8, state)
+    assert sorted(p.name for p in d.path.iterdir()) == ["state-000004.safetensors"]  # no torn temporary left
+
+
+def test_a_closed_epoch_keeps_its_first_and_last_checkpoint_only(tmp_path: Path) -> None:
+    d = EpochDir(tmp_path, 3)
+    state = {"param/w": torch.randn(8)}
+    for k in (0, 4, 8, 12, 16):
+        d.save_step(k, state)
+    d.save("state-000008.stage1", state)  # a staged run's part
+    d.save("carried", state)
+    one = (d.path / "state-000004.safetensors").stat().st_size
+    assert d.drop_between() == 4 * one and d.checkpoints() == [0, 16]
+    assert sorted(p.name for p in d.path.iterdir()) == ["carried.safetensors", "state-000000.safetensors",
+                                                        "state-000016.safetensors"]
+    assert d.drop_between() == 0 and EpochDir(tmp_path, 4).drop_between() == 0

@@ -18,12 +18,9 @@ CPU seconds of this thread throughout (the engine's own clocks, ``trainer.engine
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +28,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.report import write_settings
 from dilocox.compress import CompressionConfig
 from dilocox.delay import StartRule
 from dilocox.inner import InnerConfig, configure_determinism
@@ -139,17 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(measure(name, r, s, m, seg, gib, every, a.steps, a.H, a.challenges, a.draws))
         print(markdown(rows[-1:]).splitlines()[-1], flush=True)
     load.append(os.getloadavg()[0])
-    out = {"benchmark": "answers",
-           "command": " ".join([".venv/bin/python -m benchmarks.answers", *(sys.argv[1:] if argv is None else argv)]),
-           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": 1,
-                       "load_average_1m": {"start": load[0], "end": load[1]}},
-           "versions": {"python": platform.python_version(), "torch": torch.__version__},
-           "settings": rows, "wall_seconds": round(time.perf_counter() - t0, 1)}
-    print(markdown(rows))
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(out, indent=1) + "\n")
-    return 0
+    return write_settings("answers", argv, {"threads": 1, "load_average_1m": {"start": load[0], "end": load[1]}},
+                          rows, t0, markdown(rows), a.out)
 
 
 if __name__ == "__main__":

@@ -21,18 +21,14 @@ of answering an audit by replaying one block instead of whole steps.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from benchmarks.report import write_settings
 from dilocox.compress import CompressionConfig
 from dilocox.delay import StartRule
 from dilocox.inner import InnerConfig, configure_determinism
@@ -128,17 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = [median_run([measure(n, r, s, g, m) for _ in range(a.repeats)])
             for n, r, s, m, g in chosen if not wanted or n in wanted]
     load.append(os.getloadavg()[0])
-    out = {"benchmark": "commitments", "command": " ".join(["nice -n 19 .venv/bin/python -m benchmarks.commitments", *(sys.argv[1:] if argv is None else argv)]),
-           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": 1,
-                       "load_average_1m": {"start": load[0], "end": load[1]}},
-           "versions": {"python": platform.python_version(), "torch": torch.__version__},
-           "settings": rows, "wall_seconds": round(time.perf_counter() - t0, 1)}
-    text = markdown(rows)
-    print(text)
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(out, indent=1) + "\n")
-    return 0
+    return write_settings("commitments", argv, {"threads": 1, "load_average_1m": {"start": load[0], "end": load[1]}},
+                          rows, t0, markdown(rows), a.out, runner="nice -n 19 .venv/bin/python")
 
 
 if __name__ == "__main__":

@@ -17,11 +17,8 @@ so the machine's load and available memory are recorded beside the numbers.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +26,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.report import write_settings
 from dilocox.compress import CompressionConfig
 from dilocox.delay import StartRule
 from dilocox.inner import InnerConfig, configure_determinism
@@ -143,17 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             for file, tensors in step_files(name, r, s).items():
                 rows.append({"preset": name, "rows": r, "seq_len": s, "file": file, **measure(tensors, Path(tmp), a.repeats, a.gap, int(a.stream_gb * 1e9))})
                 print(markdown(rows[-1:]).splitlines()[-1], flush=True)
-    out = {"benchmark": "diskwrite",
-           "command": " ".join([".venv/bin/python -m benchmarks.diskwrite", *(sys.argv[1:] if argv is None else argv)]),
-           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "before": before,
-                       "after": {"load_average_1m": os.getloadavg()[0], "available_bytes": available_bytes()}},
-           "versions": {"python": platform.python_version(), "torch": torch.__version__},
-           "settings": rows, "wall_seconds": round(time.perf_counter() - t0, 1)}
-    print(markdown(rows))
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(out, indent=1) + "\n")
-    return 0
+    after = {"load_average_1m": os.getloadavg()[0], "available_bytes": available_bytes()}
+    return write_settings("diskwrite", argv, {"before": before, "after": after}, rows, t0, markdown(rows), a.out)
 
 
 if __name__ == "__main__":

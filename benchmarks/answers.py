@@ -5,7 +5,8 @@ The network benchmark (`benchmarks/protocol.py`) measures the same work with fou
 verifiers and a chain sharing two cores and one disk, where the logs of all four compete for the
 page cache and the disk's free space. This runs one ``LocalEngine`` alone, at the settings that ship:
 the merge rule at step 1 with error feedback in the parameters, segments of ``r`` steps, checkpoints
-every ``max(4, r)`` steps (and a row at 16), the log on disk (budgets as the network run's). It trains ``--steps`` steps,
+every ``max(4, r)`` steps (and a row at 16), the log on disk within 4 GiB (what the 8x network run gave
+its trainers: at 8,192 tokens they keep total gradients, not 21 GB of boundaries an epoch). It trains ``--steps`` steps,
 then builds the shard answer of ``--challenges`` drawn transitions plus the final check, as the node
 does (`trainer.shard_response.shard_response`), for several draws. Per step, the log and checkpoint
 writes are measured; the answer, paid once an epoch, is divided by H steps of the measured step:

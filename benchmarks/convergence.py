@@ -917,9 +917,9 @@ def merge(paths: list[Path], keep: list[str] | None = None, dilocox: str | None 
     same seeds are joined method by method (``join_methods``). The first file sets the main lr."""
     given = [str(x) for x in paths]
     parts = [json.loads(x.read_text()) for x in paths]
-    variants = [(p, d) for p, d in zip(paths[1:], parts[1:]) if _outer_variant(d, parts[0])]
-    paths, parts = [paths[0]] + [p for p, d in zip(paths[1:], parts[1:]) if not _outer_variant(d, parts[0])], \
-        [parts[0]] + [d for d in parts[1:] if not _outer_variant(d, parts[0])]
+    variant = [i > 0 and _outer_variant(d, parts[0]) for i, d in enumerate(parts)]
+    variants = [(p, d) for p, d, v in zip(paths, parts, variant) if v]
+    paths, parts = [p for p, v in zip(paths, variant) if not v], [d for d, v in zip(parts, variant) if not v]
     for path, part in zip(paths, parts):
         for key in ("preset", "eval_rows"):
             if part.get(key) != parts[0].get(key):
@@ -991,15 +991,16 @@ def merge(paths: list[Path], keep: list[str] | None = None, dilocox: str | None 
         kept["config"] = {**kept["config"], "merge_step": step[0]}
     if selection is not None:
         kept["selection"] = selection_of(selection, kept.get("dilocox_choice"))
+    ran = parts + [d for _, d in variants]
     return summarize({
         **kept,
-        "command": [c for part in parts for c in _as_list(part["command"])],
+        "command": [c for part in ran for c in _as_list(part["command"])],
         "merged_from": given,
-        "machine": [m for part in parts for m in _as_list(part["machine"])],
+        "machine": [m for part in ran for m in _as_list(part["machine"])],
         "seeds": seeds,
         "per_seed": per_seed,
         "clock": one_clock(per_seed),
-        "wall_seconds": sum(part["wall_seconds"] for part in parts),
+        "wall_seconds": sum(part["wall_seconds"] for part in ran),
     })
 
 

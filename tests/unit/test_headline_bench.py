@@ -440,6 +440,7 @@ def test_a_plan_s_runs_at_other_inner_lrs_join_the_base_file_s_sweep(tmp_path: P
     assert [(row["outer"], row["main"]) for row in r["sweep_outer"]] == [
         ({"lr": 1.0, "momentum": 0.0}, True), ({"lr": 0.7, "momentum": 0.9}, False)]
     assert set(r["sweep_outer"][1]["paired_gap_vs_allreduce"]) == {"allreduce", "fixed_rank_merge_b1_r16"}
+    assert len(r["command"]) == len(r["machine"]) == 7 and "--outer-lr 0.7" in r["command"][-1]  # every run said
 
 
 def test_the_tuning_plan_gives_every_method_the_same_lr_grid_on_the_selection_seeds() -> None:

@@ -34,6 +34,11 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _step_of(checkpoint: Path) -> int:
+    """k of ``state-<k>.safetensors`` or of a stage's part ``state-<k>.stage<s>.safetensors``."""
+    return int(checkpoint.stem.split("-")[1].split(".")[0])
+
+
 class EpochDir:
     """workdir/epoch-<e>/: meta.json, state-<k>.safetensors checkpoints, carried.safetensors, payload.bin."""
 
@@ -79,7 +84,7 @@ class EpochDir:
 
     def checkpoints(self) -> list[int]:
         """Steps with a checkpoint: ``state-<k>`` or, in a staged run, its parts ``state-<k>.stage<s>``."""
-        return sorted({int(p.stem.split("-")[1].split(".")[0]) for p in self.path.glob("state-*.safetensors")})
+        return sorted({_step_of(p) for p in self.path.glob("state-*.safetensors")})
 
     def drop_between(self) -> int:
         """Remove the checkpoints strictly between the epoch's first and last: once its audit is over
@@ -91,7 +96,7 @@ class EpochDir:
             return 0
         freed = 0
         for p in self.path.glob("state-*.safetensors"):
-            if ks[0] < int(p.stem.split("-")[1].split(".")[0]) < ks[-1]:
+            if ks[0] < _step_of(p) < ks[-1]:
                 freed += p.stat().st_size
                 p.unlink()
         return freed

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.diskwrite import markdown, measure
+from benchmarks.diskwrite import markdown, measure, step_files
 
 pytestmark = pytest.mark.unit
 
@@ -21,3 +21,9 @@ def test_a_stream_is_written_both_ways_and_removed(tmp_path: Path) -> None:
     assert r["cpu_ratio_buffered_over_direct"] == round(r["buffered_cpu_s"] / max(r["direct_cpu_s"], 1e-9), 2)
     row = markdown([{"preset": "small", "rows": 8, "seq_len": 128, "file": "log step", **r}]).splitlines()[-1]
     assert row.startswith("| small 8 x 128 | log step |") and f"{r['bytes'] / 1e6:.1f}" in row
+
+
+def test_the_files_written_are_the_trainers_own_step_and_state() -> None:
+    files = step_files("tiny", 2, 16)
+    assert sorted(files) == ["checkpoint", "log step (boundaries)"]
+    assert any(k.startswith("act/") for k in files["log step (boundaries)"]) and "meta/step" in files["checkpoint"]

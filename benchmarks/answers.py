@@ -5,7 +5,8 @@ The network benchmark (`benchmarks/protocol.py`) measures the same work with fou
 verifiers and a chain sharing two cores and one disk, where the logs of all four compete for the
 page cache and the disk's free space. This runs one ``LocalEngine`` alone, at the settings that ship:
 the merge rule at step 1 with error feedback in the parameters, segments of ``r`` steps, checkpoints
-every ``max(4, r)`` steps (and a row at 16), the log on disk within 4 GiB (what the 8x network run gave
+every 16 steps where the log holds the steps and every ``max(4, r)`` where it does not
+(`trainer.checkpoints.CheckpointRule`; beside it, every 4 throughout, as trainers kept them before), the log on disk within 4 GiB (what the 8x network run gave
 its trainers: at 8,192 tokens they keep total gradients, not 21 GB of boundaries an epoch). It trains ``--steps`` steps,
 then builds the shard answer of ``--challenges`` drawn transitions plus the final check, as the node
 does (`trainer.shard_response.shard_response`), for several draws. Per step, the log and checkpoint
@@ -43,17 +44,18 @@ from trainer.engine import LocalEngine
 from trainer.shard_response import shard_response
 
 TRAINER = Address("0x70997970C51812dc3A010C7d01b50e0d17dc79C8")
-# (preset, rows, tokens per row, groups M, segment r, log disk budget in GiB, checkpoint every): the two
-# batches of the network benchmark (benchmarks/results/protocol-small-k4.json), 8 x 128 as
-# examples/run.toml's policy ships it (and with checkpoints every 16 steps instead of 4: fewer state
-# writes, more block-steps replayed to a segment), and examples/small.toml's 128 x 64 in groups of 32
-# rows with the 4 GiB log budget that run gave its trainers (so they keep total gradients, not 21 GB of
-# boundaries an epoch).
-SETTINGS = [("small", 8, 128, 1, 4, 4.0, 4), ("small", 8, 128, 1, 4, 4.0, 16), ("small", 128, 64, 4, 1, 4.0, 4)]
+# (preset, rows, tokens per row, groups M, segment r, log disk budget in GiB, checkpoint every, and while
+# logged): the two batches of the network benchmark (benchmarks/results/protocol-small-k4.json), 8 x 128
+# as examples/run.toml's policy ships it, and examples/small.toml's 128 x 64 in groups of 32 rows with the
+# 4 GiB log budget that run gave its trainers (so they keep total gradients, not 21 GB of boundaries an
+# epoch); each with the shipped checkpoints (every 16 steps while logged: fewer state writes, more
+# block-steps replayed to a segment) and with every 4 throughout.
+SETTINGS = [("small", 8, 128, 1, 4, 4.0, 4, 16), ("small", 8, 128, 1, 4, 4.0, 4, 4),
+            ("small", 128, 64, 4, 1, 4.0, 4, 16), ("small", 128, 64, 4, 1, 4.0, 4, 4)]
 
 
-def measure(name: str, rows: int, seq: int, micro: int, segment: int, disk_gib: float, every: int, steps: int,
-            H: int, challenges: int, draws: int) -> dict[str, Any]:
+def measure(name: str, rows: int, seq: int, micro: int, segment: int, disk_gib: float, every: int, logged: int,
+            steps: int, H: int, challenges: int, draws: int) -> dict[str, Any]:
     cfg = preset(name)
     spec = RoundSpec(cfg, InnerConfig(lr=5e-4, warmup_steps=8, total_steps=H), CompressionConfig(error_feedback=False),
                      StartRule.MERGE, run_seed=1, batch_size=rows, seq_len=seq, microbatches=micro, shard=True,
@@ -63,7 +65,7 @@ def measure(name: str, rows: int, seq: int, micro: int, segment: int, disk_gib: 
     def batch_of(k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return batch(corpus, 1, 0, 0, k, rows, seq)
 
-    eng = LocalEngine(spec, every=max(every, segment), log_disk_bytes=int(disk_gib * 2**30))
+    eng = LocalEngine(spec, every=max(every, segment), every_logged=logged, log_disk_bytes=int(disk_gib * 2**30))
     with tempfile.TemporaryDirectory(dir=".", prefix=".answers-") as tmp:
         d = EpochDir(Path(tmp), 0)
         g = init_params(cfg, 0)
@@ -73,7 +75,7 @@ def measure(name: str, rows: int, seq: int, micro: int, segment: int, disk_gib: 
                 eng.merge(d, g, {n: torch.zeros_like(t) for n, t in g.items()})
             leaves.append(eng.step(d, k, batch_of(k))[1].encode())
         t = dict(eng.timings)
-        kind = eng.log_kind(d)
+        kind, kept = eng.log_kind(d), d.checkpoints()
         rng = random.Random(0)
         cpu, files = [], 0
         for _ in range(draws):
@@ -92,7 +94,7 @@ def measure(name: str, rows: int, seq: int, micro: int, segment: int, disk_gib: 
     answer = statistics.median(cpu)
     return {
         "preset": name, "rows": rows, "seq_len": seq, "tokens_per_step": rows * seq, "groups": micro, "segment": segment,
-        "checkpoint_every": max(every, segment), "log_kind": kind, "steps_trained": steps, "H": H, "challenges": challenges,
+        "checkpoint_every": eng.rule.every, "checkpoint_every_logged": eng.rule.logged, "checkpoints": kept, "log_kind": kind, "steps_trained": steps, "H": H, "challenges": challenges,
         "compute_s_per_step": round(step, 4),
         "log_s_per_step": round(t["log_s"] / steps, 4), "checkpoint_s_per_step": round(t["checkpoint_s"] / steps, 4),
         "answer_cpu_s_per_epoch": round(answer, 3), "answer_cpu_s_runs": [round(x, 3) for x in cpu],
@@ -109,7 +111,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
              "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['preset']} {r['rows']} x {r['seq_len']} (M = {r['groups']}, r = {r['segment']}, checkpoints every "
-                     f"{r['checkpoint_every']}) | {r['log_kind']} | "
+                     f"{r['checkpoint_every_logged']} logged, {r['checkpoint_every']} not) | {r['log_kind']} | "
                      f"{r['compute_s_per_step']:.3f} | {r['answer_build_fraction']:.4f} at {r['H']} ({r['answer_cpu_s_per_epoch']:.2f}) | "
                      f"{r['answer_log_fraction']:.4f} | **{r['answer_compute_fraction']:.4f}** | {r['checkpoint_write_fraction']:.4f} |")
     return "\n".join(lines)
@@ -125,17 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     if min(a.H, a.challenges, a.draws) < 1 or a.steps < 2 * max(x[-1] for x in SETTINGS):
-        ap.error(f"--steps needs at least {2 * max(x[-1] for x in SETTINGS)} (two checkpoint intervals), and --H, "
+        ap.error(f"--steps needs at least {2 * max(x[-1] for x in SETTINGS)} (two logged checkpoint intervals), and --H, "
                  "--challenges and --draws at least 1")
     configure_determinism(1)
     wanted = {x for x in a.only.split(",") if x}
     load = [os.getloadavg()[0]]
     t0 = time.perf_counter()
     rows = []
-    for name, r, s, m, seg, gib, every in SETTINGS:
+    for name, r, s, m, seg, gib, every, logged in SETTINGS:
         if wanted and f"{r}x{s}" not in wanted:
             continue
-        rows.append(measure(name, r, s, m, seg, gib, every, a.steps, a.H, a.challenges, a.draws))
+        rows.append(measure(name, r, s, m, seg, gib, every, logged, a.steps, a.H, a.challenges, a.draws))
         print(markdown(rows[-1:]).splitlines()[-1], flush=True)
     load.append(os.getloadavg()[0])
     return write_settings("answers", argv, {"threads": 1, "load_average_1m": {"start": load[0], "end": load[1]}},

@@ -29,10 +29,11 @@ as often as `final_check_bps` says):
 - received: the other K − 1 payloads (a trainer rebuilds G_e from the payloads);
 - each byte once: AllReduce (a ring over fp32 gradients, `2 (K − 1) / K · 4 P` per step, H steps)
   over sent + received; per verifier fetch: the audit answer counted once per judging verifier (q);
-- what a trainer keeps to answer: its checkpoints (every `c = max(4, r)` steps, each the whole state
-  with its error buffer) and, unless it runs without one, the boundary log (every step's boundaries);
-  answering a challenge starts at the checkpoint at or before it, `(c − r) / 2` steps before on
-  average, and runs `r` more: block b alone on the log, or whole steps without it.
+- what a trainer keeps to answer: its checkpoints (each the whole state with its error buffer: every
+  `c = max(16, r)` steps while it keeps the boundary log, every step's boundaries, and every
+  `max(4, r)` without one, trainer/checkpoints.py `CheckpointRule`); answering a challenge starts at
+  the checkpoint at or before it, `(c − r) / 2` steps before on average, and runs `r` more: block b
+  alone on the log, or whole steps without it.
 
 `--validate JSON` compares the model with a measured network run (`benchmarks/protocol.py` results:
 each scenario's preset, H, K, batch and policy) and reports model / measured for every byte figure.
@@ -67,6 +68,7 @@ from protocol.shard_audit import (
     transition_spec,
 )
 from protocol.types import Address, Cid
+from trainer.checkpoints import CheckpointRule
 from veriloco.simulate import ring_allreduce_bytes
 
 # Models beyond the presets, as shapes only (meta tensors: nothing is allocated). The 7B is Llama-2's
@@ -82,8 +84,10 @@ SHAPES: dict[str, GPTConfig] = {
 }
 SEGMENT_TOKENS = 4096  # a segment's tokens: r = 4 at 1,024 tokens a step, 1 past 4,096 (examples/small.toml's 8,192)
 SEGMENT_MAX = 4  # audit.segment as the examples ship it
-CHECKPOINT_EVERY = 4  # trainer/node.py's default --checkpoint-every (a sharded run keeps max(it, r))
-BENCH_CHECKPOINT_EVERY = 16  # benchmarks/protocol.py's trainers (its CHECKPOINT_EVERY), for validate's kept runs
+# trainer/node.py's defaults: --checkpoint-every where the answer log misses a step, --checkpoint-every-logged
+# while it holds them (a sharded run keeps max(each, r), the logged one a multiple of the other); the kept
+# runs that validate reads checkpointed every 16 steps too, as their trainers kept every step's log
+CHECKPOINT_EVERY, CHECKPOINT_EVERY_LOGGED = 4, 16
 WRAP_BYTES = 74  # protocol.formats.payload.wrap: magic, version, run id, epoch, address, length
 CID = Cid("QmPpqKocqm3WSUSVrTS4wCUXJW1eFQKgbszWH5HvLdLKBf")  # any CIDv0 (what `ipfs add` names)
 
@@ -219,9 +223,15 @@ def project(st: Setting) -> dict[str, Any]:
     with_buffer = answer - start + buffer_start + st.s * (sum(buffered) - sum(challenge)) / B
     allreduce = ring_allreduce_bytes(w * P, st.K) * st.H
     state = 3 * w * P  # parameters and the two AdamW moments
-    c = max(CHECKPOINT_EVERY, seg)
-    checkpoints = (st.H // c + 1 + int(st.H % c > 0)) * 4 * w * P  # d_0, every c-th, d_H: params, moments, ef
-    answer_steps = st.s * ((c - seg) / 2 + seg)  # per epoch, from the checkpoint at or before each challenge
+    rule = CheckpointRule.of(max(CHECKPOINT_EVERY, seg), CHECKPOINT_EVERY_LOGGED)
+
+    def checkpoints_at(c: int) -> int:
+        return (st.H // c + 1 + int(st.H % c > 0)) * 4 * w * P  # d_0, every c-th, d_H: params, moments, ef
+
+    def answer_steps_at(c: int) -> float:
+        return st.s * ((c - seg) / 2 + seg)  # per epoch, from the checkpoint at or before each challenge
+
+    checkpoints, unlogged_checkpoints = checkpoints_at(rule.logged), checkpoints_at(rule.every)
     # the gradient log: every step's total gradients (w bytes a parameter); an answer advances the state
     # by AdamW alone (no forward pass, left out here) and runs groups 0..m of each of its r steps
     grad_log = w * P * st.H
@@ -263,12 +273,13 @@ def project(st: Setting) -> dict[str, Any]:
                                                         if st.K > 1 else None),
         "boundary_log_bytes_per_epoch": log_step * st.H,
         "training_state_bytes": state,
-        "checkpoint_every": c,
+        "checkpoint_every": rule.logged,
+        "checkpoint_every_without_log": rule.every,
         "checkpoint_bytes_per_epoch": checkpoints,
         "answer_memory_fraction_of_state": round((log_step * st.H + checkpoints) / state, 3),
-        "answer_memory_without_log_fraction_of_state": round(checkpoints / state, 3),
-        "answer_flops_fraction": round(answer_steps * block_share / st.H, 5),
-        "answer_flops_without_log_fraction": round(answer_steps / st.H, 5),
+        "answer_memory_without_log_fraction_of_state": round(unlogged_checkpoints / state, 3),
+        "answer_flops_fraction": round(answer_steps_at(rule.logged) * block_share / st.H, 5),
+        "answer_flops_without_log_fraction": round(answer_steps_at(rule.every) / st.H, 5),
         "gradient_log_bytes_per_epoch": grad_log,
         "answer_memory_gradient_log_fraction_of_state": round((grad_log + checkpoints) / state, 3),
         "answer_flops_gradient_log_fraction": round(grad_steps / st.H, 5),
@@ -350,7 +361,7 @@ def _work_done(workdir: Path, spec: Any, store: Any) -> dict[str, float]:
     fpt = [flops_per_token(cfg, names) for names in blocks]
     P = sum(math.prod(x) for x in param_shapes(cfg).values())
     T, M, seg = spec.batch_size * spec.seq_len, spec.microbatches, spec.segment
-    every = max(BENCH_CHECKPOINT_EVERY, seg)  # the benchmark's trainers (trainer/node.py shard_checkpoint_every)
+    every = CheckpointRule.of(max(CHECKPOINT_EVERY, seg), CHECKPOINT_EVERY_LOGGED).logged  # the benchmark's trainers, logged
     hashed_step = (2 * (B - 1) * T * cfg.d_model + (M - 1) * P) * 4 + 3 * P * 4 / seg
     out = dict.fromkeys(("train_cpu_s", "train_flops", "answer_cpu_s", "answer_flops", "verifier_cpu_s",
                          "verifier_flops", "verifier_edge_cpu_s", "commit_cpu_s", "hashed_bytes"), 0.0)
@@ -485,13 +496,14 @@ def render(doc: dict[str, Any]) -> str:
               "(examples/small.toml). Hashed bytes per training FLOP: every "
               "block's boundaries, M − 1 running gradient sums and the state every r steps; the fraction of a step "
               "is that times the FLOP rate over the hash rate, which is the hardware's. Answer memory: checkpoints every "
-              f"max({CHECKPOINT_EVERY}, r) steps (the whole state with its error buffer) plus the boundary log, over parameters "
-              "and moments; without the log a challenge replays whole steps from its checkpoint. Where the boundaries of a "
+              f"max({CHECKPOINT_EVERY_LOGGED}, r) steps (the whole state with its error buffer) plus the boundary log, over parameters "
+              f"and moments; without the log, checkpoints every max({CHECKPOINT_EVERY}, r) steps and a challenge replays whole "
+              "steps from its checkpoint. Where the boundaries of a "
               "step outgrow its total gradients (w bytes a parameter), a trainer whose budgets cannot hold the epoch's "
               "boundaries keeps those instead (marked smaller where they are: trainer/boundaries.py), batch-free: an answer advances every block "
               "by AdamW alone from the checkpoint and runs groups 0..m of each challenged step through the whole model, "
               "(M + 1) / 2M of a step per step on average. Its memory counts the checkpoints too, which then only "
-              "serve a restart: `--checkpoint-every` at H leaves about H/3 + 3 states.")]
+              "serve a restart: `--checkpoint-every-logged` at H leaves about H/3 + 3 states.")]
     if doc.get("validation"):
         lines += _table(
             ["Validation against measured network runs (`benchmarks/protocol.py --keep`): every audit answer the",

@@ -79,9 +79,6 @@ from veriloco.netdemo import DemoOptions, run_demo
 from veriloco.traffic import allreduce_bytes, compare, trainer_traffic
 
 AUDIT_STEPS = 4  # the deterrence policy (docs/results-protocol.md): 4 segments, of the demo's length by default
-# Trainers keep every 16th state (a `small` state is 174 MB: every 4th, the node's default, fills ~22 GB
-# per trainer at H = 256); answering an audit replays at most 15 steps from the last kept state.
-CHECKPOINT_EVERY = 16
 MODES = {"shard": "shard", "full_state": "state"}  # audit_mode -> the run config's audit.unit
 
 
@@ -429,7 +426,7 @@ def main() -> int:
             opts = DemoOptions(trainers=args.trainers, verifiers=args.verifiers, epochs=args.epochs, preset=name,
                                steps=h, workdir=(args.keep / tag) if args.keep else Path(tmp),
                                stages=args.stages, audit=MODES[mode], windows_s=3600, timeout_s=6 * 3600,
-                               checkpoint_every=CHECKPOINT_EVERY, merge_step=m, batch_size=rows, group_rows=args.group_rows,
+                               merge_step=m, batch_size=rows, group_rows=args.group_rows,
                                segment=args.segment, error_feedback=ef, seq_len=args.seq_len,
                                rank=args.rank, first_merge_step=args.first_merge_step, log_ram_gib=budget[0] if budget else None, log_disk_gib=budget[1] if budget else None)
             r = measure(opts, mode)

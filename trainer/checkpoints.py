@@ -1,8 +1,8 @@
 """A trainer's local memory of its epochs: what it committed to, and states to reproduce any leaf.
 
 Audits may challenge any transition of a trace, so the trainer must be able to produce any state
-d_k it committed to. Keeping every state costs H full states per epoch; instead it keeps every
-`every`-th state (always d_0 and d_H) and replays forward from the nearest one, which is exact
+d_k it committed to. Keeping every state costs H full states per epoch; instead it keeps some
+(``CheckpointRule``: always d_0 and d_H) and replays forward from the nearest one, which is exact
 because inner steps are bitwise reproducible. The metadata file (salt, CIDs, digests, status) is
 written atomically before each chain transaction, so a killed node resumes without losing a reveal
 or sending anything twice.
@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,30 @@ def _atomic_write(path: Path, data: bytes) -> None:
 def _step_of(checkpoint: Path) -> int:
     """k of ``state-<k>.safetensors`` or of a stage's part ``state-<k>.stage<s>.safetensors``."""
     return int(checkpoint.stem.split("-")[1].split(".")[0])
+
+
+@dataclass(frozen=True)
+class CheckpointRule:
+    """Which states of an epoch a trainer keeps, besides d_0 and d_H.
+
+    A checkpoint is where an audit answer (and a restart) replays from. Across steps the answer log
+    holds, an answer advances one block, or every block by AdamW alone, so a distant checkpoint costs
+    little and ``logged`` (the wider spacing) saves state writes and disk; across a step it left out,
+    an answer replays whole steps, so ``every`` is kept there. ``logged`` is a multiple of ``every``:
+    the two spacings meet, and a stretch that loses its log mid-way is checkpointed at the next
+    ``every`` step."""
+
+    every: int
+    logged: int
+
+    @classmethod
+    def of(cls, every: int, logged: int | None = None) -> CheckpointRule:
+        e = max(1, every)
+        return cls(e, e if logged is None else max(e, -(-logged // e) * e))
+
+    def due(self, k: int, steps: int, logged_since: bool) -> bool:
+        """Whether d_k is kept, ``logged_since`` saying whether the log holds every step since the last."""
+        return k == steps or k % (self.logged if logged_since else self.every) == 0
 
 
 class EpochDir:

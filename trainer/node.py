@@ -117,7 +117,7 @@ class TrainerNode:
     def __init__(
         self, chain: Chain, store: Store, run_id: int, workdir: Path, *,
         behaviour: Behaviour | None = None, log: Log | None = None, poll_s: float = 0.25,
-        checkpoint_every: int = 4, threads: int = 1, max_epochs: int | None = None,
+        checkpoint_every: int = 4, checkpoint_every_logged: int = 16, threads: int = 1, max_epochs: int | None = None,
         stages: int = 1, microbatches: int = 2, keep_boundaries: bool = True, boundary_log_ram: int | None = None,
         boundary_log_disk: int | None = None, device: str = "cpu",
     ) -> None:
@@ -130,6 +130,7 @@ class TrainerNode:
         self.behaviour = behaviour or Behaviour()
         self.log: Log = log or (lambda event, **kv: None)
         self.poll_s, self.every, self.threads, self.max_epochs = poll_s, max(1, checkpoint_every), threads, max_epochs
+        self.every_logged = max(1, checkpoint_every_logged)  # a sharded run's spacing where its answer log holds the steps
         self._last_service = 0.0
         self._last_member_check = 0.0  # while training: when it last read whether it may still commit
         self._short_of_verifiers: set[int] = set()  # epochs whose audit waits for verifiers (said once)
@@ -186,13 +187,14 @@ class TrainerNode:
     def make_engine(self) -> Engine:
         """The sharded run's state holder: this process (S = 1) or S stage processes."""
         if self.stages == 1:
-            return LocalEngine(self.spec, self.shard_checkpoint_every, keep_boundaries=self.keep_boundaries,
+            return LocalEngine(self.spec, self.shard_checkpoint_every, every_logged=self.every_logged,
+                               keep_boundaries=self.keep_boundaries,
                                log_ram_bytes=self.boundary_log_ram, log_disk_bytes=self.boundary_log_disk,
                                device=self.device, log_headroom=self.log_headroom)
         from trainer.stages import StagedEngine
 
         return StagedEngine(self.spec, self.shard_checkpoint_every, self.stages, self.threads, self.device.type,
-                            keep_boundaries=self.keep_boundaries, log_ram_bytes=self.boundary_log_ram,
+                            every_logged=self.every_logged, keep_boundaries=self.keep_boundaries, log_ram_bytes=self.boundary_log_ram,
                             log_disk_bytes=self.boundary_log_disk, log_headroom=self.log_headroom)
 
     def inner_step(self, state: State, epoch: int, k: int) -> tuple[State, float]:
@@ -486,7 +488,7 @@ class TrainerNode:
             step_wall_s += time.monotonic() - w
             preimages.append(leaf.encode())
             losses.append(loss)
-            if (k + 1) % self.shard_checkpoint_every == 0 or k + 1 == steps:
+            if eng.last_checkpoint == k + 1:  # the leaves a restart from that checkpoint resumes with
                 d.update(leaves=[x.hex() for x in preimages], digests=[keccak(x).hex() for x in preimages], losses=losses)
             self.log("step", epoch=e, step=k + 1, of=steps, loss=round(loss, 4))
             self.service()
@@ -495,6 +497,10 @@ class TrainerNode:
             self.log("warning", epoch=e, what="boundary log", error=eng.log_error,
                      effect="audit answers of the steps it misses replay whole steps")
             eng.log_error = None
+        if eng.checkpoint_error:
+            self.log("warning", epoch=e, what="checkpoint", error=eng.checkpoint_error,
+                     effect="audit answers and a restart replay from the checkpoint before it (free disk space)")
+            eng.checkpoint_error = None
         log_bytes, unlogged = eng.boundary_log_bytes(d), eng.unlogged_steps(d)
         if unlogged:  # expected at large batches: said, not warned
             self.log("boundary-log-full", epoch=e, unlogged_steps=unlogged, of=steps, ram_budget=self.boundary_log_ram,

@@ -98,7 +98,7 @@ from protocol.errors import VerilocoError
 from protocol.leaf import BlockEntry, LeafCommitter, PartialSums, StepLeaf, block_names
 from protocol.model import param_shapes
 from trainer.boundaries import GRADIENTS, BoundaryLog, ByteBudget, LogHeadroom
-from trainer.checkpoints import EpochDir
+from trainer.checkpoints import CheckpointRule, EpochDir
 from trainer.engine import (
     MERGED,
     OFFSET,
@@ -153,9 +153,9 @@ def _meta(state: Mapping[str, Tensor]) -> tuple[int, int]:
 class _Stage:
     """What one stage process holds and does: its blocks' state, steps, digests, payload part."""
 
-    def __init__(self, spec: RoundSpec, every: int, s: int, stages: int, group: Any, device: torch.device,
+    def __init__(self, spec: RoundSpec, s: int, stages: int, group: Any, device: torch.device,
                  budgets: Budgets | None = None, headroom: LogHeadroom = (None, None)) -> None:
-        self.spec, self.every, self.s, self.S = spec, max(1, every), s, stages
+        self.spec, self.s, self.S = spec, s, stages
         self.groups = block_names(spec.model)
         ranges = stage_blocks(len(self.groups), stages)
         self.blocks = ranges[s]
@@ -195,7 +195,10 @@ class _Stage:
         self.committer = LeafCommitter(self.spec.model, self.spec.segment, steps + 1, self.blocks, self.spec.microbatches)
         self.committer.state_parts(self._load(d, "state-000000"))  # the error buffer's digests, fixed since leaf 0
 
-    def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, tuple[float, float, float], list[BlockEntry], tuple[int, int], str | None]:
+    def step(self, d: EpochDir, k: int, batch: Batch) -> tuple[float, tuple[float, float, float], list[BlockEntry], tuple[int, int],
+                                                               str | None, bool]:
+        """Step k of this stage's blocks: (loss, CPU seconds, leaf entries, step and rng, a log write's
+        failure, whether its log holds the step); the node says when to checkpoint (``checkpoint``)."""
         if self.state is None:
             raise TrainerError("the engine has no epoch begun or resumed")
         t = time.process_time()
@@ -206,16 +209,20 @@ class _Stage:
         groups = self.committer.group_leaves(ios, sums.digests)
         entries = self.committer.entries(k + 1, self.state, ios, groups)
         t_leaf = time.process_time()
-        error = None
+        error, logged = None, False
         if self.budgets is not None:
             try:
-                self._log(d).put(k, [BlockIO(None, None, q) for q in sqs], groups, totals.totals)
+                logged = self._log(d).put(k, [BlockIO(None, None, q) for q in sqs], groups, totals.totals)
             except OSError as exc:  # a full disk costs the cheap answer for this step, never the step
                 error = f"stage {self.s}, step {k}: {exc}"
         spent = (t_step - t - sums.seconds, t_leaf - t_step + sums.seconds, time.process_time() - t_leaf)
-        if (k + 1) % self.every == 0 or k + 1 == self.steps:
-            self._save(d, f"state-{k + 1:06d}", self.state)
-        return loss, spent, entries, _meta(self.state), error
+        return loss, spent, entries, _meta(self.state), error, logged
+
+    def checkpoint(self, d: EpochDir, k: int) -> None:
+        """Keep this stage's part of d_k (every stage at the same steps: the node decides)."""
+        if self.state is None:
+            raise TrainerError("the stage has no epoch begun or resumed")
+        self._save(d, f"state-{k:06d}", self.state)
 
     # -- the gradient log
 
@@ -435,11 +442,11 @@ def serve(stage: int, stages: int, addr: str, port: int) -> None:
     try:
         msg: list[Any] = [None]
         dist.recv_object_list(msg, src=0)
-        spec, every, threads, device, budgets, headroom = msg[0]
+        spec, threads, device, budgets, headroom = msg[0]
         configure_determinism(threads, device)
         dev = _stage_device(device, stage)
         group = dist.new_group(list(range(1, stages + 1)), backend="nccl" if dev.type == "cuda" else "gloo")
-        st = _Stage(spec, every, stage, stages, group, dev, budgets, headroom)
+        st = _Stage(spec, stage, stages, group, dev, budgets, headroom)
         while True:
             dist.recv_object_list(msg, src=0)
             op, args = msg[0]
@@ -498,12 +505,14 @@ class StagedEngine:
     concurrent_audits = False  # the stages serve one command at a time: audits wait between steps
 
     def __init__(self, spec: RoundSpec, every: int, stages: int = 2, threads: int = 1, device: str = "cpu",
-                 launch: bool = True, addr: str = "127.0.0.1", port: int = 0, *, keep_boundaries: bool = True,
+                 launch: bool = True, addr: str = "127.0.0.1", port: int = 0, *, every_logged: int | None = None,
+                 keep_boundaries: bool = True,
                  log_ram_bytes: int = 0, log_disk_bytes: int | None = None,
                  log_headroom: LogHeadroom = (None, None)) -> None:
         if spec.batch_size % spec.microbatches:
             raise TrainerError(f"batch size {spec.batch_size} is not divisible by {spec.microbatches} micro-batches")
-        self.spec, self.every, self.S = spec, max(1, every), stages
+        self.spec, self.rule, self.S = spec, CheckpointRule.of(every, every_logged), stages
+        self.last_checkpoint, self._logged_since = 0, True
         self.groups = block_names(spec.model)
         self.ranges = stage_blocks(len(self.groups), stages)
         self.owner = [s for s, r in enumerate(self.ranges) for _ in r]
@@ -511,6 +520,7 @@ class StagedEngine:
         self._timings = {"compute_s": 0.0, "commit_s": 0.0, "log_s": 0.0, "answer_cpu_s": 0.0}
         self.keep_boundaries = keep_boundaries
         self.log_error: str | None = None  # the last log write or read that failed (answers then replay whole steps)
+        self.checkpoint_error: str | None = None  # the last checkpoint before an epoch's end that a stage could not write
         self.procs: list[Any] = []
         if launch and device.startswith("cuda") and torch.cuda.device_count() < stages:
             raise TrainerError(f"{stages} stages on CUDA need a GPU each (NCCL), this host has {torch.cuda.device_count()}; "
@@ -527,7 +537,7 @@ class StagedEngine:
         disk = None if log_disk_bytes is None else log_shares(spec, stages, log_disk_bytes)
         for s in range(stages):
             budgets = (ram[s], None if disk is None else disk[s]) if keep_boundaries else None
-            dist.send_object_list([(spec, self.every, threads, device, budgets, log_headroom)], dst=s + 1)
+            dist.send_object_list([(spec, threads, device, budgets, log_headroom)], dst=s + 1)
         dist.new_group(list(range(1, stages + 1)), backend="nccl" if device.startswith("cuda") else "gloo")
         self.open = True
 
@@ -567,13 +577,13 @@ class StagedEngine:
 
     def begin(self, d: EpochDir, steps: int, g: Params, prev: EpochDir | None) -> StepLeaf:
         use = prev if prev is not None and self.has_states(prev) else None
-        self.steps = steps
+        self.steps, self.last_checkpoint, self._logged_since = steps, 0, True
         calls = {s: ("begin", (d, steps, {n: g[n].detach().cpu() for b in self.ranges[s] for n in self.groups[b]}, use))
                  for s in range(self.S)}
         return self._leaf(self._ask(calls))
 
     def resume(self, d: EpochDir, steps: int, k: int) -> None:
-        self.steps = steps
+        self.steps, self.last_checkpoint, self._logged_since = steps, k, True
         self._all("resume", d, steps, k)
 
     def merge(self, d: EpochDir, g: Params, offset: Params | None = None) -> None:
@@ -589,6 +599,16 @@ class StagedEngine:
             for key, spent in zip(("compute_s", "commit_s", "log_s"), got[s][1], strict=True):
                 self._timings[key] += spent
             self.log_error = got[s][4] or self.log_error
+        self._logged_since = self._logged_since and all(got[s][5] for s in got)
+        if self.rule.due(k + 1, self.steps, self._logged_since):
+            try:
+                self._all("checkpoint", d, k + 1)
+            except TrainerError as exc:
+                if k + 1 == self.steps:
+                    raise  # the epoch's last state: its final check reads it
+                self.checkpoint_error = f"step {k + 1}: {exc}"  # answers use only states every stage holds
+            else:
+                self.last_checkpoint, self._logged_since = k + 1, True
         return got[0][0], self._leaf({s: got[s][2:4] for s in got})
 
     @property

@@ -76,7 +76,8 @@ class DemoOptions:
     dashboard_port: int = 0  # > 0: serve `veriloco dashboard`'s page of the run on it while the nodes run
     metrics_port: int = 0  # > 0: the nodes serve Prometheus metrics on it and the ports after (verifiers, trainers, coordinator)
     audit: str = "shard"  # "shard": one block of a segment per challenge; "state": whole states (docs/protocol.md §5)
-    checkpoint_every: int = 4  # trainers keep every N-th state (disk: a `small` state is 174 MB)
+    checkpoint_every: int = 4  # trainers keep every N-th state where the answer log misses a step (a `small` state is 174 MB)
+    checkpoint_every_logged: int = 16  # ... and every N-th while it holds them (trainer/checkpoints.py CheckpointRule)
     # the trainers' answer-log budgets in GiB (--boundary-log-ram, --boundary-log-disk); None: the node's
     # defaults. Budgets an epoch of boundaries does not fit make a trainer keep the gradient log instead
     log_ram_gib: float | None = None
@@ -193,6 +194,8 @@ def _spawn(role: str, index: int, account: int, devnet_file: Path, run_id: int, 
         cmd += ["--stages", str(opts.stages)]
     if role == "trainer" and opts.checkpoint_every != 4:
         cmd += ["--checkpoint-every", str(opts.checkpoint_every)]
+    if role == "trainer" and opts.checkpoint_every_logged != 16:
+        cmd += ["--checkpoint-every-logged", str(opts.checkpoint_every_logged)]
     for flag, gib in (("--boundary-log-ram", opts.log_ram_gib), ("--boundary-log-disk", opts.log_disk_gib)):
         if role == "trainer" and gib is not None:
             cmd += [flag, str(gib)]

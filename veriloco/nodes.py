@@ -221,7 +221,7 @@ def _train(args: argparse.Namespace, s: Settings, log: Log, kept: list[Path]) ->
         store, log = observed(args, s, chain, "trainer", log)
         TrainerNode(
             chain, store, args.run, state_folder(s, chain, "trainer"), behaviour=behaviour, log=log,
-            threads=args.threads, checkpoint_every=args.checkpoint_every,
+            threads=args.threads, checkpoint_every=args.checkpoint_every, checkpoint_every_logged=args.checkpoint_every_logged,
             max_epochs=args.epochs, stages=args.stages, microbatches=args.microbatches,
             keep_boundaries=not args.no_boundary_log,
             boundary_log_ram=args.boundary_log_ram, boundary_log_disk=args.boundary_log_disk, device=args.device,
@@ -276,7 +276,11 @@ def register(sub: Any) -> None:
                            help="cpu, cuda or cuda:N: where steps (trainer) or segment replays (verifier) run; an "
                                 "exact-mode run admits only the device class it pins (audit.device)")
         if name == "trainer":
-            p.add_argument("--checkpoint-every", type=positive, default=4, help="keep every N-th state to answer audits")
+            p.add_argument("--checkpoint-every", type=positive, default=4,
+                           help="keep every N-th state to answer audits (and resume from) where the answer log misses a step")
+            p.add_argument("--checkpoint-every-logged", type=positive, default=16,
+                           help="keep every N-th state while the answer log holds the steps (an answer then replays one "
+                                "block or AdamW alone from it: distance is cheap, state writes and disk are not)")
             p.add_argument("--epochs", type=positive, help="stop after this many epochs (default: the run's schedule)")
             p.add_argument("--stages", type=positive, default=1,
                            help="run inner steps as S pipeline stages, one process each (a whole-state run must be tolerant)")

@@ -71,11 +71,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory):
     local = LocalEngine(SPEC, every=2)
     want = _epochs(local, local_root, g)
     whole = tensor_bytes(local.state)
-    eng = StagedEngine(SPEC, every=2, stages=2)
+    eng = StagedEngine(SPEC, every=1, every_logged=2, stages=2)  # logged: checkpoints 0, 2, 3 as the local engine's
     try:
         with pytest.raises(TrainerError, match="stage 0: the engine has no epoch begun"):
             eng.step(EpochDir(staged_root, 0), 0, _batch(0))  # every stage refuses alike; none is left waiting
         got = _epochs(eng, staged_root, g)
+        checkpoints = [EpochDir(staged_root, e).checkpoints() for e in (0, 1)]
         held = eng.held_bytes()
         timings = dict(eng.timings)
         owner = eng.owner[B]
@@ -93,7 +94,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory):
     finally:
         eng.close()
     return {"timings": timings, "want": want, "got": got, "whole": whole, "held": held, "owner": owner, "audits": audits,
-            "root": staged_root, "log": log, "whole_steps": whole_steps, "torn": torn}
+            "root": staged_root, "log": log, "whole_steps": whole_steps, "torn": torn, "checkpoints": checkpoints}
 
 
 def test_two_stages_give_the_local_leaves_and_payload_bytes_for_two_epochs(runs) -> None:
@@ -103,6 +104,7 @@ def test_two_stages_give_the_local_leaves_and_payload_bytes_for_two_epochs(runs)
         assert gp == wp
         assert gs == ws
     assert runs["timings"]["compute_s"] > 0 and runs["timings"]["commit_s"] > 0
+    assert runs["checkpoints"] == [[0, 2, 3], [0, 2, 3]]  # every 2 while every stage logs, not every step
 
 
 def test_no_process_holds_the_whole_state(runs) -> None:
@@ -208,7 +210,7 @@ def test_four_uneven_stages_of_a_llama_give_the_local_leaves(tmp_path: Path) -> 
         return [*out, eng.finish(d, 2, 3)[0]]
 
     want = run(LocalEngine(spec, every=1))
-    eng = StagedEngine(spec, every=1, stages=4)
+    eng = StagedEngine(spec, every=1, every_logged=2, stages=4, keep_boundaries=False)
     try:
         # embeddings + attention 0 | MLP 0 + attention 1 | MLP 1 | head: a transformer block split across stages
         assert [len(r) for r in eng.ranges] == [2, 2, 1, 1]
@@ -216,6 +218,7 @@ def test_four_uneven_stages_of_a_llama_give_the_local_leaves(tmp_path: Path) -> 
     finally:
         eng.close()
     assert got == want
+    assert EpochDir(tmp_path / "StagedEngine", 0).checkpoints() == [0, 1, 2]  # no log: the dense spacing
 
 
 def test_two_stages_merge_like_the_local_engine(tmp_path: Path) -> None:

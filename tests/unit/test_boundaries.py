@@ -169,6 +169,68 @@ def test_steps_over_both_budgets_are_not_logged_and_their_answers_replay_whole_s
     assert eng.log_budget.used == 0 and eng.log_disk.used == 0 and eng.unlogged_steps(d) == 0
 
 
+def test_checkpoints_are_sparse_where_the_log_holds_the_steps_and_dense_where_it_does_not(tmp_path: Path) -> None:
+    """From a logged stretch an answer advances one block from its checkpoint, so it may lie far back;
+    across steps the log left out it replays whole steps, so checkpoints stay every ``every`` there.
+    The answers are the bits of a trainer that checkpoints every ``every`` steps and logs everything."""
+    configure_determinism(1)
+    steps = 12
+    dense, d_dense = LocalEngine(SPEC, every=2), EpochDir(tmp_path / "dense", 0)
+    leaves = {0: dense.begin(d_dense, steps, init_params(CFG, 0), None)}
+    for k in range(steps):
+        leaves[k + 1] = dense.step(d_dense, k, _batch(k))[1]
+    one = sum(f.stat().st_size for f in (d_dense.path / "bounds").iterdir()) // steps
+    runs = {}
+    for name, disk in (("whole", None), ("short", 5 * one)):  # the whole epoch logged; steps 0..4 only
+        eng, d = LocalEngine(SPEC, every=2, every_logged=8, log_disk_bytes=disk), EpochDir(tmp_path / name, 0)
+        eng.begin(d, steps, init_params(CFG, 0), None)
+        at = []
+        for k in range(steps):
+            eng.step(d, k, _batch(k))
+            at += [k + 1] if eng.last_checkpoint == k + 1 else []
+        assert at == d.checkpoints()[1:]  # what the node records its leaves at, for a restart
+        runs[name] = eng, d
+    assert runs["whole"][1].checkpoints() == [0, 8, 12]
+    assert runs["short"][1].checkpoints() == [0, 6, 8, 10, 12]  # 6: the first every-2 step past the unlogged step 5
+    for name, (eng, d) in runs.items():
+        for start, b in ((2, 4), (4, 1), (8, 3), (10, 5)):  # logged from far back; across step 5; either side of 8
+            assert _file(eng, d, start, b, leaves) == _file(dense, d_dense, start, b, leaves), (name, start)
+        assert eng.log_error is None
+
+
+def test_a_checkpoint_that_cannot_be_written_costs_replay_distance_not_the_epoch(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A full disk mid-epoch (the previous epoch's log is freed only once its audit is answered) used
+    to end the trainer at its next checkpoint; now the engine says so and answers from the one before.
+    The epoch's last state is still required: its final check reads it."""
+    configure_determinism(1)
+    _, d_ref, leaves = _epoch(tmp_path / "ref", keep=False)
+    ref = LocalEngine(SPEC, every=EVERY, keep_boundaries=False)
+    eng, d = LocalEngine(SPEC, every=EVERY, keep_boundaries=False), EpochDir(tmp_path / "full", 0)
+    eng.begin(d, STEPS, init_params(CFG, 0), None)
+    save = EpochDir.save
+
+    def full_at(*steps: int):  # type: ignore[no-untyped-def]
+        def save_unless(self: EpochDir, name: str, state: dict) -> None:  # type: ignore[type-arg]
+            if name in {f"state-{k:06d}" for k in steps}:
+                raise OSError(28, "No space left on device")
+            save(self, name, state)
+        return save_unless
+
+    monkeypatch.setattr(EpochDir, "save", full_at(4))
+    for k in range(STEPS):
+        assert eng.step(d, k, _batch(k))[1] == leaves[k + 1]
+        assert eng.last_checkpoint == (0 if k + 1 < STEPS else STEPS)  # 4 was not kept: a restart resumes at 0
+    assert d.checkpoints() == [0, STEPS] and eng.checkpoint_error is not None and "step 4" in eng.checkpoint_error
+    assert _file(eng, d, 4, 3, leaves) == _file(ref, d_ref, 4, 3, leaves)  # whole steps from 0
+    monkeypatch.setattr(EpochDir, "save", full_at(STEPS))
+    late, d_late = LocalEngine(SPEC, every=EVERY, keep_boundaries=False), EpochDir(tmp_path / "late", 0)
+    late.begin(d_late, STEPS, init_params(CFG, 0), None)
+    for k in range(STEPS - 1):
+        late.step(d_late, k, _batch(k))
+    with pytest.raises(OSError, match="No space"):
+        late.step(d_late, STEPS - 1, _batch(STEPS - 1))
+
+
 def test_trainers_sharing_a_machine_stop_at_its_headroom_not_at_their_budgets(tmp_path: Path) -> None:
     """Each node's default budget is a share of the machine (a quarter of its memory), so trainers
     started side by side could together keep more than it has. The machine's headroom, read at each

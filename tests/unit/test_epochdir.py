@@ -11,7 +11,7 @@ import torch
 
 import trainer.direct_io as dio
 from protocol.formats.codec import load_state_file
-from trainer.checkpoints import EpochDir
+from trainer.checkpoints import CheckpointRule, EpochDir
 
 pytestmark = pytest.mark.unit
 
@@ -45,3 +45,11 @@ def test_a_closed_epoch_keeps_its_first_and_last_checkpoint_only(tmp_path: Path)
     assert sorted(p.name for p in d.path.iterdir()) == ["carried.safetensors", "state-000000.safetensors",
                                                         "state-000016.safetensors"]
     assert d.drop_between() == 0 and EpochDir(tmp_path, 4).drop_between() == 0
+
+
+def test_the_logged_spacing_is_a_multiple_of_the_unlogged_one_and_the_last_step_is_always_kept() -> None:
+    assert CheckpointRule.of(4, 16) == CheckpointRule(4, 16) and CheckpointRule.of(4, 10) == CheckpointRule(4, 12)
+    assert CheckpointRule.of(8, 4) == CheckpointRule(8, 8) and CheckpointRule.of(4) == CheckpointRule(4, 4)
+    rule = CheckpointRule.of(4, 16)
+    assert [k for k in range(1, 21) if rule.due(k, 20, True)] == [16, 20]
+    assert [k for k in range(1, 21) if rule.due(k, 20, False)] == [4, 8, 12, 16, 20]

@@ -64,6 +64,44 @@ class CheckpointRule:
         return k == steps or k % (self.logged if logged_since else self.every) == 0
 
 
+class Checkpointer:
+    """The checkpoint bookkeeping of the epoch an engine trains, one for both engines, so that a local
+    and a staged trainer keep the same states and survive a full disk alike.
+
+    ``last`` is the latest state kept, where answers start and a restart resumes (the node records its
+    leaves there); ``error`` is the last mid-epoch state that could not be written, for the node to
+    report: it costs replay distance, never the epoch. The epoch's last state must be written (its
+    final check reads it), so its failure still raises."""
+
+    def __init__(self, rule: CheckpointRule) -> None:
+        self.rule = rule
+        self.steps = self.last = 0
+        self.error: str | None = None
+        self._logged_since = True
+
+    def begin(self, steps: int, k: int = 0) -> None:
+        """An epoch of ``steps`` steps (re)starts from its kept state d_k."""
+        self.steps, self.last, self._logged_since = steps, k, True
+
+    def after_step(self, k: int, logged: bool, save: Callable[[], object],
+                   refused: type[Exception] | tuple[type[Exception], ...] = OSError) -> bool:
+        """Step k is done (``logged``: the answer log holds it): ``save`` d_{k+1} if the rule wants it.
+        A mid-epoch ``save`` that raises ``refused`` is skipped and said in ``error``. Whether d_{k+1}
+        was kept."""
+        self._logged_since = self._logged_since and logged
+        if not self.rule.due(k + 1, self.steps, self._logged_since):
+            return False
+        try:
+            save()
+        except refused as exc:
+            if k + 1 == self.steps:
+                raise
+            self.error = f"step {k + 1}: {exc}"
+            return False
+        self.begin(self.steps, k + 1)
+        return True
+
+
 class EpochDir:
     """workdir/epoch-<e>/: meta.json, state-<k>.safetensors checkpoints, carried.safetensors, payload.bin."""
 

@@ -47,7 +47,7 @@ from dilocox.inner import EF, MOM1, MOM2, PARAM, RNG, STEP, Params, State, Train
 from dilocox.round import RoundSpec, merged_if_due, start_state
 from protocol.leaf import GroupLeaf, LeafCommitter, PartialSums, StepLeaf, block_names
 from trainer.boundaries import GRADIENTS, BoundaryLog, ByteBudget, LogHeadroom
-from trainer.checkpoints import CheckpointRule, EpochDir
+from trainer.checkpoints import Checkpointer, CheckpointRule, EpochDir
 
 MERGED = "merged"  # the file of G_e an epoch folded in at its merge step (schedule.merge_step)
 # with error feedback in the parameters, the file of what the merge step added (dilocox.delay.merge_offset)
@@ -64,11 +64,9 @@ class Engine(Protocol):
     concurrent_audits: bool
     #: the last failed write of the boundary log (trainer/boundaries.py), for the node to report
     log_error: str | None
-    #: the step of the epoch's latest checkpoint (trainer.checkpoints.CheckpointRule), where a restart resumes
-    last_checkpoint: int
-    #: the last checkpoint before an epoch's end that could not be written (answers and a restart then
-    #: replay from the one before), for the node to report; a failed last state still raises
-    checkpoint_error: str | None
+    #: which states the epoch keeps: its latest (where a restart resumes) and the last that could not be
+    #: written (answers and a restart then replay from the one before), for the node to report
+    checkpoints: Checkpointer
 
     def begin(self, d: EpochDir, steps: int, g: Params, prev: EpochDir | None) -> StepLeaf:
         """Build S_e (continuing ``prev``'s states when given, else fresh from ``g``); checkpoint 0; leaf 0."""
@@ -236,8 +234,7 @@ class LocalEngine:
     def __init__(self, spec: RoundSpec, every: int, *, every_logged: int | None = None, keep_boundaries: bool = True,
                  log_ram_bytes: int = 0, log_disk_bytes: int | None = None, device: torch.device | str = "cpu",
                  log_headroom: LogHeadroom = (None, None)) -> None:
-        self.spec, self.rule = spec, CheckpointRule.of(every, every_logged)
-        self.last_checkpoint, self._logged_since = 0, True
+        self.spec, self.checkpoints = spec, Checkpointer(CheckpointRule.of(every, every_logged))
         # where the steps run; files, leaves, the log and compression stay on the CPU, so on a GPU only
         # the live state and the step's tensors live there (dilocox/device.py says which devices may)
         self.device = torch.device(device)
@@ -247,7 +244,6 @@ class LocalEngine:
         self.log_disk = ByteBudget(log_disk_bytes, log_headroom[1])  # the same on disk (None: as much as the disk holds)
         self._logs: dict[Path, BoundaryLog] = {}
         self.log_error: str | None = None  # the last boundary log write that failed (answers then replay whole steps)
-        self.checkpoint_error: str | None = None
         self.groups = block_names(spec.model)
         self.state: State | None = None
         self.committer: LeafCommitter | None = None
@@ -282,12 +278,12 @@ class LocalEngine:
         self.state, self.steps = self._on(state), steps
         self.committer = LeafCommitter(self.spec.model, self.spec.segment, steps + 1, micro=self.spec.microbatches)
         d.save_step(0, state)
-        self.last_checkpoint, self._logged_since = 0, True
+        self.checkpoints.begin(steps)
         return self.committer.leaf(0, state, None)
 
     def resume(self, d: EpochDir, steps: int, k: int) -> None:
         self.state, self.steps = self._on(d.load(f"state-{k:06d}")), steps
-        self.last_checkpoint, self._logged_since = k, True
+        self.checkpoints.begin(steps, k)
         self.committer = LeafCommitter(self.spec.model, self.spec.segment, steps + 1, micro=self.spec.microbatches)
         self.committer.state_parts(d.load("state-000000"))  # the error buffer's digests, fixed since leaf 0
 
@@ -311,18 +307,9 @@ class LocalEngine:
         self._timings["compute_s"] += t_step - t - sums.seconds
         self._timings["commit_s"] += t_leaf - t_step + sums.seconds
         self._timings["log_s"] += own_cpu() - t_leaf
-        self._logged_since = self._logged_since and logged
-        if self.rule.due(k + 1, self.steps, self._logged_since):
-            t_save = own_cpu()
-            try:
-                d.save_step(k + 1, self.state)  # what answers (and a restart) replay from
-            except OSError as exc:
-                if k + 1 == self.steps:
-                    raise  # the epoch's last state: its final check reads it
-                self.checkpoint_error = f"step {k + 1}: {exc}"  # a full disk costs replay distance, never the epoch
-            else:
-                self.last_checkpoint, self._logged_since = k + 1, True
-            self._timings["checkpoint_s"] += own_cpu() - t_save
+        t_save, state = own_cpu(), self.state
+        self.checkpoints.after_step(k, logged, lambda: d.save_step(k + 1, state))  # what answers replay from
+        self._timings["checkpoint_s"] += own_cpu() - t_save
         return loss, leaf
 
     def _merged(self, d: EpochDir, state: State, k: int) -> State:

@@ -488,7 +488,7 @@ class TrainerNode:
             step_wall_s += time.monotonic() - w
             preimages.append(leaf.encode())
             losses.append(loss)
-            if eng.last_checkpoint == k + 1:  # the leaves a restart from that checkpoint resumes with
+            if eng.checkpoints.last == k + 1:  # the leaves a restart from that checkpoint resumes with
                 d.update(leaves=[x.hex() for x in preimages], digests=[keccak(x).hex() for x in preimages], losses=losses)
             self.log("step", epoch=e, step=k + 1, of=steps, loss=round(loss, 4))
             self.service()
@@ -497,10 +497,10 @@ class TrainerNode:
             self.log("warning", epoch=e, what="boundary log", error=eng.log_error,
                      effect="audit answers of the steps it misses replay whole steps")
             eng.log_error = None
-        if eng.checkpoint_error:
-            self.log("warning", epoch=e, what="checkpoint", error=eng.checkpoint_error,
+        if eng.checkpoints.error:
+            self.log("warning", epoch=e, what="checkpoint", error=eng.checkpoints.error,
                      effect="audit answers and a restart replay from the checkpoint before it (free disk space)")
-            eng.checkpoint_error = None
+            eng.checkpoints.error = None
         log_bytes, unlogged = eng.boundary_log_bytes(d), eng.unlogged_steps(d)
         if unlogged:  # expected at large batches: said, not warned
             self.log("boundary-log-full", epoch=e, unlogged_steps=unlogged, of=steps, ram_budget=self.boundary_log_ram,

@@ -98,7 +98,7 @@ from protocol.errors import VerilocoError
 from protocol.leaf import BlockEntry, LeafCommitter, PartialSums, StepLeaf, block_names
 from protocol.model import param_shapes
 from trainer.boundaries import GRADIENTS, BoundaryLog, ByteBudget, LogHeadroom
-from trainer.checkpoints import CheckpointRule, EpochDir
+from trainer.checkpoints import Checkpointer, CheckpointRule, EpochDir
 from trainer.engine import (
     MERGED,
     OFFSET,
@@ -511,8 +511,7 @@ class StagedEngine:
                  log_headroom: LogHeadroom = (None, None)) -> None:
         if spec.batch_size % spec.microbatches:
             raise TrainerError(f"batch size {spec.batch_size} is not divisible by {spec.microbatches} micro-batches")
-        self.spec, self.rule, self.S = spec, CheckpointRule.of(every, every_logged), stages
-        self.last_checkpoint, self._logged_since = 0, True
+        self.spec, self.checkpoints, self.S = spec, Checkpointer(CheckpointRule.of(every, every_logged)), stages
         self.groups = block_names(spec.model)
         self.ranges = stage_blocks(len(self.groups), stages)
         self.owner = [s for s, r in enumerate(self.ranges) for _ in r]
@@ -520,7 +519,6 @@ class StagedEngine:
         self._timings = {"compute_s": 0.0, "commit_s": 0.0, "log_s": 0.0, "answer_cpu_s": 0.0}
         self.keep_boundaries = keep_boundaries
         self.log_error: str | None = None  # the last log write or read that failed (answers then replay whole steps)
-        self.checkpoint_error: str | None = None  # the last checkpoint before an epoch's end that a stage could not write
         self.procs: list[Any] = []
         if launch and device.startswith("cuda") and torch.cuda.device_count() < stages:
             raise TrainerError(f"{stages} stages on CUDA need a GPU each (NCCL), this host has {torch.cuda.device_count()}; "
@@ -577,13 +575,15 @@ class StagedEngine:
 
     def begin(self, d: EpochDir, steps: int, g: Params, prev: EpochDir | None) -> StepLeaf:
         use = prev if prev is not None and self.has_states(prev) else None
-        self.steps, self.last_checkpoint, self._logged_since = steps, 0, True
+        self.steps = steps
+        self.checkpoints.begin(steps)
         calls = {s: ("begin", (d, steps, {n: g[n].detach().cpu() for b in self.ranges[s] for n in self.groups[b]}, use))
                  for s in range(self.S)}
         return self._leaf(self._ask(calls))
 
     def resume(self, d: EpochDir, steps: int, k: int) -> None:
-        self.steps, self.last_checkpoint, self._logged_since = steps, k, True
+        self.steps = steps
+        self.checkpoints.begin(steps, k)
         self._all("resume", d, steps, k)
 
     def merge(self, d: EpochDir, g: Params, offset: Params | None = None) -> None:
@@ -599,16 +599,9 @@ class StagedEngine:
             for key, spent in zip(("compute_s", "commit_s", "log_s"), got[s][1], strict=True):
                 self._timings[key] += spent
             self.log_error = got[s][4] or self.log_error
-        self._logged_since = self._logged_since and all(got[s][5] for s in got)
-        if self.rule.due(k + 1, self.steps, self._logged_since):
-            try:
-                self._all("checkpoint", d, k + 1)
-            except TrainerError as exc:
-                if k + 1 == self.steps:
-                    raise  # the epoch's last state: its final check reads it
-                self.checkpoint_error = f"step {k + 1}: {exc}"  # answers use only states every stage holds
-            else:
-                self.last_checkpoint, self._logged_since = k + 1, True
+        # one decision for all stages, so that none holds a state the others lack (a stage that fails
+        # to write its part leaves a state that answers, which use the stages' common ones, skip)
+        self.checkpoints.after_step(k, all(got[s][5] for s in got), lambda: self._all("checkpoint", d, k + 1), TrainerError)
         return got[0][0], self._leaf({s: got[s][2:4] for s in got})
 
     @property

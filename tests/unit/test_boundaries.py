@@ -187,7 +187,7 @@ def test_checkpoints_are_sparse_where_the_log_holds_the_steps_and_dense_where_it
         at = []
         for k in range(steps):
             eng.step(d, k, _batch(k))
-            at += [k + 1] if eng.last_checkpoint == k + 1 else []
+            at += [k + 1] if eng.checkpoints.last == k + 1 else []
         assert at == d.checkpoints()[1:]  # what the node records its leaves at, for a restart
         runs[name] = eng, d
     assert runs["whole"][1].checkpoints() == [0, 8, 12]
@@ -219,8 +219,8 @@ def test_a_checkpoint_that_cannot_be_written_costs_replay_distance_not_the_epoch
     monkeypatch.setattr(EpochDir, "save", full_at(4))
     for k in range(STEPS):
         assert eng.step(d, k, _batch(k))[1] == leaves[k + 1]
-        assert eng.last_checkpoint == (0 if k + 1 < STEPS else STEPS)  # 4 was not kept: a restart resumes at 0
-    assert d.checkpoints() == [0, STEPS] and eng.checkpoint_error is not None and "step 4" in eng.checkpoint_error
+        assert eng.checkpoints.last == (0 if k + 1 < STEPS else STEPS)  # 4 was not kept: a restart resumes at 0
+    assert d.checkpoints() == [0, STEPS] and eng.checkpoints.error is not None and "step 4" in eng.checkpoints.error
     assert _file(eng, d, 4, 3, leaves) == _file(ref, d_ref, 4, 3, leaves)  # whole steps from 0
     monkeypatch.setattr(EpochDir, "save", full_at(STEPS))
     late, d_late = LocalEngine(SPEC, every=EVERY, keep_boundaries=False), EpochDir(tmp_path / "late", 0)

@@ -4,6 +4,7 @@ leaves no temporary behind, and a closed epoch keeps only the states the next on
 from __future__ import annotations
 
 import errno
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 import trainer.direct_io as dio
 from protocol.formats.codec import load_state_file
-from trainer.checkpoints import CheckpointRule, EpochDir
+from trainer.checkpoints import Checkpointer, CheckpointRule, EpochDir
 
 pytestmark = pytest.mark.unit
 
@@ -53,3 +54,31 @@ def test_the_logged_spacing_is_a_multiple_of_the_unlogged_one_and_the_last_step_
     rule = CheckpointRule.of(4, 16)
     assert [k for k in range(1, 21) if rule.due(k, 20, True)] == [16, 20]
     assert [k for k in range(1, 21) if rule.due(k, 20, False)] == [4, 8, 12, 16, 20]
+
+
+def test_the_checkpointer_keeps_what_the_rule_wants_and_skips_a_refused_state_but_not_the_last() -> None:
+    """Both engines' bookkeeping: a step the log missed brings the dense spacing until the next kept
+    state; a refused mid-epoch write is said and the last kept state stays where it was."""
+    kept: list[int] = []
+    refuse: set[int] = set()
+
+    def save(k: int) -> None:
+        if k in refuse:
+            raise OSError(28, "No space left on device")
+        kept.append(k)
+
+    c = Checkpointer(CheckpointRule.of(2, 4))
+    c.begin(8)
+    for k in range(8):
+        c.after_step(k, k != 4, partial(save, k + 1))
+    assert kept == [4, 6, 8] and c.last == 8 and c.error is None  # 5 unlogged: 6 kept, then 8 (the last)
+    kept.clear()
+    refuse.add(4)
+    c.begin(8)
+    assert [c.after_step(k, True, partial(save, k + 1)) for k in range(5)] == [False] * 5
+    assert c.last == 0 and c.error is not None and c.error.startswith("step 4:") and "No space" in c.error
+    refuse.add(8)
+    with pytest.raises(OSError):
+        for k in range(5, 8):
+            c.after_step(k, True, partial(save, k + 1))
+    assert kept == [] and c.last == 0

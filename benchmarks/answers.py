@@ -94,7 +94,7 @@ def measure(name: str, rows: int, seq: int, micro: int, segment: int, disk_gib: 
     answer = statistics.median(cpu)
     return {
         "preset": name, "rows": rows, "seq_len": seq, "tokens_per_step": rows * seq, "groups": micro, "segment": segment,
-        "checkpoint_every": eng.rule.every, "checkpoint_every_logged": eng.rule.logged, "checkpoints": kept, "log_kind": kind, "steps_trained": steps, "H": H, "challenges": challenges,
+        "checkpoint_every": eng.checkpoints.rule.every, "checkpoint_every_logged": eng.checkpoints.rule.logged, "checkpoints": kept, "log_kind": kind, "steps_trained": steps, "H": H, "challenges": challenges,
         "compute_s_per_step": round(step, 4),
         "log_s_per_step": round(t["log_s"] / steps, 4), "checkpoint_s_per_step": round(t["checkpoint_s"] / steps, 4),
         "answer_cpu_s_per_epoch": round(answer, 3), "answer_cpu_s_runs": [round(x, 3) for x in cpu],

@@ -503,3 +503,23 @@ def test_the_adaptive_plan_is_the_committed_adaptive_file() -> None:
     for p in h.pieces:
         assert p.methods == (ADAPTIVE,) and flag_values(p.flags)["--rank"] == "128"
         assert resolve_method(ADAPTIVE, methods()).compression.adaptive  # type: ignore[union-attr]
+
+
+def test_the_tuning_plan_is_the_committed_tuning_file() -> None:
+    """convergence-small-tuning.json is what its one command makes: the selection file's runs of the
+    three methods, to the digit, with every method's runs at the other inner lrs joined as its inner lr
+    sweep (each method read at its own best lr) and the local methods' runs at the DiLoCo paper's outer
+    setting as its outer sweep."""
+    h, data = HEADLINES["convergence-small-tuning"], committed("convergence-small-tuning")
+    work = f".veriloco/headline/{h.name}"
+    assert h.base is not None and data["merged_from"] == [h.base, *(f"{work}/{p.name}.json" for p in h.pieces)]
+    base = committed(Path(h.base).stem)
+    assert data["dilocox_method"] == h.dilocox and data["seeds"] == base["seeds"]
+    lrs = {f"{float(x):g}" for x in TUNING_LRS}
+    for s, b in zip(data["per_seed"], base["per_seed"], strict=True):
+        assert list(s["methods"]) == list(h.keep)
+        for method in h.keep:
+            assert s["methods"][method]["final_eval_loss"] == b["methods"][method]["final_eval_loss"]
+        assert set(s["sweep_inner_lr"]) == lrs and all(set(v) == set(h.keep) for v in s["sweep_inner_lr"].values())
+    assert set(data["sweep_inner_lr"]["best_lr"]) == set(h.keep)
+    assert [row["main"] for row in data["sweep_outer"]] == [True, False]

@@ -3,8 +3,9 @@
 It starts a devnet (py-evm over JSON-RPC in this process, or anvil; a LocalStore or a js-ipfs
 node), builds the corpus, publishes and creates a run, then launches N trainers, M verifiers and the
 coordinator as separate processes with the same `veriloco trainer|verifier|coordinator` commands a
-user would type. It shows live progress from the chain and the nodes' JSON logs, and ends with a
-summary (and, with --report DIR, summary.json plus a loss-curve PNG).
+user would type (forked from one server that imported the node code once: veriloco/nodeprocs.py).
+It shows live progress from the chain and the nodes' JSON logs, and ends with a summary (and, with
+--report DIR, summary.json plus a loss-curve PNG).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shlex
 import shutil
 import signal
@@ -45,6 +45,8 @@ from protocol.store.backends import LocalStore
 from protocol.tokens import load_corpus_dir
 from veriloco.argtypes import non_negative, positive, seconds, tcp_port
 from veriloco.logs import fields_text
+from veriloco.nodeprocs import NodeProcess, start_node
+from veriloco.nodeprocs import warm as warm_node_server
 from veriloco.nodes import CHEAT_KINDS, SLASHED_EXIT
 from veriloco.traffic import compare, headline, trainer_traffic
 
@@ -144,7 +146,7 @@ class NodeProc:
     address: str
     log_path: Path
     cmd: list[str]
-    proc: subprocess.Popen[bytes]
+    proc: NodeProcess
     cheat: str | None = None
     killed: bool = False  # stopped on purpose (fault injection): its exit status is expected
     offset: int = 0
@@ -199,18 +201,12 @@ def _spawn(role: str, index: int, account: int, devnet_file: Path, run_id: int, 
     for flag, gib in (("--boundary-log-ram", opts.log_ram_gib), ("--boundary-log-disk", opts.log_disk_gib)):
         if role == "trainer" and gib is not None:
             cmd += [flag, str(gib)]
-    return NodeProc(role, index, account, address, log_path, cmd, _popen(cmd, log_path), cheat)
+    return NodeProc(role, index, account, address, log_path, cmd, start_node(cmd, log_path), cheat)
 
 
 def metrics_offset(opts: DemoOptions, role: str, index: int) -> int:
     """Where a node's metrics port lies after `opts.metrics_port`: verifiers, then trainers, then the coordinator."""
     return {"verifier": index, "trainer": opts.verifiers + index, "coordinator": opts.verifiers + opts.trainers}[role]
-
-
-def _popen(cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    with open(log_path, "ab") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
 class Control:
@@ -232,7 +228,7 @@ class Control:
     def restart(self, name: str) -> None:
         """Start the node again with the same command, key and work directory."""
         n = self.node(name)
-        n.proc = _popen(n.cmd, n.log_path)
+        n.proc = start_node(n.cmd, n.log_path)
         n.killed = False
 
     def restart_chain(self) -> None:
@@ -341,6 +337,7 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stdout,
         out.flush()
 
     check_options(opts)
+    warm_node_server()  # the nodes' imports run while the devnet and the run are set up
     # A demo is a fresh network: node records and chain state of an earlier demo would not match it.
     for old in ("devnet", "nodes", "logs"):
         shutil.rmtree(opts.workdir / old, ignore_errors=True)

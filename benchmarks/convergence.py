@@ -1224,7 +1224,7 @@ def render(out: dict[str, Any]) -> str:
     if len(sw) > 1:
         vs_main = sweep_vs_main(out)
         lines += _table_head("Outer optimizer sweep (equal tokens, same AllReduce runs; gap: paired mean ± sd [95% interval]).",
-                             ["outer lr", "momentum", *local, f"{headline(local)} - diloco"])
+                             ["outer lr", "momentum", *local, f"{out.get('dilocox_method') or headline(local)} - diloco"])
         for row in sw:
             g = row["paired_gap_vs_allreduce"]
             diff = row.get("paired_gap_dilocox_vs_diloco")

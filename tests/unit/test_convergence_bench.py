@@ -406,3 +406,14 @@ def test_a_held_out_merge_reports_the_selection_seeds_beside_its_own(tmp_path: P
     with pytest.raises(SystemExit, match="selection rows"):  # a held-out file is no selection
         main(["--merge", str(tmp_path / "h3.json"), "--selection", str(tmp_path / "held.json"),
               "--out", str(tmp_path / "x.json")])
+
+
+def test_the_outer_sweep_table_names_the_file_s_dilocox_method() -> None:
+    """A file whose DiLoCoX method is none of HEADLINE's names (the tuning runs' shipped method) titles
+    the sweep's difference column with that method, not with HEADLINE's guess (None)."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "convergence-small-tuning.json"
+    out = json.loads(path.read_text())
+    method = out["dilocox_method"]
+    assert len(out["sweep_outer"]) > 1
+    heads = [line for line in render(out).splitlines() if line.startswith("| outer lr | momentum |")]
+    assert heads[0].endswith(f"| {method} - diloco |")

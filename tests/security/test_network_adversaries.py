@@ -1,7 +1,7 @@
 """Whole networks with adversaries everywhere the pure tests cannot reach end to end.
 
 Five trainers — `lazy` (trainer/cheats.py), `forge-final` and `stale-copy` (trainer/adversaries.py),
-two honest — two verifiers, and a coordinator that finalizes the right trainers with a wrong model.
+two honest, one of them on a disk that refuses a mid-epoch checkpoint — two verifiers, and a coordinator that finalizes the right trainers with a wrong model.
 The demo's node programs are swapped for tests/security/adversary_node.py through run_demo's
 fault-injection hook (the demo CLI only knows the cheats of trainer/cheats.py).
 
@@ -50,6 +50,7 @@ pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 SWAPS = {"trainer1": "forge-final", "trainer2": "stale-copy", "coordinator0": None}
+FULL_DISK = "trainer3"  # honest, but its disk refuses one mid-epoch checkpoint (adversary_node --refuse-checkpoint)
 EPOCHS = 2
 FAILED_AUDIT = 3
 
@@ -83,7 +84,8 @@ def test_adversarial_trainers_are_slashed_and_a_wrong_aggregate_is_corrected(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the node processes import tests.security.adversary_node
-    swap = _swapper({name: ["--behaviour", b] if b else [] for name, b in SWAPS.items()})
+    swap = _swapper({**{name: ["--behaviour", b] if b else [] for name, b in SWAPS.items()},
+                     FULL_DISK: ["--refuse-checkpoint", "4"]})
 
     seen: dict[str, Any] = {}
 
@@ -106,7 +108,8 @@ def test_adversarial_trainers_are_slashed_and_a_wrong_aggregate_is_corrected(
                        workdir=tmp_path / "demo", timeout_s=480)
     # epoch 1 waits for a verifier's finalize, and for the reveal of a cheater that stopped, if one did
     skips = skip_unrevealed(EPOCHS), skip_to_verifier_finalize(EPOCHS)
-    s, log = run_network(opts, inspect=inspect, on_tick=lambda c: (swap(c), *(skip(c) for skip in skips)))
+    s, log = run_network(opts, inspect=inspect, on_tick=lambda c: (swap(c), seen.setdefault("full_disk", c.node(FULL_DISK).address),
+                                                                   *(skip(c) for skip in skips)))
     cheaters = s["cheaters"]  # address -> kind, including the swapped-in adversaries
     assert sorted(cheaters.values()) == ["forge-final", "lazy", "stale-copy"], log
     assert s["epochs_finalized"] == EPOCHS, log
@@ -130,6 +133,12 @@ def test_adversarial_trainers_are_slashed_and_a_wrong_aggregate_is_corrected(
     assert [ev["epoch"] for ev in finalized_by_verifier] == [1]
     attested = [ev for i in range(opts.verifiers) for ev in _events(opts.workdir / "logs" / f"verifier{i}.jsonl", "attested")]
     assert {ev["epoch"]: ev["matches"] for ev in attested} == {0: False, 1: True}
+    # the trainer whose disk refused d_4 of epoch 0 said so, and lost only replay distance: it was
+    # audited, passed and aggregated in both epochs like any honest trainer (and is not slashed, above)
+    full_log = opts.workdir / "logs" / f"{FULL_DISK}.jsonl"
+    warned = [ev for ev in _events(full_log, "warning") if ev.get("what") == "checkpoint"]
+    assert [(ev["epoch"], ev["error"].split(":")[0]) for ev in warned] == [(0, "step 4")], log
+    assert all(seen["full_disk"] in included for included in seen["included"].values())
 
 
 def test_a_coordinator_finalizing_an_unusable_model_changes_no_honest_model(

@@ -94,6 +94,7 @@ def start_node(cmd: list[str], log_path: Path) -> NodeProcess:
     if not FORKS or cmd[1:2] != ["-m"]:
         with open(log_path, "ab") as out:
             return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    open(log_path, "ab").close()  # there once this returns, as an exec'd node's is
     ctx = multiprocessing.get_context("forkserver")
     _start_server(ctx)
     process = ctx.Process(target=_run, args=(cmd[2], cmd[3:], env, str(log_path), os.getcwd()),

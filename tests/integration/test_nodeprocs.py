@@ -49,11 +49,12 @@ def test_a_forked_node_is_the_command_with_its_environment_output_and_status(
 def test_a_forked_node_is_signalled_killed_and_waited_for_like_a_popen(tmp_path: Path) -> None:
     log = tmp_path / "node.jsonl"
     proc = start_node([*PROBE, "wait"], log)
+    assert log.exists()  # before the child runs, as with exec
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(timeout=0.5)
     assert proc.poll() is None
     end = time.monotonic() + 120
-    while "atexit" not in log.read_text() and "to stderr" not in log.read_text():
+    while "to stderr" not in log.read_text():  # the node's second line: it runs
         if time.monotonic() > end:
             pytest.fail(f"the node said nothing: {log.read_text()!r}")
         time.sleep(0.1)

@@ -1179,13 +1179,14 @@ def render(out: dict[str, Any]) -> str:
             f"| {m['speedup_1gbps']:.2f}x |"
         )
     vs = out.get("paired_gap_vs_diloco") or {}
+    dilocox = out.get("dilocox_method") or headline(ms)  # the file's own, else HEADLINE's guess
     if len(vs) > 1:
         lines += ["", "Minus DiLoCo (gap points, paired):", "", "| method | minus diloco |", "|---|---:|"]
         lines += [f"| {n} | {_gap_cell(d)} |" for n, d in vs.items()]
     else:
         dd = out.get("paired_gap_dilocox_vs_diloco")
         if isinstance(dd, dict):
-            lines += ["", f"{out.get('dilocox_method') or headline(ms)} - diloco (gap points, paired): {_gap_cell(dd)}"]
+            lines += ["", f"{dilocox} - diloco (gap points, paired): {_gap_cell(dd)}"]
     sel = out.get("selection")
     if sel:
         lines += ["", (f"Held-out seeds {out['held_out_seeds']} (held-out rows) beside the selection seeds {sel['seeds']} "
@@ -1224,7 +1225,7 @@ def render(out: dict[str, Any]) -> str:
     if len(sw) > 1:
         vs_main = sweep_vs_main(out)
         lines += _table_head("Outer optimizer sweep (equal tokens, same AllReduce runs; gap: paired mean ± sd [95% interval]).",
-                             ["outer lr", "momentum", *local, f"{out.get('dilocox_method') or headline(local)} - diloco"])
+                             ["outer lr", "momentum", *local, f"{dilocox} - diloco"])
         for row in sw:
             g = row["paired_gap_vs_allreduce"]
             diff = row.get("paired_gap_dilocox_vs_diloco")

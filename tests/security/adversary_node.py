@@ -18,8 +18,8 @@ its trainer withholds can only be judged by the availability committee (docs/sec
 unavailable and votes "unavailable" on any committee it sits on: the one-verifier takeover of
 issue 30 (docs/security.md §14.1).
 `trainer --refuse-checkpoint K` is an honest trainer that keeps a checkpoint every K steps and whose
-disk refuses epoch 0's d_K once (ENOSPC), as a full disk would mid-epoch: it must warn, answer its audits from the checkpoint
-before, and pass (trainer/checkpoints.py `Checkpointer`).
+disk refuses epoch 0's d_K (ENOSPC), as a full disk would mid-epoch: it must warn, answer its audits
+from the checkpoint before, and pass (trainer/checkpoints.py `Checkpointer`).
 The demo's CLI only knows the cheats of trainer/cheats.py, so the test swaps these commands in.
 """
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -43,6 +42,7 @@ from protocol.formats.codec import save_state
 from protocol.run import passing_trainers
 from protocol.store.backends import LocalStore
 from protocol.types import Cid
+from tests.fixtures.fulldisk import full_at
 from trainer.adversaries import ADVERSARIES, NODE_ADVERSARIES
 from trainer.checkpoints import EpochDir
 from trainer.node import TrainerNode
@@ -159,19 +159,6 @@ class FalseReporter(VerifierNode):
         return False, "lying"
 
 
-def refuse_checkpoint(k: int) -> None:
-    """This process's disk refuses epoch 0's d_k once, as a full one would (ENOSPC, nothing written)."""
-    save_step, refused = EpochDir.save_step, list[int]()
-
-    def full_once(d: EpochDir, step: int, state: Any) -> None:
-        if d.epoch == 0 and step == k and not refused:
-            refused.append(step)
-            raise OSError(errno.ENOSPC, "No space left on device (injected by the test)")
-        save_step(d, step, state)
-
-    EpochDir.save_step = full_once  # type: ignore[method-assign,assignment]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="adversary_node", description=__doc__)
     p.add_argument("role", choices=["trainer", "coordinator", "verifier"])
@@ -181,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--behaviour", choices=sorted({*ADVERSARIES, *NODE_ADVERSARIES, "withhold", "lazy", "forgetful", "false-report"}),
                    default="forge-final")
     p.add_argument("--scale", type=float, help="coordinator: finalize the true aggregate times this factor")
-    p.add_argument("--refuse-checkpoint", type=int, metavar="K", help="trainer: honest, but its disk refuses epoch 0's d_K once")
+    p.add_argument("--refuse-checkpoint", type=int, metavar="K", help="trainer: honest, but its disk refuses epoch 0's d_K")
     args = p.parse_args(argv)
     s = resolve(args)
     chain = open_chain(s)
@@ -192,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         verifier = kinds[args.behaviour]
         verifier(chain, open_store(s), args.run, s.workdir / f"verifier-{chain.sender}", log=json_logger("verifier")).run()
     elif args.role == "trainer" and args.refuse_checkpoint is not None:
-        refuse_checkpoint(args.refuse_checkpoint)  # kept every K steps, so d_K is a mid-epoch one
+        EpochDir.save = full_at(args.refuse_checkpoint, epoch=0)  # type: ignore[method-assign,assignment]
         TrainerNode(chain, open_store(s), args.run, s.workdir / f"trainer-{chain.sender}", log=json_logger("trainer"),
                     checkpoint_every=args.refuse_checkpoint, checkpoint_every_logged=args.refuse_checkpoint).run()
     elif args.role == "trainer" and args.behaviour in NODE_ADVERSARIES:

@@ -1,7 +1,8 @@
 """Whole networks with adversaries everywhere the pure tests cannot reach end to end.
 
 Five trainers — `lazy` (trainer/cheats.py), `forge-final` and `stale-copy` (trainer/adversaries.py),
-two honest, one of them on a disk that refuses a mid-epoch checkpoint — two verifiers, and a coordinator that finalizes the right trainers with a wrong model.
+two honest, one of them on a disk that refuses a mid-epoch checkpoint — two verifiers, and a
+coordinator that finalizes the right trainers with a wrong model.
 The demo's node programs are swapped for tests/security/adversary_node.py through run_demo's
 fault-injection hook (the demo CLI only knows the cheats of trainer/cheats.py).
 
@@ -108,8 +109,13 @@ def test_adversarial_trainers_are_slashed_and_a_wrong_aggregate_is_corrected(
                        workdir=tmp_path / "demo", timeout_s=480)
     # epoch 1 waits for a verifier's finalize, and for the reveal of a cheater that stopped, if one did
     skips = skip_unrevealed(EPOCHS), skip_to_verifier_finalize(EPOCHS)
-    s, log = run_network(opts, inspect=inspect, on_tick=lambda c: (swap(c), seen.setdefault("full_disk", c.node(FULL_DISK).address),
-                                                                   *(skip(c) for skip in skips)))
+    def tick(c: Control) -> None:
+        swap(c)
+        seen["full_disk"] = c.node(FULL_DISK).address
+        for skip in skips:
+            skip(c)
+
+    s, log = run_network(opts, inspect=inspect, on_tick=tick)
     cheaters = s["cheaters"]  # address -> kind, including the swapped-in adversaries
     assert sorted(cheaters.values()) == ["forge-final", "lazy", "stale-copy"], log
     assert s["epochs_finalized"] == EPOCHS, log
@@ -133,7 +139,7 @@ def test_adversarial_trainers_are_slashed_and_a_wrong_aggregate_is_corrected(
     assert [ev["epoch"] for ev in finalized_by_verifier] == [1]
     attested = [ev for i in range(opts.verifiers) for ev in _events(opts.workdir / "logs" / f"verifier{i}.jsonl", "attested")]
     assert {ev["epoch"]: ev["matches"] for ev in attested} == {0: False, 1: True}
-    # the trainer whose disk refused d_4 of epoch 0 said so, and lost only replay distance: it was
+    # the trainer whose disk refused epoch 0's d_4 said so, and lost only replay distance: it was
     # audited, passed and aggregated in both epochs like any honest trainer (and is not slashed, above)
     full_log = opts.workdir / "logs" / f"{FULL_DISK}.jsonl"
     warned = [ev for ev in _events(full_log, "warning") if ev.get("what") == "checkpoint"]

@@ -17,6 +17,7 @@ from dilocox.inner import configure_determinism
 from protocol.formats.codec import save_state
 from protocol.leaf import StepLeaf, block_count
 from protocol.model import init_params
+from tests.fixtures.fulldisk import full_at
 from tests.unit.test_engine import CFG, SPEC, _batch
 from trainer.boundaries import BoundaryLog, ByteBudget, DiskHeadroom, memory_headroom
 from trainer.checkpoints import EpochDir
@@ -207,15 +208,6 @@ def test_a_checkpoint_that_cannot_be_written_costs_replay_distance_not_the_epoch
     ref = LocalEngine(SPEC, every=EVERY, keep_boundaries=False)
     eng, d = LocalEngine(SPEC, every=EVERY, keep_boundaries=False), EpochDir(tmp_path / "full", 0)
     eng.begin(d, STEPS, init_params(CFG, 0), None)
-    save = EpochDir.save
-
-    def full_at(*steps: int):  # type: ignore[no-untyped-def]
-        def save_unless(self: EpochDir, name: str, state: dict) -> None:  # type: ignore[type-arg]
-            if name in {f"state-{k:06d}" for k in steps}:
-                raise OSError(28, "No space left on device")
-            save(self, name, state)
-        return save_unless
-
     monkeypatch.setattr(EpochDir, "save", full_at(4))
     for k in range(STEPS):
         assert eng.step(d, k, _batch(k))[1] == leaves[k + 1]

@@ -411,6 +411,9 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
     deadline = time.monotonic() + opts.timeout_s
     say(CHAIN_LEGEND)
     while True:
+        # Whether the coordinator had ended before this tick reads the logs: its last lines (`removed`,
+        # `slashed`) are then read below, so the decision to stop never misses them.
+        ended = coordinator.proc if coordinator.proc.poll() is not None else None
         for n in nodes:
             for ev in n.read():
                 if ev.get("event") in ("committed", "revealed", "responded", "verified", "finalized", "skipped",
@@ -431,7 +434,7 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
         if on_tick is not None:
             on_tick(control)
         # a coordinator slashed and removed stops at once; a verifier finalizes the rest in its place
-        if (coordinator.proc.poll() is not None and not coordinator.killed
+        if (ended is coordinator.proc and not coordinator.killed
                 and (not _removed(coordinator) or _all_terminal(chain, run_id, cfg.schedule.epochs))):
             break
         # a cheater caught ends slashed (SLASHED_EXIT): the summary's slashes say whom, and the tests check them

@@ -2,7 +2,8 @@
 
 Runs the driver of benchmarks/scale.py in process (a fresh anvil, every node its own account and
 Chain, every phase's transactions sent concurrently) and checks what it read back from the contract.
-About 40 s on the project's 2-core machine.
+About 40 s on the project's 2-core machine; a hang meets the suite's per-test timeout (pyproject.toml),
+not a limit of its own that a slow machine would reach on time alone.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ pytestmark = pytest.mark.integration
 TRAINERS, VERIFIERS, EPOCHS = 64, 8, 3
 
 
-@pytest.mark.timeout(170)
 def test_64_trainers_8_verifiers_3_epochs_all_finalize() -> None:
     result = run_scale(trainers=TRAINERS, verifiers=VERIFIERS, epochs=EPOCHS)
 

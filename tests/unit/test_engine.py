@@ -52,6 +52,7 @@ def test_an_audited_block_replays_to_the_committed_leaves(tmp_path: Path) -> Non
         g_m, act, g_in = replay_group(state, b, _batch(j), CFG, 2, m, o.inp, o.g_out)
         mine = o.groups[b][m]
         assert (tensor_digest(act), tensor_digest(g_in)) == (mine.act, mine.grad)
+        assert o.total is not None  # a block's opening carries the step's gradient sums
         after = g_m if m == 0 else accumulate(o.before, g_m)
         assert partial_digest(after) == (mine.after if m == 0 else partial_digest(o.total))
         state, sq = block_update(state, b, o.total, SPEC.inner, leaves[j + 1].sqs)

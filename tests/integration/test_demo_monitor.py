@@ -66,9 +66,7 @@ def test_a_coordinator_removed_mid_tick_does_not_end_the_network_early(tmp_path:
 
 def test_a_coordinator_that_finished_ends_the_watch_at_once(tmp_path: Path) -> None:
     node = _coordinator(tmp_path, {"event": "finished"}, 0)
-    t = time.monotonic()
-    _watch(tmp_path, node, timeout_s=120)
-    assert time.monotonic() - t < 60
+    _watch(tmp_path, node, timeout_s=120)  # a watch that waited for the epochs would raise at its timeout
     assert [ev["event"] for ev in node.events] == ["finished"]
 
 

@@ -20,7 +20,8 @@ attention), not seconds: a model of work, not a measurement.
 Per trainer and epoch, at the steady state of a long run (a continued start, the final check drawn
 as often as `final_check_bps` says):
 
-- sent: the wrapped payload, the manifest, `s` challenge files (one block, `r` steps: the block's
+- sent: the wrapped payload, the manifest, `s` draws of challenge files (the drawn block and the data
+  ends, blocks 0 and B − 1, over the same segment: `protocol.shard_audit.data_ends`; each file `r` steps: the block's
   parameters and moments, `2 r` boundary tensors of one group of U tokens, and with M > 1 groups two
   block-sized sums per step; under the merge rule, when the segment covers the merge step, the
   block's start parameters too), the final check's transition
@@ -62,6 +63,7 @@ from protocol.model import PRESETS, GPTConfig, param_shapes
 from protocol.shard_audit import (
     build_manifest,
     challenge_spec,
+    data_ends,
     encode_manifest,
     open_groups,
     start_spec,
@@ -208,7 +210,11 @@ def project(st: Setting) -> dict[str, Any]:
         challenge.append(plain if params else buffered[-1])
         final.append(state_file_size(_as(transition_spec(shapes, names), w)))
         block_p.append(sum(math.prod(shapes[n]) for n in names))
-    per_challenge = sum(challenge) / B
+    def per_draw(per_block: list[float]) -> float:
+        """A draw's mean over its uniformly drawn block: that block and the data ends (shard_audit.data_ends)."""
+        return sum(sum(per_block[x] for x in data_ends(b, B)) for b in range(B)) / B
+
+    per_challenge = per_draw(challenge)
     per_final = sum(final) / B
     buffer_start = state_file_size(_as(start_spec(shapes, st.merge), w))  # what a carried buffer's start ships
     start = 0 if params else buffer_start
@@ -220,7 +226,7 @@ def project(st: Setting) -> dict[str, Any]:
     received = (st.K - 1) * payload
     # the same answer with a carried buffer: its start file, and a challenge over the merge step ships the
     # block's start parameters (its manifest is the same size: start_cid is a CID either way)
-    with_buffer = answer - start + buffer_start + st.s * (sum(buffered) - sum(challenge)) / B
+    with_buffer = answer - start + buffer_start + st.s * (per_draw(buffered) - per_draw(challenge))
     allreduce = ring_allreduce_bytes(w * P, st.K) * st.H
     state = 3 * w * P  # parameters and the two AdamW moments
     rule = CheckpointRule.of(max(CHECKPOINT_EVERY, seg), CHECKPOINT_EVERY_LOGGED)
@@ -236,9 +242,10 @@ def project(st: Setting) -> dict[str, Any]:
     # by AdamW alone (no forward pass, left out here) and runs groups 0..m of each of its r steps
     grad_log = w * P * st.H
     grad_steps = st.s * seg * (M + 1) / (2 * M)
-    block_share = sum(flops_per_token(cfg, names) for names in blocks) / B / flops_per_token(cfg)
+    drawn_flops = per_draw([flops_per_token(cfg, names) for names in blocks])  # a draw replays its data ends too
+    block_share = drawn_flops / flops_per_token(cfg)
     train = flops_per_token(cfg) * st.tokens * st.H
-    replay = sum(flops_per_token(cfg, names) for names in blocks) / B * (st.tokens / M) * seg * st.s
+    replay = drawn_flops * (st.tokens / M) * seg * st.s
     # per step: every block's boundaries (whole batch), M − 1 running sums of every block, and the
     # state (parameters, moments) at every r-th leaf
     hashed = 2 * (B - 1) * st.tokens * cfg.d_model * w + (M - 1) * P * w + 3 * P * w / seg
@@ -260,7 +267,7 @@ def project(st: Setting) -> dict[str, Any]:
         "start_file_bytes": start,
         "ef_in_params": params,
         "audit_answer_bytes_per_epoch": round(answer),
-        "boundary_bytes_per_challenge": round(seg * bound_step / B),
+        "boundary_bytes_per_challenge": round(seg * bound_step / (2 * (B - 1)) * per_draw([(b > 0) + (b < B - 1) for b in range(B)])),
         "bytes_sent_per_trainer_per_epoch": round(sent),
         "bytes_received_per_trainer_per_epoch": round(received),
         "allreduce_bytes_per_trainer_per_epoch": allreduce,

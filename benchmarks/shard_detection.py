@@ -132,7 +132,7 @@ def sampled(h: int, s: int, r: int, blocks: int, seeds: int, f: float = F) -> di
         spread = set(rng.sample(range(h), m))
         first = rng.randrange(h // r - math.ceil(m / r) + 1) * r  # m consecutive steps from a segment start
         clustered = set(range(first, first + m))
-        k, b = rng.randrange(h), rng.randrange(blocks)
+        k, b = rng.randrange(h), rng.randrange(1, blocks - 1)  # a middle block: the data ends go with every draw
         caught["fake_fraction_spread"].append(_covered(chals, spread))
         caught["fake_fraction_clustered"].append(_covered(chals, clustered))
         caught["one_transition"].append(_covered(chals, [k]))

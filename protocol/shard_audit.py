@@ -35,7 +35,7 @@ from protocol.leaf import GroupLeaf, LeafError, StepLeaf, part_digest, partial_d
 from protocol.store.unixfs import CidError, validate_cid
 from protocol.types import Address, Cid, Digest
 
-SHARD_AUDIT_FORMAT = "veriloco.audit.shard.v3"
+SHARD_AUDIT_FORMAT = "veriloco.audit.shard.v4"
 START_PREFIX = "start."  # a transition or start file's first-leaf parameters: "start.param/<p>"
 
 
@@ -54,9 +54,10 @@ def drawn_block(seed: bytes, trainer: str, label: str, j: int, n_blocks: int) ->
     return draw(seed, trainer, label, j) % n_blocks
 
 
-def drawn_group(seed: bytes, trainer: str, k: int, b: int, micro: int) -> int:
-    """The group (micro-batch) of step k that a challenge of block b opens."""
-    return draw(seed, trainer, "group", k, b) % micro
+def drawn_group(seed: bytes, trainer: str, k: int, micro: int) -> int:
+    """The group (micro-batch) of step k that every challenge of that step opens, whatever its block:
+    a drawn block and its data ends (``shard_challenges``) must look at the same rows."""
+    return draw(seed, trainer, "group", k) % micro
 
 
 def opening_keys(start: int, end: int, b: int, picks: Sequence[int], n_blocks: int) -> list[tuple[int, int, int]]:
@@ -70,14 +71,24 @@ def opening_keys(start: int, end: int, b: int, picks: Sequence[int], n_blocks: i
     return out
 
 
+def data_ends(b: int, n_blocks: int) -> tuple[int, ...]:
+    """The blocks a challenge of block b replays beside it: the first (token ids in) and the last
+    (targets in), the only blocks that read the run's data. A middle block's replay takes its input
+    and output gradient from its neighbours' commitments, so it cannot tell a group computed
+    consistently on other rows or other targets from an honest one; its ends can (docs/security.md §16)."""
+    return tuple(sorted({0, b, n_blocks - 1}))
+
+
 def shard_challenges(
     seed: bytes, trainer: str, steps: Sequence[int], leaf_count: int, segment: int, n_blocks: int,
 ) -> list[tuple[int, int, int]]:
-    """(start, end, block) of every challenge, sorted and distinct; ``steps`` in the chain's draw order."""
+    """(start, end, block) of every challenge, sorted and distinct; ``steps`` in the chain's draw order.
+    Each draw j becomes its segment of the drawn block and of the data ends (``data_ends``), on the
+    same opened groups (``drawn_group``)."""
     out = set()
     for j, k in enumerate(steps):
         start, end = segment_of(k, segment, leaf_count)
-        out.add((start, end, drawn_block(seed, trainer, "shard", j, n_blocks)))
+        out.update((start, end, b) for b in data_ends(drawn_block(seed, trainer, "shard", j, n_blocks), n_blocks))
     return sorted(out)
 
 
@@ -449,6 +460,7 @@ __all__ = [
     "build_manifest",
     "challenge_spec",
     "covers_merge",
+    "data_ends",
     "decode_manifest",
     "drawn_block",
     "drawn_group",

@@ -152,7 +152,7 @@ def shard_response(
         run_id=run_id, epoch=epoch, trainer=trainer, preimages=preimages, segment=spec.segment,
         groups=spec.microbatches, challenges=challenges,
         cid_of_challenge=lambda s, e, b: _published(publish, challenge_file(
-            engine, d, s, e, b, [drawn_group(seed, trainer, k, b, spec.microbatches) for k in range(s, e)], batch_of,
+            engine, d, s, e, b, [drawn_group(seed, trainer, k, spec.microbatches) for k in range(s, e)], batch_of,
             leaves, spec, covers_merge(s, e, spec.merge_step_in(epoch)) and not spec.ef_in_params)),
         final_block=drawn_block(seed, trainer, "final-shard", 0, n) if fin else -1,
         cid_of_final=lambda b: publish(save_state(transition_file(engine, d, L - 1, b))),

@@ -310,7 +310,7 @@ def audit_findings(
     want = shard_challenges(chained.seed, trainer, chained.steps, chained.leaf_count, spec.segment, n)
     fin = final_check(chained.seed, trainer, chained.final_bps)
     got = [(c.start, c.end, c.block) for c in m.challenges]
-    picks_ok = all(c.picks == [drawn_group(chained.seed, trainer, k, c.block, micro) for k in range(c.start, c.end)]
+    picks_ok = all(c.picks == [drawn_group(chained.seed, trainer, k, micro) for k in range(c.start, c.end)]
                    for c in m.challenges)
     bound = ((m.run_id, m.epoch, m.trainer.lower(), m.trace_root, m.leaf_count, m.segment, m.groups) ==
              (run_id, epoch, trainer.lower(), chained.trace_root, chained.leaf_count, spec.segment, micro)

@@ -4,7 +4,7 @@ forged boundary tensor, a skipped block step or a wrong start is caught by the c
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,7 +22,7 @@ from protocol.formats.codec import load_state, save_state
 from protocol.formats.payload import wrap
 from protocol.leaf import StepLeaf, block_count, block_names
 from protocol.model import init_params, preset
-from protocol.shard_audit import ShardChallenge, decode_manifest, drawn_block, encode_manifest
+from protocol.shard_audit import ShardChallenge, decode_manifest, drawn_block, drawn_group, encode_manifest
 from protocol.store.backends import LocalStore
 from protocol.types import Address, Cid
 from trainer.adversaries import plant_error_buffer
@@ -38,21 +38,24 @@ CORPUS = Corpus(bytes((i * 7 + i // 13) % 251 for i in range(4096 * 24)))
 ME = Address("0x" + "ab" * 20)
 H, RANK, SLOT = 5, 4, 0
 G0 = init_params(CFG, 0)
+Data = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 
 
 class Run:
     """Two real epochs of one trainer with the local engine, and the store its answers go to."""
 
-    def __init__(self, root: Path, engine: LocalEngine | None = None) -> None:
+    def __init__(self, root: Path, engine: LocalEngine | None = None, data: Data | None = None) -> None:
+        """``data``: the batch the trainer trains and answers on (a cheater's own); the verifier reads the run's."""
         configure_determinism(1)
         self.store = LocalStore(root / "store")
         self.engine = engine or LocalEngine(SPEC, every=2)
+        self.data: Data = data or (lambda e, k: epoch_batch(SPEC, CORPUS, e, SLOT, k))
         self.dirs, self.preimages, self.pubs = [], [], []
         for e in range(2):
             d = EpochDir(root / "node", e)
             leaves = [self.engine.begin(d, H, G0, self.dirs[-1] if e else None)]
             for k in range(H):
-                leaves.append(self.engine.step(d, k, epoch_batch(SPEC, CORPUS, e, SLOT, k))[1])
+                leaves.append(self.engine.step(d, k, self.data(e, k))[1])
             payload, _ = self.engine.finish(d, RANK, compress_seed(SPEC.run_seed, e, SLOT))
             self.dirs.append(d)
             self.preimages.append([lf.encode() for lf in leaves])
@@ -62,7 +65,7 @@ class Run:
         steps = challenged_steps(seed, ME, 3, H + 1)
         m = shard_response(
             engine=self.engine, spec=SPEC, run_id=1, epoch=e, trainer=ME, d=self.dirs[e], preimages=self.preimages[e],
-            seed=seed, steps=steps, final_bps=10_000, batch_of=lambda k: epoch_batch(SPEC, CORPUS, e, SLOT, k),
+            seed=seed, steps=steps, final_bps=10_000, batch_of=lambda k: self.data(e, k),
             publish=publish or self.store.put, prev=self.dirs[e - 1] if e else None,
             prev_preimages=self.preimages[e - 1] if e else (),
         )
@@ -357,3 +360,71 @@ def test_a_trainer_answers_two_batch_sizes_with_the_same_audit_bytes(tmp_path: P
             f = check_segment(dict(enumerate(leaves)), c, file, spec, CORPUS, 0, SLOT)
             assert f.passed, f
     assert all(a == b for a, b in sizes.values()), sizes
+
+
+# ---- issue 45: every challenge binds the data, whatever block is drawn --------------------------
+
+ROWS = SPEC.batch_size // SPEC.microbatches  # rows per group
+
+
+def _copy_group_0(e: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every group trains on group 0's rows: 1/M of the work, consistent at every block boundary."""
+    x, y = epoch_batch(SPEC, CORPUS, e, SLOT, k)
+    return x[:ROWS].repeat(SPEC.microbatches, 1), y[:ROWS].repeat(SPEC.microbatches, 1)
+
+
+def _poison_group_1(e: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group 1's targets replaced (a backdoor target on a quarter to a half of the batch)."""
+    x, y = epoch_batch(SPEC, CORPUS, e, SLOT, k)
+    y = y.clone()
+    y[ROWS:2 * ROWS] = (y[ROWS:2 * ROWS] + 1) % CFG.vocab_size
+    return x, y
+
+
+def _own_labels(e: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole batch trained on the trainer's own labels."""
+    x, y = epoch_batch(SPEC, CORPUS, e, SLOT, k)
+    return x, (y * 7 + 3) % CFG.vocab_size
+
+
+def _middle_only_seed(run: Run, opens: Callable[[list[int]], bool]) -> tuple[bytes, list[int]]:
+    """A seed whose every drawn block is a middle one (neither data end) and whose challenged steps
+    open groups satisfying ``opens``; with the draws' blocks."""
+    n = block_count(CFG)
+    for i in range(1, 600):
+        s = bytes([i % 256]) * 31 + bytes([i // 256])
+        steps = challenged_steps(s, ME, 3, H + 1)
+        blocks = [drawn_block(s, ME, "shard", j, n) for j in range(len(steps))]
+        picks = [drawn_group(s, ME, k, SPEC.microbatches) for k in steps]
+        if all(0 < b < n - 1 for b in blocks) and opens(picks):
+            return s, blocks
+    raise AssertionError("no seed draws only middle blocks")
+
+
+@pytest.mark.parametrize("data,end,opens", [
+    (_copy_group_0, 0, lambda picks: any(m != 0 for m in picks)),
+    (_poison_group_1, block_count(CFG) - 1, lambda picks: 1 in picks),
+    (_own_labels, block_count(CFG) - 1, lambda picks: True),
+], ids=["copy-group-0", "poison-group-1", "own-labels"])
+def test_training_on_other_data_is_caught_on_a_challenge_of_a_middle_block(
+        tmp_path: Path, data: Data, end: int, opens: Callable[[list[int]], bool]) -> None:
+    """Consistent substitution: every block boundary agrees with the trainer's own rows or targets, so
+    the drawn middle block's replay alone passes; the data end its challenge replays beside it (block
+    0 for rows, the head for targets) on the same opened group does not."""
+    run = Run(tmp_path, data=data)
+    seed, blocks = _middle_only_seed(run, opens)
+    m, steps = run.answer(0, seed)
+    findings = run.judge(0, seed, m, steps)
+    middle = [f for f in findings if f.check.startswith("block ") and int(f.check.split()[1]) in blocks]
+    assert middle and all(f.passed for f in middle), middle  # what the audit saw before issue 45
+    bad = _failed(findings)
+    assert any(b.startswith(f"block {end} steps ") for b in bad), bad
+
+
+def test_one_poisoned_group_passes_only_where_no_challenge_opens_it(tmp_path: Path) -> None:
+    """The 1/M limit of a part of the batch: a poisoned group is caught by every challenge that opens
+    it and by none that does not (docs/security.md §16)."""
+    run = Run(tmp_path, data=_poison_group_1)
+    seed, _ = _middle_only_seed(run, lambda picks: 1 not in picks)
+    m, steps = run.answer(0, seed)
+    assert not _failed(run.judge(0, seed, m, steps))

@@ -70,6 +70,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from protocol.numerics import pin_environment
+
+pin_environment()  # the run is created in this process: its fingerprint is the nodes' class's (protocol/numerics.py)
+
 import torch
 
 from protocol.config import RunConfig

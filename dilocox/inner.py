@@ -7,7 +7,8 @@ gradient-norm clipping are written out here in a fixed operation order instead o
 ``torch.optim``, so the math a verifier replays is pinned by this file, not by torch internals.
 
 Bitwise reproducibility holds on the same machine and build once ``configure_determinism`` has fixed
-the thread count and selected deterministic kernels. ``train_step`` never mutates its input.
+the thread count and selected deterministic kernels, and across x86-64 hosts of one numerics class
+once the process has also pinned it (``protocol.numerics``). ``train_step`` never mutates its input.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ def configure_determinism(threads: int = 1, device: str = "cpu") -> None:
         raise TrainerError(f"threads must be positive, got {threads}")
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
+    if device == "cpu":  # oneDNN picks kernels by ISA and cache sizes; ATen's own serve the same layers
+        torch.backends.mkldnn.enabled = False  # type: ignore[assignment]  # (the CPU numerics class)
     if device.startswith("cuda"):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cudnn.deterministic = True

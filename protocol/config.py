@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from decimal import Decimal
@@ -22,6 +23,8 @@ from protocol.digest import keccak
 from protocol.errors import VerilocoError
 from protocol.formats.codec import FormatError, canonical_json, decode_canonical_json
 from protocol.modelconfig import PRECISIONS, GPTConfig, preset
+from protocol.numerics import CLASSES as NUMERICS_CLASSES
+from protocol.numerics import CPU_CLASS
 from protocol.types import Address, Cid, Digest, Wei
 
 FORMAT = "veriloco.run.v1"
@@ -142,6 +145,14 @@ class AuditSection:
     # the device class exact replay is pinned to: "cpu" or "cuda:<GPU name as torch reports it>"
     # (dilocox/device.py); every trainer and verifier of an exact-mode run computes on it
     device: str = field(default="cpu", metadata=_NEW)
+    # the CPU numerics class an exact run on "cpu" computes in (protocol/numerics.py: what decides the
+    # bits besides the code), and the digest of the canary replay at the run's shapes under it
+    # (dilocox/numerics.py), recorded when the run is published: every node matches both before it stakes
+    numerics: str = field(default=CPU_CLASS, metadata=_NEW)
+    numerics_digest: str = field(default="", metadata=_NEW)
+    # torch compute threads of every node of an exact CPU run: reductions split across threads sum in
+    # another order, so the count decides bits too (a node's --threads must equal it)
+    threads: int = field(default=1, metadata=_NEW)
 
 
 @dataclass(frozen=True)
@@ -255,6 +266,12 @@ def _check(cfg: RunConfig) -> list[str]:
         p.append(f"audit.mode must be 'exact' or 'tolerant', got {a.mode!r}")
     if not 0 <= a.final_check_bps <= 10_000 or not 0 <= st.slash_bps <= 10_000:
         p.append("basis-point fields (audit.final_check_bps, stakes.slash_bps) must be within 0..10000")
+    if not 1 <= a.threads <= 256:
+        p.append(f"audit.threads must be within 1..256, got {a.threads}")
+    if a.numerics not in NUMERICS_CLASSES:
+        p.append(f"audit.numerics must be one of {sorted(NUMERICS_CLASSES)}, got {a.numerics!r}")
+    if a.numerics_digest and not re.fullmatch(r"0x[0-9a-f]{64}", a.numerics_digest):
+        p.append(f"audit.numerics_digest must be 0x and 64 lowercase hex digits (or empty), got {a.numerics_digest!r}")
     if a.device != "cpu" and not (a.device.startswith("cuda:") and len(a.device) > len("cuda:")):
         p.append(f"audit.device must be 'cpu' or 'cuda:<GPU name>' (e.g. 'cuda:NVIDIA H100 80GB HBM3'), got {a.device!r}")
     if a.segment < 1:

@@ -8,7 +8,7 @@ config's digest, and each global model to the digest its epoch finalized with.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,10 +103,16 @@ def bind_corpus(cfg: RunConfig, store: Store, corpus: Corpus, tokenizer: bytes |
 
 def publish_run(chain: Chain, store: Store, cfg: RunConfig, coordinator: str | None = None,
                 corpus: Corpus | None = None, tokenizer: bytes | None = None,
-                vocab_size: int = 0) -> tuple[RunId, RunConfig]:
-    """Publish the corpus, initial model and config, then create the run; returns (run id, final config)."""
+                vocab_size: int = 0, fingerprint: Callable[[RunConfig], str] | None = None) -> tuple[RunId, RunConfig]:
+    """Publish the corpus, initial model and config, then create the run; returns (run id, final config).
+
+    ``fingerprint`` (``dilocox.numerics.canary`` of the model; injected, it replays blocks) records
+    the numerics fingerprint of an exact CPU run that has none, at the shapes the corpus settles."""
     corpus = corpus or corpus_for(cfg, store)
     cfg = bind_corpus(cfg, store, corpus, tokenizer, vocab_size)
+    a = cfg.audit
+    if fingerprint is not None and a.mode == "exact" and a.device == "cpu" and not a.numerics_digest:
+        cfg = cfg.replace(audit={"numerics_digest": fingerprint(cfg)})
     corpus_for(cfg, store)  # the published corpus must be servable: fetchable, in the vocabulary
     g0 = initial_model(cfg)
     g0_cid = store.put(save_state(g0))

@@ -7,6 +7,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from protocol.numerics import pin_environment
+
+# before any test computes: the suite runs in the CPU numerics class exact runs pin, as every node
+# does, so its bit-for-bit comparisons hold on any x86-64-v3 host, not only on this one's kernels
+pin_environment()
+
 from tests.fixtures.chain import PyEvmNet
 
 

@@ -24,6 +24,7 @@ from coordinator.build import ModelUnavailable, VerifiedGlobals
 from dilocox.delay import MergeBase, StartRule, epoch_merge_offset, public_history_end
 from dilocox.device import check_device, resolve_device
 from dilocox.inner import Params, State, TrainerError, configure_determinism
+from dilocox.numerics import check_numerics
 from dilocox.round import (
     Final,
     RoundSpec,
@@ -157,6 +158,7 @@ class TrainerNode:
         self.spec = RoundSpec.from_config(self.ctx.config)
         a = self.ctx.config.audit
         check_device(self.device, a.device, a.mode, a.unit, self.run_id)
+        check_numerics(self.ctx.config, self.run_id)  # before it joins or stakes: its bits must be its peers'
         if self.spec.shard:
             self.engine = self.behaviour.engine(self)
         elif self.stages > 1:

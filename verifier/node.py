@@ -29,6 +29,7 @@ from torch import Tensor
 from dilocox.delay import MergeBase, Offset, StartRule, epoch_merge_offset
 from dilocox.device import check_device, resolve_device
 from dilocox.inner import Params, State, TrainerError, configure_determinism
+from dilocox.numerics import check_numerics
 from dilocox.outer import global_params
 from dilocox.round import RoundSpec, start_state
 from dilocox.schedule import Schedule
@@ -143,6 +144,7 @@ class VerifierNode:
         self.spec = RoundSpec.from_config(self.ctx.config)
         a = self.ctx.config.audit
         check_device(self.device, a.device, a.mode, a.unit, self.run_id)
+        check_numerics(self.ctx.config, self.run_id)  # before it joins or stakes: its bits must be its peers'
         self.schedule = Schedule(self.chain, self.store, self.ctx, self.spec)
         m = self.chain.member(self.run_id, self.me)
         if m.role == 1:

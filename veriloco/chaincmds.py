@@ -83,6 +83,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def cmd_run_create(args: argparse.Namespace) -> int:
+    from dilocox.numerics import fingerprint
     from protocol.config import load_toml
     from protocol.run import publish_run
     from protocol.tokens import load_corpus_dir
@@ -93,7 +94,8 @@ def cmd_run_create(args: argparse.Namespace) -> int:
     print("publishing the run's corpus, initial model and config, then creating it ...", file=sys.stderr, flush=True)
     own = load_corpus_dir(args.corpus) if args.corpus else None  # users' own data, published with the run
     run_id, _ = publish_run(chain, open_store(s), cfg, coordinator=args.coordinator, corpus=own.corpus if own else None,
-                            tokenizer=own.tokenizer if own else None, vocab_size=own.vocab_size if own else 0)
+                            tokenizer=own.tokenizer if own else None, vocab_size=own.vocab_size if own else 0,
+                            fingerprint=fingerprint)
     if args.json:
         p = chain.run_info(run_id).params
         print(json.dumps({"run_id": run_id, "config_cid": p.config_cid, "config_digest": "0x" + p.config_digest.hex(),

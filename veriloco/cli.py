@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from protocol.errors import VerilocoError
+from protocol.numerics import pin_environment
 
 # Every command: the module whose `register` adds it, and its one-line help as that `register` declares it
 # (tests/unit/test_cli_start.py holds them equal). `veriloco CMD ...` imports CMD's module alone (the node
@@ -105,6 +106,9 @@ def command_of(argv: Sequence[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # before any command module loads torch: every veriloco process computes in the CPU numerics class
+    # exact runs pin (protocol/numerics.py), whatever the host's own kernels would be
+    pin_environment()
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(command_of(argv))
     if not argv:  # what there is to type, rather than a one-line error about a missing COMMAND

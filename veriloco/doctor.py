@@ -332,6 +332,25 @@ def check_pin(ctx: Context) -> Result:
     return ok(f"run {ctx.args.run} replays in {a.mode} mode on {a.device!r}: this machine matches")
 
 
+def check_numerics(ctx: Context) -> Result:
+    """The run's CPU numerics class and fingerprint against this process's (exact CPU runs): what a
+    node checks before it stakes, computed here first."""
+    if ctx.config is None:
+        return skip("no run config")
+    a = ctx.config.audit
+    if ctx.args.role == "coordinator" or a.mode != "exact" or a.device != "cpu":
+        return skip("the coordinator replays nothing" if ctx.args.role == "coordinator" else
+                    f"run {ctx.args.run} does not replay bit for bit on the CPU")
+    from dilocox.numerics import canary, numerics_problem
+
+    why = numerics_problem(ctx.config)
+    if why is not None:
+        return fail(why)
+    mine = canary(ctx.config.model_config(), a.threads)[:18] + "…"
+    return ok(f"class {a.numerics}, fingerprint {mine}" + (" matches the run's" if a.numerics_digest else
+                                                           " (the run recorded none)"))
+
+
 # ---------------------------------------------------------------- the key
 
 
@@ -416,6 +435,7 @@ CHECKS: list[tuple[str, Callable[[Context], Result]]] = [
     ("run", check_run),
     ("store", check_store),
     ("device pin", check_pin),
+    ("numerics", check_numerics),
     ("state disk", check_disk),
     ("key", check_key),
     ("ports", check_ports),

@@ -27,6 +27,7 @@ from typing import Any, TextIO
 
 from eth_account import Account
 
+from dilocox.numerics import fingerprint
 from protocol.chain.binding import Chain, Phase
 from protocol.chain.errors import ChainUnavailable
 from protocol.config import RunConfig
@@ -360,7 +361,8 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stdout,
         say("building the corpus and publishing the run ...")
         own = load_corpus_dir(opts.corpus) if opts.corpus else None
         run_id, cfg = publish_run(creator, store, config or opts.config(), corpus=own.corpus if own else None,
-                                  tokenizer=own.tokenizer if own else None, vocab_size=own.vocab_size if own else 0)
+                                  tokenizer=own.tokenizer if own else None, vocab_size=own.vocab_size if own else 0,
+                                  fingerprint=fingerprint)
         say(f"run {run_id} created on {info.rpc_url} (contract {info.contract}); config {creator.run_info(run_id).params.config_cid}")
         # Stake everyone in before any node starts, so epoch 0 opens with the whole network
         # (a node joins by itself when it is not a member yet).

@@ -26,7 +26,7 @@ RUN_TOML = (
     "[windows]\ncommit_s = 60\nreveal_s = 60\nresponse_s = 60\nverdict_s = 60\nfinalize_s = 60\n"
 )
 CHECKS = ["python", "torch", "device", "determinism", "settings", "rpc", "clock", "contract", "run", "store",
-          "device pin", "state disk", "key", "ports"]
+          "device pin", "numerics", "state disk", "key", "ports"]
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +73,12 @@ def test_a_healthy_trainer_setup_passes_and_each_broken_piece_fails(where: Path,
 
     node = ["--run", run, "--workdir", str(where / "nodes")]
     code, got = doctor(capsys, *node, "--account", "1", "--metrics-port", str(free_port()))
-    assert code == 0 and all(status == "ok" for status, _ in got.values()), got
+    assert code == 0 and all(status == "ok" for status, _ in got.values()), [(k, v) for k, v in got.items() if v[0] != "ok"]
     assert f"chain id {devnet.info.chain_id}" in got["rpc"][1]
     assert f"run {run}'s config" in got["store"][1] and "digest checked" in got["store"][1]
     assert "a trainer needs about" in got["key"][1] and "stake 1e-15 ETH" in got["key"][1]
     assert "replays in exact mode on 'cpu'" in got["device pin"][1]
+    assert "class x86-64-v3-cnr, fingerprint 0x" in got["numerics"][1] and "matches the run's" in got["numerics"][1]
     port = free_port()  # the node's --metrics-host: every interface is fine, and said to be reachable from elsewhere
     code, got = doctor(capsys, *node, "--account", "1", "--metrics-port", str(port), "--metrics-host", "0.0.0.0")
     assert code == 0 and got["ports"][0] == "ok", got["ports"]
@@ -121,3 +122,24 @@ def test_no_settings_at_all_is_one_fail(tmp_path: Path, monkeypatch: pytest.Monk
     assert code == 1 and [n for n, (s, _) in got.items() if s == "FAIL"] == ["settings"], got
     assert "no RPC endpoint" in got["settings"][1]
     assert not (tmp_path / ".veriloco").exists()  # doctor reads; it creates nothing
+
+
+def test_a_node_whose_numerics_differ_from_the_runs_refuses_before_it_stakes(
+        where: Path, devnet: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run whose recorded fingerprint this host cannot reproduce (another torch build or CPU class
+    would show as this): doctor fails the check, and the trainer and the verifier refuse at start,
+    naming the fingerprints, before joining; nothing of theirs is staked (issue 51)."""
+    from protocol.chain.binding import Chain
+
+    (where / "run.toml").write_text(RUN_TOML.replace("[audit]\n", '[audit]\nnumerics_digest = "0x' + "ab" * 32 + '"\n'))
+    run = create_run(capsys)
+    code, got = doctor(capsys, "--run", str(run), "--workdir", str(where / "nodes"), "--account", "1",
+                       "--metrics-port", str(free_port()))
+    assert code == 1 and [n for n, (s, _) in got.items() if s == "FAIL"] == ["numerics"], got
+    assert "differs from the run's 0xabababab" in got["numerics"][1]
+    chain = Chain(devnet.info.rpc_url, devnet.info.contract)
+    for role, account in (("trainer", 1), ("verifier", 2)):
+        code, _, err = cli(capsys, role, "--run", str(run), "--account", str(account), "--workdir", str(where / role),
+                           "--metrics-port", "0")
+        assert code == 2 and "numerics class x86-64-v3-cnr" in err and "differs from the run's" in err, err
+        assert chain.member(run, devnet.info.accounts[account].address).role == 0  # never joined, nothing staked

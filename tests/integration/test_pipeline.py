@@ -79,9 +79,17 @@ def test_two_stage_pipeline_matches_single_process(tmp_path: Path, cfg: GPTConfi
     assert l0 == l1  # the loss is broadcast from the last stage
     assert l0 == pytest.approx(ref_losses, rel=1e-5)
     assert int(merged["meta/step"]) == STEPS
+    # The two sum the same gradients in other orders (two micro-batches across a stage boundary against
+    # one batch), so they agree to fp32 rounding, and AdamW then divides each coordinate's first moment
+    # by the root of its second: where a gradient is small against its history that ratio magnifies the
+    # rounding. So the bound is in units of what the steps can move a coordinate (about lr each): a
+    # thousandth of STEPS steps. Measured worst: 0.5e-6 to 2.0e-6 across ATen's default, AVX2 and
+    # AVX-512 kernels (issue 51: 1e-6 failed on an AVX2 host); a lost micro-batch or a misrouted block
+    # moves coordinates by a good part of a step.
+    atol = 1e-3 * INNER.lr * STEPS
     for k, v in ref.items():
         torch.testing.assert_close(
-            merged[k], v, rtol=1e-4, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}"
+            merged[k], v, rtol=1e-4, atol=atol, msg=lambda m, k=k: f"{k}: {m}"
         )
     # and the step really moved the parameters (the comparison is not vacuous)
     assert not torch.equal(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from dilocox.compress import CompressionConfig, compress, payload_size
 from protocol.formats.codec import save_state, spec_of, state_file_size
 from protocol.leaf import block_count, block_names
 from protocol.model import param_shapes, preset
-from protocol.shard_audit import challenge_spec
+from protocol.shard_audit import challenge_spec, data_ends
 
 
 @pytest.mark.parametrize("cfg", [CompressionConfig(), CompressionConfig(bits=8, dense_bits=8, group_size=32),
@@ -42,9 +43,12 @@ def test_past_one_group_a_challenge_does_not_grow_with_the_batch() -> None:
     assert (one["groups"], eight["groups"], sixteen["groups"]) == (1, 8, 16)
     assert eight["audit_bytes_per_challenge"] == sixteen["audit_bytes_per_challenge"]
     assert eight["boundary_bytes_per_challenge"] == one["boundary_bytes_per_challenge"]
-    # the one-group step carries no sums; past it, two block-sized sums per step
-    cfg = preset("small")
-    sums = 2 * 4 * sum(math.prod(s) for s in param_shapes(cfg).values()) / block_count(cfg)
+    # the one-group step carries no sums; past it, two block-sized sums per step in each file of a draw
+    # (the drawn block and the data ends, protocol.shard_audit.data_ends)
+    cfg = replace(preset("small"), seq_len=64)  # the settings' context: wpe has 64 rows
+    B = block_count(cfg)
+    sizes = [sum(math.prod(param_shapes(cfg)[n]) for n in names) for names in block_names(cfg)]
+    sums = 2 * 4 * sum(sum(sizes[x] for x in data_ends(b, B)) for b in range(B)) / B
     assert math.isclose(eight["audit_bytes_per_challenge"] - one["audit_bytes_per_challenge"], sums, rel_tol=1e-2)
     assert sixteen["boundary_log_bytes_per_epoch"] == 2 * eight["boundary_log_bytes_per_epoch"]
     for key in ("start_file_bytes", "payload_bytes", "final_check_bytes", "allreduce_bytes_per_trainer_per_epoch"):

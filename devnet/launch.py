@@ -33,9 +33,11 @@ from devnet.anvil import ANVIL_CHAIN_ID, Anvil, AnvilConfig, wait_for_rpc
 from devnet.evmserver import DEFAULT_CHAIN_ID, DEV_HD_PATH, DEV_MNEMONIC, EvmConfig, EvmServer
 from devnet.procs import stop_process
 from protocol.errors import VerilocoError
+from protocol.nodelock import NodeLock, NodeRunningError, acquire
 
 DEVNET_FILE = "devnet.json"
 DEFAULT_DIR = Path(".veriloco")  # veriloco.settings looks for .veriloco/devnet.json
+LOCK_FILE = "devnet.lock"  # held by the running devnet (protocol/nodelock.py)
 FORMAT_VERSION = 1
 ChainKind = Literal["py-evm", "anvil"]
 StoreKind = Literal["local", "ipfs"]
@@ -232,6 +234,7 @@ class Devnet:
         self._anvil: Anvil | None = None
         self._ipfs: Any = None  # devnet.ipfsnode.IpfsNode when store == "ipfs"
         self._info: DevnetInfo | None = None
+        self._lock: NodeLock | None = None
 
     @property
     def info(self) -> DevnetInfo:
@@ -253,6 +256,7 @@ class Devnet:
             return self
         c = self.config
         c.state_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = self._take_folder()
         c.devnet_file.unlink(missing_ok=True)  # a stale file must not point at a dead chain
         try:
             rpc_url = self._start_chain()
@@ -331,8 +335,18 @@ class Devnet:
             memo.write_text(json.dumps({"contract": address}) + "\n")
         return address
 
+    def _take_folder(self) -> NodeLock:
+        """The folder's lock, held while this devnet lives (issue 46): a second devnet in the same
+        folder would take its devnet file over, and delete it on stopping, under the running one."""
+        c = self.config
+        try:
+            return acquire(c.state_dir / LOCK_FILE, note=str(c.state_dir.absolute()),
+                           what=f"a devnet already runs in {c.state_dir} (its file {c.devnet_file} is in use)")
+        except NodeRunningError as exc:
+            raise DevnetError(f"{exc}, or give this one another --dir") from None
+
     def stop(self) -> None:
-        """Stop whatever started (anvil dumps its state first) and remove the devnet file."""
+        """Stop whatever started (anvil dumps its state first), remove the devnet file, free the folder."""
         if self._info is not None and self._info.pid == os.getpid():
             self.config.devnet_file.unlink(missing_ok=True)
         self._info = None
@@ -345,6 +359,9 @@ class Devnet:
         if self._server is not None:
             self._server.stop()
             self._server = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def __enter__(self) -> Self:
         return self.start()
@@ -401,8 +418,7 @@ class DevnetProcess:
         if self.process is not None:
             return self
         c = self.config
-        c.state_dir.mkdir(parents=True, exist_ok=True)
-        c.devnet_file.unlink(missing_ok=True)
+        c.state_dir.mkdir(parents=True, exist_ok=True)  # the child removes a stale file once the folder is its own
         log = self.log_path.open("wb")
         try:
             self.process = subprocess.Popen(

@@ -16,6 +16,14 @@ pin_environment()
 from tests.fixtures.chain import PyEvmNet
 
 
+@pytest.fixture(autouse=True)
+def _own_key_locks(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's nodes take their per-user key locks (protocol/nodelock.py) in a folder of its own:
+    devnets repeat chain ids, contract addresses and run ids, so a node still exiting from one test
+    must not refuse the next test's node with the same key."""
+    monkeypatch.setenv("VERILOCO_LOCK_DIR", str(tmp_path_factory.mktemp("key-locks")))
+
+
 @pytest.fixture(scope="module")
 def net() -> PyEvmNet:
     return PyEvmNet(accounts=12)

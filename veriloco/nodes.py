@@ -128,9 +128,28 @@ def run_node(args: argparse.Namespace, role: str, body: Callable[[Settings, Log,
         where = str(kept[0]) if kept else "nothing (stopped before it locked a state folder)"
         if role == "coordinator" and kept:
             where += " (a coordinator's record is on the chain; the folder holds its lock)"
-        log("stopped", signal=stop.signal, kept=where, resume=resume_command(args))
+        due = open_duties(args, s, role)
+        if due:  # before the stopped line, which stays the last
+            log("warning", what="stopped with duties due",
+                detail=f"restart it before the first deadline or be slashed for what is missed: {'; '.join(due)}")
+        log("stopped", signal=stop.signal, kept=where, resume=resume_command(args), **({"due": due} if due else {}))
         return 0
     return slashed_ending(args, s, log)
+
+
+def open_duties(args: argparse.Namespace, s: Settings, role: str) -> list[str]:
+    """What this node's key still owes its run, with deadlines (protocol/duties.py); empty when the
+    chain cannot be read now (the stop must not wait on it)."""
+    if not s.key or getattr(args, "run", None) is None:
+        return []
+    from protocol.duties import pending
+    from protocol.errors import VerilocoError
+
+    try:
+        chain = open_chain(s)
+        return pending(chain, args.run, str(chain.sender), role)
+    except (VerilocoError, OSError):  # ChainUnavailable among them
+        return []
 
 
 def json_logger(node: str, stream: Any = None) -> Callable[..., None]:
@@ -172,12 +191,13 @@ def state_folder(s: Settings, chain: Chain, role: str) -> Path:
 def locked(s: Settings, chain: Chain, run: int, role: str, kept: list[Path] | None = None) -> Iterator[None]:
     """The node's lock on its run directory (protocol/nodelock.py), that folder appended to `kept`;
     none without a key (the node refuses then)."""
-    from protocol.nodelock import lock_node
+    from protocol.nodelock import lock_key, lock_node
 
     if chain.sender is None:
         yield
         return
-    with lock_node(chain, run, state_folder(s, chain, role)) as lock:
+    folder = state_folder(s, chain, role)
+    with lock_node(chain, run, folder) as lock, lock_key(chain, run, role, folder):
         if kept is not None:
             kept.append(lock.path.parent)
         yield

@@ -110,6 +110,22 @@ def test_in_process_devnet_accounts_sign_and_settings_read_the_file(tmp_path: Pa
     assert not (tmp_path / "devnet.json").exists()
 
 
+def test_a_second_devnet_in_the_same_folder_is_refused_and_leaves_the_first_alone(tmp_path: Path) -> None:
+    """Issue 46: a second devnet (in this process or as `veriloco devnet`) in a folder whose devnet
+    runs is refused, naming it, and neither takes the devnet file over nor deletes it."""
+    with start_devnet(state_dir=tmp_path, accounts=2, deploy=False, block_time=None) as first:
+        before = (tmp_path / "devnet.json").read_bytes()
+        with pytest.raises(DevnetError, match="a devnet already runs in .* give this one another --dir"):
+            start_devnet(state_dir=tmp_path, accounts=2, deploy=False, block_time=None)
+        out = subprocess.run([sys.executable, "-m", "veriloco.cli", "devnet", "--dir", str(tmp_path), "--no-deploy"],
+                             cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+        assert out.returncode == 2 and "a devnet already runs in" in out.stderr, out.stderr
+        assert (tmp_path / "devnet.json").read_bytes() == before
+        assert Web3(Web3.HTTPProvider(first.info.rpc_url)).eth.chain_id == DEFAULT_CHAIN_ID  # still up
+    with start_devnet(state_dir=tmp_path, accounts=2, deploy=False, block_time=None):  # the folder is free again
+        assert (tmp_path / "devnet.json").exists()
+
+
 def test_dev_accounts_are_the_public_test_accounts() -> None:
     accounts = dev_accounts(2)
     assert accounts[0].address == "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"

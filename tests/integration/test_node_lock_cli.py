@@ -1,5 +1,5 @@
-"""One node per key and state folder through the CLI (issue 30): a second `veriloco trainer` with the
-first one's key and --workdir is refused and told its PID; a SIGKILLed node blocks no restart.
+"""One node per key through the CLI (issues 30, 46): a second `veriloco trainer` with the first one's
+key, in its --workdir or another, is refused and told its PID; a SIGKILLed node blocks no restart.
 
 A real `veriloco trainer` process on a py-evm devnet holds the lock; a second trainer process, and a
 verifier and the coordinator whose folders this test locks itself, must answer with one line on
@@ -70,6 +70,7 @@ def test_the_same_key_twice_is_refused_and_a_killed_node_blocks_no_restart(
         devnet: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("VERILOCO_DEVNET", str(devnet.config.devnet_file))
+    monkeypatch.setenv("VERILOCO_LOCK_DIR", str(tmp_path / "locks"))  # the per-user key locks, this test's own
     (tmp_path / "run.toml").write_text(RUN_TOML)
     r = str(create_run(capsys))
     keys = [a.key for a in devnet.info.accounts]
@@ -88,6 +89,12 @@ def test_the_same_key_twice_is_refused_and_a_killed_node_blocks_no_restart(
         second = veriloco("trainer", *node, "--account", "1", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         line = refused(second, "trainer")
         assert f"PID {first.pid} holds {path}" in line and f"kill {first.pid}" in line and "--workdir" in line
+        # the same key from another state folder (issue 46): the per-user key lock, naming the first's folder
+        elsewhere = ["--run", r, "--devnet", str(devnet.config.devnet_file), "--workdir", str(tmp_path / "other")]
+        third = veriloco("trainer", *elsewhere, "--account", "1", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        line = refused(third, "trainer")
+        assert f"key {addr[1]} already runs in run {r} on this machine" in line and f"PID {first.pid}" in line, line
+        assert str(workdir / f"trainer-{addr[1]}") in line and f"kill {first.pid}" in line, line
         assert first.poll() is None  # the first one runs on, undisturbed
     finally:
         first.send_signal(signal.SIGKILL)

@@ -85,7 +85,7 @@ def shard_challenges(
     """(start, end, block) of every challenge, sorted and distinct; ``steps`` in the chain's draw order.
     Each draw j becomes its segment of the drawn block and of the data ends (``data_ends``), on the
     same opened groups (``drawn_group``)."""
-    out = set()
+    out: set[tuple[int, int, int]] = set()
     for j, k in enumerate(steps):
         start, end = segment_of(k, segment, leaf_count)
         out.update((start, end, b) for b in data_ends(drawn_block(seed, trainer, "shard", j, n_blocks), n_blocks))

@@ -102,6 +102,9 @@ class DemoOptions:
     # None: the adaptive rule from the config's default rank
     rank: int | None = None
     first_merge_step: int = -1  # schedule.first_merge_step (examples/small.toml: 0, epoch 1 waits for G_1)
+    # environment a node's process starts with beside the demo's own, by node name ("trainer0",
+    # "verifier1"): what another host would have (tests: ATen's capability levels, docs/protocol.md §11)
+    host_env: dict[str, dict[str, str]] = field(default_factory=dict, hash=False)
 
     @property
     def groups(self) -> int:
@@ -153,6 +156,7 @@ class NodeProc:
     offset: int = 0
     last: dict[str, Any] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # its own environment beside the demo's (DemoOptions.host_env)
 
     @property
     def name(self) -> str:
@@ -202,7 +206,8 @@ def _spawn(role: str, index: int, account: int, devnet_file: Path, run_id: int, 
     for flag, gib in (("--boundary-log-ram", opts.log_ram_gib), ("--boundary-log-disk", opts.log_disk_gib)):
         if role == "trainer" and gib is not None:
             cmd += [flag, str(gib)]
-    return NodeProc(role, index, account, address, log_path, cmd, start_node(cmd, log_path), cheat)
+    env = opts.host_env.get(f"{role}{index}", {})
+    return NodeProc(role, index, account, address, log_path, cmd, start_node(cmd, log_path, env), cheat, env=env)
 
 
 def metrics_offset(opts: DemoOptions, role: str, index: int) -> int:
@@ -229,7 +234,7 @@ class Control:
     def restart(self, name: str) -> None:
         """Start the node again with the same command, key and work directory."""
         n = self.node(name)
-        n.proc = start_node(n.cmd, n.log_path)
+        n.proc = start_node(n.cmd, n.log_path, n.env)
         n.killed = False
 
     def restart_chain(self) -> None:

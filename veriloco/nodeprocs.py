@@ -87,10 +87,11 @@ def warm() -> None:
         _start_server(multiprocessing.get_context("forkserver"))
 
 
-def start_node(cmd: list[str], log_path: Path) -> NodeProcess:
+def start_node(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> NodeProcess:
     """Start ``cmd`` (``[python, "-m", module, *args]``) in a new session with its output appended
-    to ``log_path``: forked from the preloaded server where there is one, else with exec."""
-    env = {**os.environ, **NODE_ENV}
+    to ``log_path``, with ``env`` over this process's environment: forked from the preloaded server
+    where there is one, else with exec."""
+    env = {**os.environ, **NODE_ENV, **(env or {})}
     if not FORKS or cmd[1:2] != ["-m"]:
         with open(log_path, "ab") as out:
             return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

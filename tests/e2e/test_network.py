@@ -59,8 +59,14 @@ def test_honest_network_on_anvil_and_ipfs_learns_and_nobody_is_slashed(tmp_path:
     """The honest network on the real chain and store (anvil, a js-ipfs node); the embedded py-evm
     chain and the LocalStore carry the cheaters', the merging, the killed and the pipelined networks.
     trainer2 runs with no room for a boundary log (`--boundary-log-ram 0 --boundary-log-disk 0`, what a
-    large batch comes to): it logs no step, says so each epoch, and answers by replaying whole steps."""
+    large batch comes to): it logs no step, says so each epoch, and answers by replaying whole steps.
+    The nodes start as on hosts of three kernel classes (ATen's default, AVX2 and AVX-512 levels, and
+    oneMKL's AVX-512 branch), which give three sets of bits unpinned (issue 51): each pins the run's
+    numerics class, so every verifier replays every trainer bit for bit and nobody is slashed."""
     restarted: list[str] = []
+    levels = [{"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AVX512"}, {"ATEN_CPU_CAPABILITY": "default"},
+              {"ATEN_CPU_CAPABILITY": "avx2"}]
+    hosts = {f"trainer{i}": levels[i] for i in range(3)} | {"verifier0": levels[1], "verifier1": levels[0]}
 
     def no_log_room(control: Control) -> None:
         if not restarted:
@@ -70,7 +76,7 @@ def test_honest_network_on_anvil_and_ipfs_learns_and_nobody_is_slashed(tmp_path:
             control.restart("trainer2")
             restarted.append("trainer2")
 
-    s, included = _run(tmp_path, chain="anvil", store="ipfs", on_tick=no_log_room)
+    s, included = _run(tmp_path, chain="anvil", store="ipfs", on_tick=no_log_room, host_env=hosts)
     assert s["epochs_finalized"] == 2
     assert s["verdicts"]["fail"] == 0 and s["verdicts"]["pass"] >= 6
     assert s["slashed"] == []

@@ -106,7 +106,7 @@ def publish_run(chain: Chain, store: Store, cfg: RunConfig, coordinator: str | N
                 vocab_size: int = 0, fingerprint: Callable[[RunConfig], str] | None = None) -> tuple[RunId, RunConfig]:
     """Publish the corpus, initial model and config, then create the run; returns (run id, final config).
 
-    ``fingerprint`` (``dilocox.numerics.canary`` of the model; injected, it replays blocks) records
+    ``fingerprint`` (``dilocox.numerics.fingerprint``; injected: it replays blocks, a layer above) records
     the numerics fingerprint of an exact CPU run that has none, at the shapes the corpus settles."""
     corpus = corpus or corpus_for(cfg, store)
     cfg = bind_corpus(cfg, store, corpus, tokenizer, vocab_size)

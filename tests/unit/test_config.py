@@ -31,6 +31,9 @@ def test_replace_changes_digest() -> None:
         ("[audit]\nmode = 'fuzzy'\n", "audit.mode"),
         ("[inner]\nlearning_rate = 1\n", "unknown key(s) inner.learning_rate"),
         ("[inner\n", "not valid TOML"),
+        ("[audit]\nnumerics = 'arm64'\n", "audit.numerics must be one of"),
+        ("[audit]\nnumerics_digest = '0x12'\n", "audit.numerics_digest must be 0x and 64 lowercase hex digits"),
+        ("[audit]\nthreads = 0\n", "audit.threads must be within 1..256, got 0"),
     ],
 )
 def test_bad_config_is_named(tmp_path, toml: str, message: str) -> None:

@@ -22,12 +22,21 @@ from contextlib import contextmanager
 import torch
 
 from dilocox.blockstep import replay_block
-from dilocox.inner import MOM1, MOM2, PARAM, RNG, STEP, InnerConfig, TrainerError
+from dilocox.inner import (
+    MOM1,
+    MOM2,
+    PARAM,
+    RNG,
+    STEP,
+    InnerConfig,
+    TrainerError,
+    configure_determinism,
+)
 from protocol.config import RunConfig
 from protocol.digest import state_digest
 from protocol.leaf import block_count, block_names
 from protocol.model import GPTConfig, param_shapes
-from protocol.numerics import CLASSES, NumericsError, environment_mismatch
+from protocol.numerics import NumericsError, environment_mismatch
 
 CANARY_ROWS, CANARY_MICRO = 2, 2  # one row per group, two groups: the running sum is exercised too
 
@@ -44,12 +53,10 @@ def _pattern(shape: tuple[int, ...], salt: int, scale: float = 0.04) -> torch.Te
 
 @contextmanager
 def _runtime(threads: int) -> Iterator[None]:
-    """``configure_determinism``'s CPU settings at ``threads`` for the canary, then what was there
-    (a creator's process computes the fingerprint without having configured itself for a node)."""
+    """``configure_determinism`` at ``threads`` for the canary, then what was there (a creator's
+    process computes the fingerprint without having configured itself for a node)."""
     before = (torch.get_num_threads(), torch.backends.mkldnn.enabled, torch.are_deterministic_algorithms_enabled())
-    torch.set_num_threads(threads)
-    torch.backends.mkldnn.enabled = False  # type: ignore[assignment]
-    torch.use_deterministic_algorithms(True)
+    configure_determinism(threads)
     try:
         yield
     finally:
@@ -105,8 +112,7 @@ def fingerprint(config: RunConfig) -> str:
 def host() -> dict[str, str]:
     """What decides a CPU's bits besides the code, in words: for a refusal to name what differs."""
     return {"torch": torch.__version__, "machine": platform.machine(), "capability": torch.backends.cpu.get_cpu_capability(),
-            "MKL_CBWR": os.environ.get("MKL_CBWR", "(unset)"), "oneDNN": "on" if torch.backends.mkldnn.enabled else "off",
-            "threads": str(torch.get_num_threads())}
+            "MKL_CBWR": os.environ.get("MKL_CBWR", "(unset)"), "threads": str(torch.get_num_threads())}
 
 
 def numerics_problem(config: RunConfig, environ: Mapping[str, str] | None = None) -> str | None:
@@ -143,4 +149,4 @@ def check_numerics(config: RunConfig, run_id: int) -> None:
         raise TrainerError(f"run {run_id} replays bit for bit in numerics class {a.numerics}: {why}")
 
 
-__all__ = ["CLASSES", "canary", "check_numerics", "fingerprint", "host", "numerics_problem"]
+__all__ = ["canary", "check_numerics", "fingerprint", "host", "numerics_problem"]

@@ -341,14 +341,13 @@ def check_numerics(ctx: Context) -> Result:
     if ctx.args.role == "coordinator" or a.mode != "exact" or a.device != "cpu":
         return skip("the coordinator replays nothing" if ctx.args.role == "coordinator" else
                     f"run {ctx.args.run} does not replay bit for bit on the CPU")
-    from dilocox.numerics import canary, numerics_problem
+    from dilocox.numerics import numerics_problem
 
-    why = numerics_problem(ctx.config)
+    why = numerics_problem(ctx.config)  # computes the canary when the run recorded a fingerprint
     if why is not None:
         return fail(why)
-    mine = canary(ctx.config.model_config(), a.threads)[:18] + "…"
-    return ok(f"class {a.numerics}, fingerprint {mine}" + (" matches the run's" if a.numerics_digest else
-                                                           " (the run recorded none)"))
+    return ok(f"class {a.numerics}, {a.threads} thread(s), " + (f"fingerprint {a.numerics_digest[:18]}… matches the run's"
+                                                              if a.numerics_digest else "the run recorded no fingerprint"))
 
 
 # ---------------------------------------------------------------- the key

@@ -78,7 +78,7 @@ def test_a_healthy_trainer_setup_passes_and_each_broken_piece_fails(where: Path,
     assert f"run {run}'s config" in got["store"][1] and "digest checked" in got["store"][1]
     assert "a trainer needs about" in got["key"][1] and "stake 1e-15 ETH" in got["key"][1]
     assert "replays in exact mode on 'cpu'" in got["device pin"][1]
-    assert "class x86-64-v3-cnr, fingerprint 0x" in got["numerics"][1] and "matches the run's" in got["numerics"][1]
+    assert "class x86-64-v3-cnr, 1 thread(s), fingerprint 0x" in got["numerics"][1] and "matches the run's" in got["numerics"][1]
     port = free_port()  # the node's --metrics-host: every interface is fine, and said to be reachable from elsewhere
     code, got = doctor(capsys, *node, "--account", "1", "--metrics-port", str(port), "--metrics-host", "0.0.0.0")
     assert code == 0 and got["ports"][0] == "ok", got["ports"]

@@ -104,7 +104,8 @@ class Setting:
     H: int
     K: int
     q: int = 3
-    s: int = 4  # audit.steps: challenges per trainer and epoch
+    s: int = 4  # audit.steps: challenges per trainer and epoch (with a rate, only a cap)
+    rate: float = 0.0  # audit.rate: each transition challenged on its own with this chance (0: s an epoch)
     r: int = 0  # audit.segment: steps per challenge; 0: SEGMENT_TOKENS // tokens, within 1..SEGMENT_MAX
     final_check: float = 1.0  # final_check_bps / 10,000
     merge: bool = True  # the merge rule (schedule.merge_step): start files carry no start parameters
@@ -127,6 +128,19 @@ class Setting:
         the state hashed every r steps costs the same fraction of a step at any batch, and a
         challenge's total sums (one block-sized tensor per step when M > 1) stay few."""
         return self.r or max(1, min(SEGMENT_MAX, SEGMENT_TOKENS // self.tokens))
+
+    def draws(self) -> float:
+        """Challenges an epoch ships: s, or with a rate the expected distinct segments drawn (a segment is
+        challenged when any of its transitions is)."""
+        if not self.rate:
+            return float(self.s)
+        seg = min(self.segment, self.H)
+        return sum(1 - (1 - self.rate) ** (min(a + seg, self.H) - a) for a in range(0, self.H, seg))
+
+    def skip10_within_256(self) -> float:
+        """10% of the steps skipped in whole segments, caught within 256 steps of work: 1 − (1 − rate)^25.6,
+        or under s draws an epoch 1 − (0.9^s)^(256 / H) (benchmarks/audit_rate.py simulates both)."""
+        return 1 - (1 - self.rate) ** 25.6 if self.rate else 1 - 0.9 ** (self.s * 256 / self.H)
 
     @property
     def group_rows(self) -> int:
@@ -218,15 +232,20 @@ def project(st: Setting) -> dict[str, Any]:
     per_final = sum(final) / B
     buffer_start = state_file_size(_as(start_spec(shapes, st.merge), w))  # what a carried buffer's start ships
     start = 0 if params else buffer_start
-    manifest = _manifest_bytes(B, st.H, st.s, seg, st.final_check > 0, M)
+    s = st.draws()
+    if st.rate:  # a manifest grows by one challenge's entries per draw: its mean over the draw
+        m0 = _manifest_bytes(B, st.H, 0, seg, st.final_check > 0, M)
+        manifest = round(m0 + s * (_manifest_bytes(B, st.H, 1, seg, st.final_check > 0, M) - m0))
+    else:
+        manifest = _manifest_bytes(B, st.H, st.s, seg, st.final_check > 0, M)
     comp = CompressionConfig(bits=st.bits, group_size=st.group_size, rank_initial=st.rank, rank_min=st.rank, rank_max=st.rank)
     payload = WRAP_BYTES + payload_size(shapes, st.rank, comp)
-    answer = manifest + st.s * per_challenge + st.final_check * per_final + start
+    answer = manifest + s * per_challenge + st.final_check * per_final + start
     sent = payload + answer
     received = (st.K - 1) * payload
     # the same answer with a carried buffer: its start file, and a challenge over the merge step ships the
     # block's start parameters (its manifest is the same size: start_cid is a CID either way)
-    with_buffer = answer - start + buffer_start + st.s * (per_draw(buffered) - per_draw(challenge))
+    with_buffer = answer - start + buffer_start + s * (per_draw(buffered) - per_draw(challenge))
     allreduce = ring_allreduce_bytes(w * P, st.K) * st.H
     state = 3 * w * P  # parameters and the two AdamW moments
     rule = CheckpointRule.of(max(CHECKPOINT_EVERY, seg), CHECKPOINT_EVERY_LOGGED)
@@ -235,17 +254,17 @@ def project(st: Setting) -> dict[str, Any]:
         return (st.H // c + 1 + int(st.H % c > 0)) * 4 * w * P  # d_0, every c-th, d_H: params, moments, ef
 
     def answer_steps_at(c: int) -> float:
-        return st.s * ((c - seg) / 2 + seg)  # per epoch, from the checkpoint at or before each challenge
+        return s * ((c - seg) / 2 + seg)  # per epoch, from the checkpoint at or before each challenge
 
     checkpoints, unlogged_checkpoints = checkpoints_at(rule.logged), checkpoints_at(rule.every)
     # the gradient log: every step's total gradients (w bytes a parameter); an answer advances the state
     # by AdamW alone (no forward pass, left out here) and runs groups 0..m of each of its r steps
     grad_log = w * P * st.H
-    grad_steps = st.s * seg * (M + 1) / (2 * M)
+    grad_steps = s * seg * (M + 1) / (2 * M)
     drawn_flops = per_draw([flops_per_token(cfg, names) for names in blocks])  # a draw replays its data ends too
     block_share = drawn_flops / flops_per_token(cfg)
     train = flops_per_token(cfg) * st.tokens * st.H
-    replay = drawn_flops * (st.tokens / M) * seg * st.s
+    replay = drawn_flops * (st.tokens / M) * seg * s
     # per step: every block's boundaries (whole batch), M − 1 running sums of every block, and the
     # state (parameters, moments) at every r-th leaf
     hashed = 2 * (B - 1) * st.tokens * cfg.d_model * w + (M - 1) * P * w + 3 * P * w / seg
@@ -271,7 +290,11 @@ def project(st: Setting) -> dict[str, Any]:
         "bytes_sent_per_trainer_per_epoch": round(sent),
         "bytes_received_per_trainer_per_epoch": round(received),
         "allreduce_bytes_per_trainer_per_epoch": allreduce,
+        "challenges_per_epoch": round(s, 4),
         "traffic_reduction_vs_allreduce": round(allreduce / (sent + received), 2) if st.K > 1 else None,
+        "payload_only_traffic_reduction": round(allreduce / (payload + received), 2) if st.K > 1 else None,
+        "verification_share_of_bytes": round(answer / (sent + received), 4),
+        "skip10_detection_within_256_steps": round(st.skip10_within_256(), 4),
         "traffic_reduction_per_verifier_fetch": round(allreduce / (payload + st.q * answer + received), 2) if st.K > 1 else None,
         # the same with a carried error buffer (compression.error_feedback = "buffer"): a start file every epoch
         "buffer_start_file_bytes": buffer_start,
@@ -295,7 +318,7 @@ def project(st: Setting) -> dict[str, Any]:
         "smaller_log": "boundaries" if log_step <= w * P else "gradients",
         "verifier_replay_flops_fraction": round(st.q * replay / train, 5),
         "hashed_bytes_per_training_flop": hashed / (flops_per_token(cfg) * st.tokens),
-        "detect_one_group_forgery_per_epoch": min(1.0, st.s * seg / (st.H * B * M)),
+        "detect_one_group_forgery_per_epoch": min(1.0, s * seg / (st.H * B * M)),
     }
 
 
@@ -453,6 +476,25 @@ def grid() -> list[Setting]:
     return rows
 
 
+# examples/small.toml's per-step policy (issue 47): each step challenged with probability 0.0165, at most 8 an
+# epoch, the final check in one epoch of 8
+SHIPPED_RATE = {"rate": 0.0165, "s": 8, "final_check": 0.125}
+RATE_HS = (4, 8, 16, 32, 64, 256)
+# where a row's loss was measured: the engine benchmark at examples/small.toml's batch (128 rows of 64)
+LOSS_MEASURED = {("small", 8192, 8): "measured: +1.22% of AllReduce (selection), +1.54% (held out); docs/results-engine.md"}
+
+
+def rate_grid() -> list[Setting]:
+    """The per-step policy as examples/small.toml ships it, at H = 4 to 256: `small` at its 8,192 tokens
+    (groups of 2,048) and every larger model at 0.5M tokens, K = 4; the 107B in bf16."""
+    rows = [Setting("small", 128, 64, H, 4, group_tokens=2048, **SHIPPED_RATE) for H in RATE_HS]  # type: ignore[arg-type]
+    for model in ("gpt2-124m", "llama-1b", "llama-7b", "qwen-107b"):
+        seq = min(SHAPES[model].seq_len, 4096)
+        rows += [Setting(model, HALF_M // seq, seq, H, 4, element_bytes=2 if model == "qwen-107b" else 4, **SHIPPED_RATE)  # type: ignore[arg-type]
+                 for H in RATE_HS]
+    return rows
+
+
 def _gb(x: float) -> str:
     return "none" if x == 0 else f"{x / 1e9:,.2f} GB" if x >= 1e8 else f"{x / 1e6:,.1f} MB"
 
@@ -511,6 +553,23 @@ def render(doc: dict[str, Any]) -> str:
               "by AdamW alone from the checkpoint and runs groups 0..m of each challenged step through the whole model, "
               "(M + 1) / 2M of a step per step on average. Its memory counts the checkpoints too, which then only "
               "serve a restart: `--checkpoint-every-logged` at H leaves about H/3 + 3 states.")]
+    if doc.get("rate_rows"):
+        pol = doc["rate_rows"][0]["setting"]
+        lines += _table(
+            [f"Audits priced per step of work (issue 47): each step challenged on its own with probability {pol['rate']} "
+             f"(at most {pol['s']} an epoch), the final check drawn with probability {pol['final_check']}, everything else "
+             "as above; K = 4, every byte each trainer sends and receives counted once. Payload only: the same run "
+             "without a verification byte. Loss: where the engine benchmark measured this model, batch and H."],
+            ["model", "tokens / step", "H", "challenges / epoch", "payload only vs AllReduce", "all bytes vs AllReduce",
+             "per verifier fetch", "verification share of bytes", "answer FLOPs / training", "replay FLOPs / training",
+             "10% skipped caught within 256 steps", "loss"],
+            [f"| {r['setting']['model']}{' (bf16)' if r['setting']['element_bytes'] == 2 else ''} | {r['tokens_per_step']:,} "
+             f"| {r['setting']['H']} | {r['challenges_per_epoch']:.3f} | {r['payload_only_traffic_reduction']:,.1f}x "
+             f"| {r['traffic_reduction_vs_allreduce']:,.1f}x | {r['traffic_reduction_per_verifier_fetch']:,.1f}x "
+             f"| {r['verification_share_of_bytes']:.1%} | {r['answer_flops_fraction']:.4f} | {r['verifier_replay_flops_fraction']:.4f} "
+             f"| {r['skip10_detection_within_256_steps']:.1%} "
+             f"| {LOSS_MEASURED.get((r['setting']['model'], r['tokens_per_step'], r['setting']['H']), 'not measured')} |"
+             for r in doc["rate_rows"]])
     if doc.get("validation"):
         lines += _table(
             ["Validation against measured network runs (`benchmarks/protocol.py --keep`): every audit answer the",
@@ -555,10 +614,14 @@ def main(argv: list[str] | None = None) -> int:
         for st in grid():
             print(f"projecting {st.model} at {st.tokens:,} tokens, H {st.H}, K {st.K}", file=sys.stderr)
             rows.append(project(st))
+        rate_rows = []
+        for st in rate_grid():
+            print(f"projecting {st.model} at {st.tokens:,} tokens, H {st.H}, K {st.K}, rate {st.rate}", file=sys.stderr)
+            rate_rows.append(project(st))
         validation = json.loads(a.validated.read_text())["validation"] if a.validated else []
         validation += [validate(d) for d in a.validate]
         doc = {"benchmark": "projection", "command": " ".join(["benchmarks/projection.py", *(argv if argv is not None else sys.argv[1:])]),
-               "python": platform.python_version(), "torch": torch.__version__, "rows": rows,
+               "python": platform.python_version(), "torch": torch.__version__, "rows": rows, "rate_rows": rate_rows,
                "validation": validation, "compute_validation": compute_check(validation)}
         a.out.write_text(json.dumps(doc, indent=1) + "\n")
     md = render(doc)

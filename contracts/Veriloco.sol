@@ -146,7 +146,7 @@ contract Veriloco is VerilocoBase {
             _fixSeed(runId, epoch, ep, h);
         }
         (uint256 nl, uint256 nw, uint256 bad) = _checkResponse(
-            ep.seed, msg.sender, r.p.auditSteps, r.p.finalCheckBps, hashes[runId][msg.sender][epoch % HASH_SLOTS], uint32(lane & 0xFFFFFF), leaves, proofs
+            ep.seed, msg.sender, r.p.auditSteps, r.p.auditRate, r.p.finalCheckBps, hashes[runId][msg.sender][epoch % HASH_SLOTS], uint32(lane & 0xFFFFFF), leaves, proofs
         );
         if (leaves.length != nl || proofs.length != nw) revert BadResponseLength(leaves.length, nl, proofs.length, nw);
         if (bad != NO_BAD_LEAF) revert InvalidProof(runId, epoch, msg.sender, bad);

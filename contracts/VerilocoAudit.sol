@@ -8,6 +8,10 @@ abstract contract VerilocoAudit {
     /// @dev _checkResponse's badLeaf when every proof is valid.
     uint256 internal constant NO_BAD_LEAF = type(uint256).max;
     uint256 internal constant BPS = 10_000;
+    /// @dev auditRate's unit: a transition is challenged with probability auditRate / RATE_ONE.
+    uint256 internal constant RATE_ONE = 1_000_000;
+    /// @dev keccak256("veriloco.audit.rate"): the per-transition draw's domain (protocol/chain/audit.py RATE_TAG).
+    bytes32 internal constant RATE_TAG = 0xf4304fb0f5010d25c84db27883baec591ccfc85fd86075d1bb33fad7a015484c;
 
     /// @dev Check an audit response (docs/protocol.md §5) against a revealed trace root.
     /// @return expectedLeaves The number of leaf digests the response must carry.
@@ -17,6 +21,7 @@ abstract contract VerilocoAudit {
         bytes32 seed,
         address trainer,
         uint256 steps,
+        uint32 rate,
         uint16 finalCheckBps,
         bytes32 root,
         uint32 leafCount,
@@ -26,14 +31,11 @@ abstract contract VerilocoAudit {
         uint256 L = leafCount;
         uint256 depth = _ceilLog2(L);
         bool fin = _finalCheck(seed, trainer, finalCheckBps);
+        uint256[] memory ks = _drawn(seed, trainer, steps, rate, leafCount);
+        steps = ks.length;
         expectedLeaves = 2 * steps + (fin ? 1 : 0);
-        uint256[] memory ks = new uint256[](steps);
         expectedWords = fin ? depth : 0;
-        for (uint256 j = 0; j < steps; j++) {
-            uint256 k = _stepIndex(seed, trainer, j, uint32(L));
-            ks[j] = k;
-            expectedWords += depth + _trailingOnes(k) - 1;
-        }
+        for (uint256 j = 0; j < steps; j++) expectedWords += depth + _trailingOnes(ks[j]) - 1;
         badLeaf = NO_BAD_LEAF;
         if (leaves.length != expectedLeaves || proofs.length != expectedWords) return (expectedLeaves, expectedWords, badLeaf);
         uint256 cur = 0;
@@ -48,14 +50,44 @@ abstract contract VerilocoAudit {
     }
 
     /// @dev A trainer's challenged transitions (draw order, duplicates kept) and final-check flag.
-    function _challenges(bytes32 seed, address trainer, uint256 steps, uint32 leafCount, uint16 finalCheckBps)
+    function _challenges(bytes32 seed, address trainer, uint256 steps, uint32 rate, uint32 leafCount, uint16 finalCheckBps)
         internal
         pure
         returns (uint256[] memory ks, bool finalCheck)
     {
-        ks = new uint256[](steps);
-        for (uint256 j = 0; j < steps; j++) ks[j] = _stepIndex(seed, trainer, j, leafCount);
+        ks = _drawn(seed, trainer, steps, rate, leafCount);
         finalCheck = _finalCheck(seed, trainer, finalCheckBps);
+    }
+
+    /// @dev The challenged transitions: `steps` uniform draws (rate 0), or each k in 0..L-2 on its own with
+    ///      probability rate / RATE_ONE, keyed by keccak(abi.encode(seed, trainer, RATE_TAG, k)), ascending,
+    ///      the first `steps` of them (the config keeps the chance of more below 1e-6).
+    function _drawn(bytes32 seed, address trainer, uint256 steps, uint32 rate, uint32 leafCount)
+        internal
+        pure
+        returns (uint256[] memory ks)
+    {
+        ks = new uint256[](steps);
+        if (rate == 0) {
+            for (uint256 j = 0; j < steps; j++) ks[j] = _stepIndex(seed, trainer, j, leafCount);
+            return ks;
+        }
+        uint256 n = 0;
+        assembly ("memory-safe") {
+            let buf := mload(0x40)
+            mstore(buf, seed)
+            mstore(add(buf, 0x20), trainer)
+            mstore(add(buf, 0x40), RATE_TAG)
+            let transitions := sub(leafCount, 1)
+            for { let k := 0 } and(lt(k, transitions), lt(n, steps)) { k := add(k, 1) } {
+                mstore(add(buf, 0x60), k)
+                if lt(mod(keccak256(buf, 0x80), RATE_ONE), rate) {
+                    n := add(n, 1)
+                    mstore(add(ks, shl(5, n)), k)
+                }
+            }
+            mstore(ks, n) // shrink to the drawn count (the words past it stay allocated, unused)
+        }
     }
 
     function _stepIndex(bytes32 seed, address trainer, uint256 j, uint32 leafCount) internal pure returns (uint256) {

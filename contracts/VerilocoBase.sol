@@ -48,6 +48,10 @@ abstract contract VerilocoBase is VerilocoAudit {
         uint128 trainerReward; // per included trainer
         uint128 verifierReward; // per verdict cast with the majority on a decided trainer
         bool testRun; // allows a quorum below 3 (a lone verifier decides): for devnets and tests only
+        // 0: every epoch draws auditSteps transitions (with replacement). Else each transition is challenged
+        // on its own with probability auditRate / 1e6, at most auditSteps per epoch (docs/protocol.md §5):
+        // verification priced per step of work, whatever H is
+        uint32 auditRate;
     }
 
     struct Run {

@@ -24,8 +24,13 @@ contract VerilocoModule is VerilocoBase {
         if (p.minTrainers == 0 || p.maxTrainers < p.minTrainers) revert InvalidParams("minTrainers/maxTrainers");
         if (p.maxVerifiers == 0) revert InvalidParams("maxVerifiers");
         // below 3 one verifier decides alone (or two disagree forever): only where the run says it is a test
-        if (p.quorum == 0 || p.quorum > 16 || (p.quorum < 3 && !p.testRun)) revert InvalidParams("quorum 3..16 (1..2: testRun)");
+        // a payload report's committee is q verifiers of the first 16 drawn outside the trainer's q and the
+        // reporter (_availabilityCommittee): past quorum 7, or with fewer than 2q + 1 verifier places, no
+        // committee can ever form and a withheld payload could never be removed (docs/contract.md)
+        if (p.quorum == 0 || p.quorum > 7 || (p.quorum < 3 && !p.testRun)) revert InvalidParams("quorum 3..7 (1..2: testRun)");
+        if (p.maxVerifiers < 2 * uint32(p.quorum) + 1) revert InvalidParams("maxVerifiers >= 2 x quorum + 1");
         if (p.auditSteps == 0 || p.auditSteps > 64) revert InvalidParams("auditSteps (1..64)");
+        if (p.auditRate > RATE_ONE) revert InvalidParams("auditRate (0..1e6 per million)");
         if (p.finalCheckBps > BPS) revert InvalidParams("finalCheckBps");
         if (p.slashBps > BPS) revert InvalidParams("slashBps");
         if (p.commitWindow == 0 || p.revealWindow == 0 || p.responseWindow == 0 || p.verdictWindow == 0 || p.finalizeWindow == 0) {

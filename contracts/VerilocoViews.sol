@@ -116,7 +116,7 @@ contract VerilocoViews is VerilocoBase {
     }
 
     /// @notice A trainer's audit assignment (docs/protocol.md §5); empty until the seed is fixed.
-    /// @return steps Challenged transitions k (k -> k+1), in draw order, duplicates kept.
+    /// @return steps Challenged transitions k (k -> k+1), in draw order (duplicates kept; ascending, distinct under auditRate).
     /// @return finalCheck Whether the end-state -> payload transition is checked.
     /// @return verifiers Assigned verifiers, assignment index order; empty once the epoch is finalized or settled.
     function assignment(uint256 runId, uint256 epoch, address trainer)
@@ -129,7 +129,7 @@ contract VerilocoViews is VerilocoBase {
         uint32 sp = slotPlusOne[runId][trainer];
         uint32 leafCount = sp == 0 ? 0 : uint32(_lane(runId, epoch, sp - 1) & 0xFFFFFF);
         if (!ep.seeded || leafCount < 2) return (steps, false, verifiers);
-        (steps, finalCheck) = _challenges(ep.seed, trainer, r.p.auditSteps, leafCount, r.p.finalCheckBps);
+        (steps, finalCheck) = _challenges(ep.seed, trainer, r.p.auditSteps, r.p.auditRate, leafCount, r.p.finalCheckBps);
         // the list is frozen only until the epoch is finalized or settled; after that a removal may
         // have moved entries, and VerdictSubmitted events say who judged
         if (ep.finalized || ep.settled) return (steps, finalCheck, verifiers);

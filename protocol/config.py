@@ -18,6 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
+from protocol.chain.audit import RATE_ONE, RATE_TAIL, min_cap, over_cap
 from protocol.chain.binding import RunParams
 from protocol.digest import keccak
 from protocol.errors import VerilocoError
@@ -129,7 +130,11 @@ class CompressionSection:
 
 @dataclass(frozen=True)
 class AuditSection:
-    steps: int = 2  # transitions sampled per trainer per epoch
+    steps: int = 2  # transitions sampled per trainer per epoch; with a rate, the most an epoch may draw
+    # the chance that each transition is challenged, on its own (0: `steps` draws an epoch, whatever H is).
+    # Verification priced per step of work: over any n steps a trainer expects rate·n challenges at any H
+    # (docs/protocol.md §5); kept in parts per million on-chain (auditRate)
+    rate: float = field(default=0.0, metadata=_NEW)
     segment: int = 1  # inner steps a verifier replays from each sampled state (one state file covers them)
     final_check_bps: int = 5000  # probability (in basis points) of replaying end state → payload
     quorum: int = 3  # verifiers assigned per trainer and per model attestation; a majority decides (3+: no lone liar decides)
@@ -153,6 +158,11 @@ class AuditSection:
     # torch compute threads of every node of an exact CPU run: reductions split across threads sum in
     # another order, so the count decides bits too (a node's --threads must equal it)
     threads: int = field(default=1, metadata=_NEW)
+
+    @property
+    def rate_ppm(self) -> int:
+        """audit.rate as the contract holds it: parts per million of the transitions."""
+        return round(self.rate * RATE_ONE)
 
 
 @dataclass(frozen=True)
@@ -237,6 +247,7 @@ class RunConfig:
             audit_steps=a.steps, final_check_bps=a.final_check_bps, quorum=a.quorum, slash_bps=st.slash_bps,
             trainer_stake=Wei(st.trainer_wei), verifier_stake=Wei(st.verifier_wei),
             trainer_reward=Wei(rw.trainer_wei), verifier_reward=Wei(rw.verifier_wei), test_run=a.test_run,
+            audit_rate=a.rate_ppm,
         )
 
 
@@ -285,8 +296,19 @@ def _check(cfg: RunConfig) -> list[str]:
     if a.mode == "tolerant" and (a.segment > 16 or a.tolerance <= 0):
         # honest divergence compounds over replayed steps: past 16 it outgrows the calibrated bound
         p.append("tolerant mode needs audit.tolerance > 0 and audit.segment <= 16 (the calibrated range)")
-    if not 1 <= a.steps <= 64 or not 1 <= a.quorum <= 16:
-        p.append("need 1 <= audit.steps <= 64 and 1 <= audit.quorum <= 16 (the contract's limits)")
+    if not 0 <= a.rate <= 1 or a.rate_ppm / RATE_ONE != a.rate:
+        p.append(f"audit.rate is a probability in whole parts per million (0..1, e.g. 0.0165), got {a.rate}")
+    elif a.rate and 1 <= a.steps <= 64 and (tail := over_cap(a.rate_ppm, s.h_max, a.steps)) > RATE_TAIL:
+        p.append(f"audit.steps = {a.steps} caps the challenges an epoch of up to schedule.h_max = {s.h_max} steps draws "
+                 f"at audit.rate = {a.rate}, and the cap would bind with probability {tail:.1e} (> {RATE_TAIL:.0e}), "
+                 f"cutting the epoch's last steps out of the draw: raise audit.steps to {min_cap(a.rate_ppm, s.h_max)}")
+    if not 1 <= a.steps <= 64 or not 1 <= a.quorum <= 7:
+        p.append("need 1 <= audit.steps <= 64 and 1 <= audit.quorum <= 7 (the contract's limits: past 7 no availability "
+                 "committee can form among the 16 verifiers it draws from)")
+    elif st.max_verifiers < 2 * a.quorum + 1:
+        p.append(f"stakes.max_verifiers = {st.max_verifiers} leaves no availability committee at audit.quorum = {a.quorum}: "
+                 f"a report needs {a.quorum} verifiers besides the trainer's {a.quorum} and the reporter, so at least "
+                 f"{2 * a.quorum + 1} places (the contract refuses fewer)")
     elif a.quorum < 3 and not a.test_run:
         p.append(f"audit.quorum = {a.quorum} lets one verifier decide alone: use 3 or more, or set audit.test_run = true "
                  "for a devnet or test run (the contract refuses a quorum below 3 otherwise)")

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from protocol.chain.binding import Chain, Phase, RunInfo
+from protocol.chain.binding import Chain, Phase, RunInfo, RunParams
 from protocol.config import RunConfig, from_json
 from protocol.data import Corpus, build_corpus
 from protocol.digest import keccak, state_digest
@@ -131,7 +131,23 @@ def open_run(chain: Chain, store: Store, run_id: int) -> RunContext:
     if keccak(raw) != info.params.config_digest:
         raise RunError(f"run {run_id}'s config {info.params.config_cid} does not hash to the on-chain digest")
     cfg = from_json(raw)
+    mismatch = audit_mismatch(info.params, cfg)
+    if mismatch:
+        raise RunError(f"run {run_id}'s on-chain audit policy is not its config's ({mismatch}): the creator set the "
+                       "contract's parameters by hand; a node does not stake in a run whose audits are not the ones it read")
     return RunContext(RunId(run_id), info, cfg, corpus_for(cfg, store))
+
+
+AUDIT_FIELDS = ("audit_steps", "audit_rate", "final_check_bps", "quorum", "test_run")
+
+
+def audit_mismatch(params: RunParams, cfg: RunConfig) -> str:
+    """The audit fields the contract enforces that differ from the config's, as ``name chain != config``;
+    empty when they agree. The draw (steps, rate), the final check and the quorum decide what a trainer is
+    judged on: a run created with other values than its published config says would judge by other rules."""
+    mine = cfg.to_run_params(params.config_cid, params.init_model_cid, params.init_model_digest, params.coordinator)
+    return ", ".join(f"{f} {getattr(params, f)} != {getattr(mine, f)}" for f in AUDIT_FIELDS
+                     if getattr(params, f) != getattr(mine, f))
 
 
 def load_model(store: Store, cid: str, digest: bytes, shapes: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, Tensor]:

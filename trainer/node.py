@@ -644,7 +644,7 @@ class TrainerNode:
             return  # the seed block is not past yet: the next service round answers
         params = self.ctx.info.params
         digests = [bytes.fromhex(x) for x in d.meta["digests"]]
-        response = build_response(digests, seed, self.me, params.audit_steps, params.final_check_bps)
+        response = build_response(digests, seed, self.me, params.audit_steps, params.final_check_bps, params.audit_rate)
         a = self.chain.assignment(self.run_id, e, self.me)
         if self.engine is not None:
             return self._respond_shards(e, d, seed, a.steps, response, self.engine)

@@ -179,6 +179,26 @@ def segment_detection_exact(forged: Iterable[int], steps: int, length: int, audi
     return 1.0 - (1.0 - p) ** audit_steps
 
 
+def rate_detection(cheated: int, rate: float) -> float:
+    """P(at least one of ``cheated`` transitions is challenged) when each is drawn on its own with
+    probability ``rate`` (audit.rate): 1 − (1 − rate)^cheated, whatever H is and wherever they lie. Skips
+    packed in whole segments count their own transitions; a skip inside a segment of r steps is caught by
+    a draw of any of the segment's r transitions, so spread skips count r each."""
+    if not 0 <= rate <= 1 or cheated < 0:
+        raise ValueError(f"need 0 <= rate <= 1 and cheated >= 0, got {rate}, {cheated}")
+    return 1.0 - (1.0 - rate) ** cheated
+
+
+def min_rate(cheated: float, target: float) -> float:
+    """The least audit.rate, in whole parts per million, with 1 − (1 − rate)^cheated ≥ target."""
+    if cheated <= 0 or not 0 < target < 1:
+        raise ValueError(f"need cheated > 0 and 0 < target < 1, got {cheated}, {target}")
+    ppm = math.ceil(-math.expm1(math.log1p(-target) / cheated) * 1_000_000)
+    while 1 - (1 - ppm / 1_000_000) ** cheated < target:  # log rounding
+        ppm += 1
+    return ppm / 1_000_000
+
+
 def min_audit_steps(f: float, target: float) -> int:
     """Smallest s with 1 − (1 − f)^s ≥ target (draws with replacement)."""
     if not 0 < f < 1 or not 0 < target < 1:

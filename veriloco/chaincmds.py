@@ -298,6 +298,7 @@ def status_report(chain: Chain, run_id: int, epoch: int | None = None, store: An
             "verifiers": info.verifier_count,
             "quorum": p.quorum,
             "audit_steps": p.audit_steps,
+            "audit_rate_ppm": p.audit_rate,
             "final_check_bps": p.final_check_bps,
             "trainer_stake_wei": p.trainer_stake,
             "verifier_stake_wei": p.verifier_stake,
@@ -351,6 +352,13 @@ def _trainer_row(chain: Chain, run_id: int, epoch: int, slot: int, addr: str, su
     }
 
 
+def _audit_policy(run: dict) -> str:
+    """The run's draw in words: s an epoch, or each step at its rate with the cap (docs/protocol.md §5)."""
+    if run.get("audit_rate_ppm"):
+        return f"audits {run['audit_rate_ppm'] / 1e6:g} a step (at most {run['audit_steps']} an epoch)"
+    return f"audit steps {run['audit_steps']}"
+
+
 def _clock(ts: int) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(ts))
 
@@ -393,7 +401,7 @@ def render(r: dict[str, Any]) -> str:
         f"run {r['run_id']} on chain {r['chain_id']} at {r['contract']}: {r.get('run_summary', '')}",
         f"  config {run['config_cid']}   coordinator {run['coordinator']}",
         (f"  trainers {run['active_trainers']}/{run['max_trainers']} (min {run['min_trainers']})   "
-         f"verifiers {run['verifiers']}   quorum {run['quorum']}   audit steps {run['audit_steps']}"),
+         f"verifiers {run['verifiers']}   quorum {run['quorum']}   {_audit_policy(run)}"),
         f"  chain time {_clock(now)} UTC" + (f", wall clock {_clock(wall)} UTC" if wall is not None else ""),
         "",
     ]

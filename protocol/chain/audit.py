@@ -7,6 +7,7 @@ the contract bit for bit. No network, no clock: the seed's block inputs are para
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,6 +22,8 @@ COMMIT_TAG = keccak(b"veriloco.commit.v1")
 AUDIT_TAG = keccak(b"veriloco.audit.v1")
 VERDICT_TAG = keccak(b"veriloco.verdict.v1")
 BPS = 10_000
+RATE_TAG = keccak(b"veriloco.audit.rate")  # the per-transition draw's domain (VerilocoAudit.RATE_TAG)
+RATE_ONE = 1_000_000  # auditRate's unit: parts per million of the transitions
 
 
 def _b32(name: str, value: bytes) -> bytes:
@@ -96,11 +99,53 @@ def draw(seed: bytes, trainer: str, label: str, *extra: int) -> int:
     return int.from_bytes(keccak(encode(types, [_b32("seed", seed), to_checksum_address(trainer), label, *extra])), "big")
 
 
-def challenged_steps(seed: bytes, trainer: str, audit_steps: int, leaf_count: int) -> list[int]:
-    """The transitions k -> k+1 drawn for a trainer, in draw order (duplicates kept)."""
+def challenged_steps(seed: bytes, trainer: str, audit_steps: int, leaf_count: int, rate: int = 0) -> list[int]:
+    """The transitions k -> k+1 drawn for a trainer, in draw order. ``rate`` 0: ``audit_steps`` uniform
+    draws (duplicates kept). Else each k is challenged on its own with probability ``rate / RATE_ONE``
+    (``rate_drawn``), ascending, at most ``audit_steps`` of them: a step's chance of a challenge is the
+    same whatever H is, so verification is priced per step of work (docs/protocol.md §5)."""
     if leaf_count < 2:
         raise ValueError(f"a trace needs at least 2 leaves, got {leaf_count}")
+    if rate:
+        return rate_drawn(seed, trainer, rate, leaf_count - 1, audit_steps)
     return [draw(seed, trainer, "step", j) % (leaf_count - 1) for j in range(audit_steps)]
+
+
+RATE_TAIL = 1e-6  # the most a run config lets the cap on an epoch's challenges bind (over_cap)
+
+
+def over_cap(rate: int, transitions: int, cap: int) -> float:
+    """P(more than ``cap`` of ``transitions`` independent draws at ``rate / RATE_ONE`` hit): the chance that
+    the contract's cap (audit.steps) cuts an epoch's later steps out of its draw."""
+    p = rate / RATE_ONE
+    return max(0.0, 1.0 - sum(math.comb(transitions, i) * p**i * (1 - p) ** (transitions - i)
+                              for i in range(min(cap, transitions) + 1)))
+
+
+def min_cap(rate: int, transitions: int) -> int:
+    """The least cap (audit.steps) that binds with probability at most RATE_TAIL over ``transitions``."""
+    cap = 1
+    while cap < transitions and over_cap(rate, transitions, cap) > RATE_TAIL:
+        cap += 1
+    return cap
+
+
+def rate_draw(seed: bytes, trainer: str, k: int) -> int:
+    """uint256(keccak(abi.encode(seed, trainer, RATE_TAG, k))) % RATE_ONE: transition k is challenged when
+    this is below the run's auditRate (the contract hashes the same four words in assembly)."""
+    word = _b32("seed", seed) + bytes(12) + bytes.fromhex(to_checksum_address(trainer)[2:]) + RATE_TAG + k.to_bytes(32, "big")
+    return int.from_bytes(keccak(word), "big") % RATE_ONE
+
+
+def rate_drawn(seed: bytes, trainer: str, rate: int, transitions: int, cap: int) -> list[int]:
+    """Transitions 0..transitions-1 whose ``rate_draw`` is below ``rate``, ascending, the first ``cap``."""
+    out: list[int] = []
+    for k in range(transitions):
+        if len(out) == cap:
+            break
+        if rate_draw(seed, trainer, k) < rate:
+            out.append(k)
+    return out
 
 
 def final_check(seed: bytes, trainer: str, final_check_bps: int) -> bool:
@@ -124,10 +169,11 @@ def assigned_verifiers(seed: bytes, trainer: str, verifiers: Sequence[str], quor
     return out
 
 
-def response_indices(seed: bytes, trainer: str, audit_steps: int, leaf_count: int, final_check_bps: int) -> list[int]:
+def response_indices(seed: bytes, trainer: str, audit_steps: int, leaf_count: int, final_check_bps: int,
+                     rate: int = 0) -> list[int]:
     """Leaf indices an audit response must prove, in the order `respond` expects them."""
     out: list[int] = []
-    for k in challenged_steps(seed, trainer, audit_steps, leaf_count):
+    for k in challenged_steps(seed, trainer, audit_steps, leaf_count, rate):
         out += [k, k + 1]
     if final_check(seed, trainer, final_check_bps):
         out.append(leaf_count - 1)
@@ -185,13 +231,13 @@ class AuditResponse:
 
 
 def build_response(
-    digests: Sequence[bytes], seed: bytes, trainer: str, audit_steps: int, final_check_bps: int
+    digests: Sequence[bytes], seed: bytes, trainer: str, audit_steps: int, final_check_bps: int, rate: int = 0
 ) -> AuditResponse:
     """Build the audit response for a trace of state digests d_0..d_H."""
     n = len(digests)
-    idx = response_indices(seed, trainer, audit_steps, n, final_check_bps)
+    idx = response_indices(seed, trainer, audit_steps, n, final_check_bps, rate)
     proofs: list[Digest] = []
-    for k in challenged_steps(seed, trainer, audit_steps, n):
+    for k in challenged_steps(seed, trainer, audit_steps, n, rate):
         proofs += pair_proof(digests, k)
     if final_check(seed, trainer, final_check_bps):
         proofs += merkle.prove(digests, n - 1)
@@ -200,10 +246,10 @@ def build_response(
 
 def verify_response(
     root_: bytes, leaf_count: int, seed: bytes, trainer: str, audit_steps: int, final_check_bps: int,
-    response: AuditResponse,
+    response: AuditResponse, rate: int = 0,
 ) -> bool:
     """What the contract's `respond` checks, in Python: layout, then every pair and final proof."""
-    steps = challenged_steps(seed, trainer, audit_steps, leaf_count)
+    steps = challenged_steps(seed, trainer, audit_steps, leaf_count, rate)
     fin = final_check(seed, trainer, final_check_bps)
     depth = merkle.proof_length(leaf_count)
     lens = [depth + trailing_ones(k) - 1 for k in steps]

@@ -186,6 +186,7 @@ class RunParams:
     trainer_reward: Wei = 0  # type: ignore[assignment]
     verifier_reward: Wei = 0  # type: ignore[assignment]
     test_run: bool = False  # allows quorum 1..2 (a lone verifier decides): devnets and tests only
+    audit_rate: int = 0  # per million transitions (0: audit_steps draws an epoch; else at most audit_steps)
 
     def to_abi(self) -> tuple[Any, ...]:
         values = [getattr(self, f.name) for f in fields(self)]

@@ -35,7 +35,7 @@ def test_binding_over_the_pyevm_rpc_server() -> None:
         assert wp.value.args == (run_id, 5, 0, 1)
         with pytest.raises(ce.InvalidParams) as ip:
             coord.create_run(params(keys[0].address, quorum=0))
-        assert ip.value.reason == "quorum 3..16 (1..2: testRun)"
+        assert ip.value.reason == "quorum 3..7 (1..2: testRun)"
         t.commit(0)
         t.reveal(0)
         t.respond(0)

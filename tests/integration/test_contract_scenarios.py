@@ -155,6 +155,40 @@ def test_python_helpers_match_contract(fresh: Any) -> None:
         assert len(set(a.verifiers)) == 3
 
 
+def test_per_step_draws_match_the_contract_and_an_epoch_may_draw_none(fresh: Any) -> None:
+    """auditRate: each transition challenged on its own, the first auditSteps of them; the contract's
+    draw, the Python mirror and respond agree, an epoch with no challenge answers with no leaf, and a rate
+    of one challenges the first auditSteps transitions."""
+    r = make_run(fresh, n_trainers=4, n_verifiers=3, audit_steps=6, audit_rate=80_000, final_check_bps=0)
+    for t, leaves in zip(r.trainers, (2, 33, 129, 257)):
+        t.leaves = leaves
+    r.open_epoch(0)
+    seed = r.coord.epoch_times(r.run_id, 0).seed
+    counts = []
+    for t in r.trainers:
+        a = r.coord.assignment(r.run_id, 0, t.address)
+        mirror = challenged_steps(seed, t.address, 6, t.leaves, 80_000)
+        assert list(a.steps) == mirror == sorted(set(mirror)) and not a.final_check
+        assert r.coord.submission(r.run_id, 0, t.address).state == 3  # responded, whatever it drew
+        counts.append(len(mirror))
+    assert counts[0] in (0, 1) and max(counts) > 0
+    # an empty draw (one in a million a transition: 8 in a million for this trace): the response is no
+    # leaf and no proof word, and respond takes it
+    rare = make_run(fresh, n_trainers=1, n_verifiers=2, audit_steps=3, audit_rate=1, final_check_bps=0)
+    rare.open_epoch(0)
+    t = rare.trainers[0]
+    assert rare.coord.assignment(rare.run_id, 0, t.address).steps == ()
+    assert t.response(0).leaves == () == t.response(0).proofs
+    assert rare.coord.submission(rare.run_id, 0, t.address).state == 3
+    ones = make_run(fresh, n_trainers=1, n_verifiers=2, audit_steps=3, audit_rate=1_000_000)
+    ones.trainers[0].leaves = 17
+    ones.open_epoch(0)
+    assert list(ones.coord.assignment(ones.run_id, 0, ones.trainers[0].address).steps) == [0, 1, 2]
+    with pytest.raises(ce.InvalidParams) as ip:
+        r.coord.create_run(params(fresh.accounts[COORD], audit_rate=1_000_001))
+    assert "auditRate" in ip.value.reason
+
+
 @pytest.mark.parametrize("leaves", [2, 3, 5, 8, 33])
 def test_merkle_proofs_accepted_and_tampering_rejected(fresh: Any, leaves: int) -> None:
     r = make_run(fresh, n_trainers=1, n_verifiers=1, quorum=1)

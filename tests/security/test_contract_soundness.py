@@ -462,6 +462,24 @@ def test_create_run_refuses_a_quorum_below_three_unless_it_is_a_test_run(fresh: 
     assert not c.run_info(c.create_run(params(c.sender, quorum=3, test_run=False))).params.test_run
 
 
+def test_create_run_refuses_shapes_no_availability_committee_can_serve(fresh: PyEvmNet) -> None:
+    """Issue 46 item 5: a payload report needs q verifiers of the first 16 drawn outside the trainer's q and
+    the reporter. Quorum 8 to 16, or fewer than 2q + 1 verifier places, used to be accepted, and there a
+    withheld payload could never be removed; createRun now refuses them, naming the bound."""
+    c = fresh.chain(COORD)
+    for q in (8, 9, 16):
+        with pytest.raises(ce.InvalidParams) as ip:
+            c.create_run(params(c.sender, quorum=q, test_run=False, max_verifiers=64))
+        assert "quorum 3..7" in str(ip.value.reason)
+    for q, places in ((3, 6), (3, 3), (7, 14), (1, 2)):
+        with pytest.raises(ce.InvalidParams) as ip:
+            c.create_run(params(c.sender, quorum=q, test_run=q < 3, max_verifiers=places))
+        assert "maxVerifiers >= 2 x quorum + 1" in str(ip.value.reason)
+    for q, places in ((3, 7), (7, 15), (1, 3)):
+        rid = c.create_run(params(c.sender, quorum=q, test_run=q < 3, max_verifiers=places))
+        assert c.run_info(rid).params.max_verifiers == places
+
+
 def test_an_epoch_with_fewer_verifiers_than_its_quorum_is_never_audited_and_slashes_nobody(fresh: PyEvmNet) -> None:
     """A quorum-3 run with one verifier: the audit waits (TooFewVerifiers), no trainer can respond, no
     model can be finalized, and the epoch aborts at its deadline with nobody slashed. Two more

@@ -61,23 +61,24 @@ class Run:
             self.preimages.append([lf.encode() for lf in leaves])
             self.pubs.append(wrap(1, e, ME, payload))
 
-    def answer(self, e: int, seed: bytes, publish=None):
-        steps = challenged_steps(seed, ME, 3, H + 1)
+    def answer(self, e: int, seed: bytes, publish=None, rate: int = 0, final_bps: int = 10_000):
+        """``rate``: the per-step draw (audit.rate in ppm, at most 3 an epoch); 0 draws 3 an epoch."""
+        steps = challenged_steps(seed, ME, 3, H + 1, rate)
         m = shard_response(
             engine=self.engine, spec=SPEC, run_id=1, epoch=e, trainer=ME, d=self.dirs[e], preimages=self.preimages[e],
-            seed=seed, steps=steps, final_bps=10_000, batch_of=lambda k: self.data(e, k),
+            seed=seed, steps=steps, final_bps=final_bps, batch_of=lambda k: self.data(e, k),
             publish=publish or self.store.put, prev=self.dirs[e - 1] if e else None,
             prev_preimages=self.preimages[e - 1] if e else (),
         )
         return m, steps
 
-    def judge(self, e: int, seed: bytes, m, steps, fetch=None) -> list:
+    def judge(self, e: int, seed: bytes, m, steps, fetch=None, final_bps: int = 10_000) -> list:
         from protocol import merkle
         from protocol.digest import keccak
 
         root = merkle.root([keccak(p) for p in self.preimages[e]])
         prev_root = merkle.root([keccak(p) for p in self.preimages[e - 1]]) if e else bytes(32)
-        chained = Chained(root, H + 1, seed, tuple(steps), 10_000, prev_revealed=e > 0, prev_root=prev_root,
+        chained = Chained(root, H + 1, seed, tuple(steps), final_bps, prev_revealed=e > 0, prev_root=prev_root,
                           prev_leaf_count=H + 1 if e else 0)
         m = decode_manifest(encode_manifest(m, block_count(CFG)), block_count(CFG), max_bytes=1 << 24)
         fetch = fetch or (lambda cid, spec: load_state(self.store.get(cid), expect=spec))
@@ -283,6 +284,28 @@ def test_a_wrong_start_is_caught_by_digest_alone(tmp_path: Path) -> None:
     bad = _failed(run.judge(0, SEEDS[0], m, steps))
     assert any(b.startswith("start:") for b in bad), bad
     assert isinstance(StepLeaf.decode(run.preimages[0][0], block_count(CFG)), StepLeaf)
+
+
+def test_an_epoch_that_draws_no_challenge_still_checks_its_start(honest: Run, tmp_path: Path) -> None:
+    """audit.rate (issue 47): at small H most epochs draw no step and no final check. Such an answer opens
+    no segment, yet the manifest is bound to the chain and leaf 0 to the start rule: an honest trainer
+    passes, and a wrong start fails with nothing drawn."""
+    seed = SEEDS[0]
+    assert challenged_steps(seed, ME, 3, H + 1, 1) == []  # one in a million a step: none of 5
+    for e in (0, 1):
+        m, steps = honest.answer(e, seed, rate=1, final_bps=0)
+        findings = honest.judge(e, seed, m, steps, final_bps=0)
+        assert not m.challenges and not _failed(findings), _failed(findings)
+        assert [f.check for f in findings if f.check.startswith(("block ", "final"))] == []
+        assert any(f.check == "start" for f in findings)
+
+    class BadStart(LocalEngine):
+        def begin(self, d, steps, g, prev):
+            return super().begin(d, steps, {n: t * (1.0 + 1e-6) for n, t in g.items()}, prev)
+
+    run = Run(tmp_path, BadStart(SPEC, every=2))
+    m, steps = run.answer(0, seed, rate=1, final_bps=0)
+    assert _failed(run.judge(0, seed, m, steps, final_bps=0)) == ["start: leaf 0 is not the fresh start from the global model"]
 
 
 def _plant_block(state, block: int):

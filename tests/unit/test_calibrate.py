@@ -130,3 +130,16 @@ def test_segment_detection_matches_enumeration_and_reduces_to_single_steps() -> 
 def test_segment_replays_are_charged_per_extra_step() -> None:
     c = cal.Costs(train_step=0.1, digest=0.05, compress=0.03, replay_check=0.15, final_check=0.06)
     assert c.verifier_audit(2, 0.0, extra_steps=6) == pytest.approx(2 * 0.2 + 6 * 0.1)
+
+
+def test_per_step_rate_detection_and_the_least_rate() -> None:
+    """Each transition drawn on its own: m cheated transitions escape with (1 − rate)^m, wherever they lie;
+    min_rate is the least whole-ppm rate that reaches a target, one ppm less does not."""
+    assert cal.rate_detection(0, 0.5) == 0 and cal.rate_detection(3, 1.0) == 1
+    assert math.isclose(cal.rate_detection(26, 0.0165), 1 - 0.9835**26)
+    r = cal.min_rate(25.6, 0.344)
+    assert 1 - (1 - r) ** 25.6 >= 0.344 > 1 - (1 - (r - 1e-6)) ** 25.6
+    with pytest.raises(ValueError):
+        cal.rate_detection(3, 1.5)
+    with pytest.raises(ValueError):
+        cal.min_rate(0, 0.5)

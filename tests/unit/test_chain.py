@@ -174,9 +174,9 @@ def test_challenged_steps_reject_a_trace_without_steps() -> None:
 def test_run_params_roundtrip_through_abi_tuple() -> None:
     p = RunParams(config_cid="bafyc", config_digest=keccak(b"c"), init_model_cid="bafym",
                   init_model_digest=keccak(b"m"), coordinator=ADDR[0].lower(), quorum=3,
-                  trainer_reward=7, verifier_reward=5, test_run=True)
+                  trainer_reward=7, verifier_reward=5, test_run=True, audit_rate=16_500)
     t = p.to_abi()
-    assert t[4] == ADDR[0] and len(t) == 23 and t[-3:] == (7, 5, True)
+    assert t[4] == ADDR[0] and len(t) == 24 and t[-4:] == (7, 5, True, 16_500)
     back = RunParams.from_abi(t)
     assert back == RunParams(**{**p.__dict__, "coordinator": ADDR[0]})
 
@@ -194,3 +194,10 @@ def test_a_run_left_without_trainers_is_stalled_and_says_why() -> None:
     assert st["state"] == "stalled" and "no active trainer" in st["text"] and "--run 4" in st["text"]
     assert trainer_shortfall(RunInfo(**{**gone.__dict__, "next_epoch": 0})) is None  # not begun: waiting for one
     assert trainer_shortfall(RunInfo(**{**gone.__dict__, "active_trainers": 1})) is None
+
+
+def test_status_names_the_audit_policy_per_epoch_or_per_step() -> None:
+    from veriloco.chaincmds import _audit_policy
+
+    assert _audit_policy({"audit_steps": 4, "audit_rate_ppm": 0}) == "audit steps 4"
+    assert _audit_policy({"audit_steps": 8, "audit_rate_ppm": 16_500}) == "audits 0.0165 a step (at most 8 an epoch)"

@@ -34,6 +34,13 @@ def test_replace_changes_digest() -> None:
         ("[audit]\nnumerics = 'arm64'\n", "audit.numerics must be one of"),
         ("[audit]\nnumerics_digest = '0x12'\n", "audit.numerics_digest must be 0x and 64 lowercase hex digits"),
         ("[audit]\nthreads = 0\n", "audit.threads must be within 1..256, got 0"),
+        ("[audit]\nrate = 1.5\n", "audit.rate is a probability in whole parts per million"),
+        ("[audit]\nquorum = 9\n", "1 <= audit.quorum <= 7"),
+        ("[stakes]\nmax_verifiers = 6\n", "stakes.max_verifiers = 6 leaves no availability committee at audit.quorum = 3"),
+        ("[audit]\nrate = 0.0000001\n", "audit.rate is a probability in whole parts per million"),
+        ("[audit]\nrate = 0.1\nsteps = 4\n[schedule]\nh_max = 64\nh_initial = 8\n",
+         "audit.steps = 4 caps the challenges an epoch of up to schedule.h_max = 64 steps draws at audit.rate = 0.1, "
+         "and the cap would bind with probability"),
     ],
 )
 def test_bad_config_is_named(tmp_path, toml: str, message: str) -> None:
@@ -55,8 +62,9 @@ def test_example_run_configs_load(name: str, preset: str) -> None:
 
     cfg = load_toml(Path(__file__).resolve().parents[2] / "examples" / f"{name}.toml")
     # segments of about 4,096 tokens, groups of 2,048 where a step has more (docs/results-protocol.md)
-    segment, groups = {"run": (4, 1), "small": (1, 4)}[name]
-    assert cfg.model.preset == preset and (cfg.audit.unit, cfg.audit.steps, cfg.audit.segment) == ("shard", 4, segment)
+    segment, groups, steps, rate = {"run": (4, 1, 4, 0.0), "small": (1, 4, 8, 0.0165)}[name]
+    assert cfg.model.preset == preset and (cfg.audit.unit, cfg.audit.steps, cfg.audit.segment) == ("shard", steps, segment)
+    assert (cfg.audit.rate, cfg.to_run_params("c", "m", bytes(32), "0x" + "11" * 20).audit_rate) == (rate, round(rate * 1e6))
     assert cfg.inner.microbatches == groups
     if name == "small":  # the measured winner (convergence-small.json): 128 rows, rank 128 and H 8 held, epoch 1 waits
         from dilocox.compress import h_for_rank
@@ -148,3 +156,17 @@ def test_outer_aggregate_is_new_and_checked() -> None:
         RunConfig().replace(outer={"aggregate": "krum"})
     with pytest.raises(ConfigError, match="outer.trim must be at least 1"):
         RunConfig().replace(outer={"trim": 0})
+
+
+def test_a_run_whose_on_chain_audit_policy_is_not_its_configs_is_named() -> None:
+    """A creator who passes createRun other audit fields than the published config's (a lower rate, a cap of
+    one, no final check) is caught by every node's open_run before it stakes."""
+    from dataclasses import replace as dc_replace
+
+    from protocol.run import audit_mismatch
+
+    cfg = RunConfig().replace(audit={"rate": 0.0165, "steps": 9})
+    p = cfg.to_run_params("bafyc", "bafym", bytes(32), "0x" + "11" * 20)
+    assert audit_mismatch(p, cfg) == ""
+    bad = dc_replace(p, audit_rate=100, final_check_bps=0)
+    assert audit_mismatch(bad, cfg) == "audit_rate 100 != 16500, final_check_bps 0 != 5000"

@@ -95,3 +95,19 @@ def test_the_compute_check_predicts_the_largest_batch_from_the_two_smallest() ->
     assert verify["s_per_unit"] == 0.0 and verify["predicted_s"] == 2.0  # the same groups at every batch
     off = compute_check([*on_line[:2], _run("a", 4096, 8.0, 34.0)])
     assert off[0]["ratio"] == 0.5  # predicted 17 s, measured 34 s
+
+
+def test_a_per_step_rate_prices_verification_per_step_of_work() -> None:
+    """With audit.rate each step carries the same expected challenge bytes whatever H is (r = 1 here):
+    an epoch ships H·rate draws, its manifest their mean, and the final check at its own probability."""
+    rows = {H: project(Setting("small", 128, 64, H, 4, group_tokens=2048, rate=0.0165, s=8, final_check=0.125))
+            for H in (4, 8, 64, 256)}
+    for H, r in rows.items():
+        assert math.isclose(r["challenges_per_epoch"], H * 0.0165, rel_tol=1e-3)
+        draws = r["audit_answer_bytes_per_epoch"] - r["manifest_bytes"] - 0.125 * r["final_check_bytes"]
+        assert math.isclose(draws / H, 0.0165 * r["audit_bytes_per_challenge"], rel_tol=1e-3)
+        assert r["skip10_detection_within_256_steps"] == rows[4]["skip10_detection_within_256_steps"] > 0.34
+    # the per-epoch policy ships s draws an epoch: at H = 8 that is 30 times the rate's bytes
+    count = project(Setting("small", 128, 64, 8, 4, group_tokens=2048))
+    assert count["challenges_per_epoch"] == 4 and count["traffic_reduction_vs_allreduce"] < rows[8]["traffic_reduction_vs_allreduce"] / 5
+    assert rows[8]["answer_flops_fraction"] < count["answer_flops_fraction"] / 25

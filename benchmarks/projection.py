@@ -214,7 +214,7 @@ def project(st: Setting) -> dict[str, Any]:
     params = st.merge and st.ef_in_params
     log_step = log_bytes_per_step(shapes, B, act, w)["boundaries"]  # one step's in/gout of every block
     bound_step = log_bytes_per_step(shapes, B, group, w)["boundaries"]  # of one group
-    challenge, buffered, final, block_p = [], [], [], []
+    challenge, buffered, final, final_buffered, block_p = [], [], [], [], []
     for b, names in enumerate(blocks):
         spec = challenge_spec(shapes, names, b, B, 0, seg, group, merge=False, micro=M)
         plain = state_file_size(_as(spec, w))
@@ -222,7 +222,8 @@ def project(st: Setting) -> dict[str, Any]:
         cover = min(1.0, seg / st.H) if st.merge else 0.0  # a segment covers the merge step
         buffered.append(plain + cover * (merged - plain))  # its block's start parameters ride along
         challenge.append(plain if params else buffered[-1])
-        final.append(state_file_size(_as(transition_spec(shapes, names), w)))
+        final.append(state_file_size(_as(transition_spec(shapes, names, params), w)))
+        final_buffered.append(state_file_size(_as(transition_spec(shapes, names), w)))
         block_p.append(sum(math.prod(shapes[n]) for n in names))
     def per_draw(per_block: list[float]) -> float:
         """A draw's mean over its uniformly drawn block: that block and the data ends (shard_audit.data_ends)."""
@@ -243,9 +244,11 @@ def project(st: Setting) -> dict[str, Any]:
     answer = manifest + s * per_challenge + st.final_check * per_final + start
     sent = payload + answer
     received = (st.K - 1) * payload
-    # the same answer with a carried buffer: its start file, and a challenge over the merge step ships the
-    # block's start parameters (its manifest is the same size: start_cid is a CID either way)
-    with_buffer = answer - start + buffer_start + s * (per_draw(buffered) - per_draw(challenge))
+    # the same answer with a carried buffer: its start file, a challenge over the merge step ships the
+    # block's start parameters, and the final check its start parameters and buffer (its manifest is the
+    # same size: start_cid is a CID either way)
+    with_buffer = (answer - start + buffer_start + s * (per_draw(buffered) - per_draw(challenge))
+                   + st.final_check * (sum(final_buffered) - sum(final)) / B)
     allreduce = ring_allreduce_bytes(w * P, st.K) * st.H
     state = 3 * w * P  # parameters and the two AdamW moments
     rule = CheckpointRule.of(max(CHECKPOINT_EVERY, seg), CHECKPOINT_EVERY_LOGGED)

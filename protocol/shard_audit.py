@@ -35,7 +35,7 @@ from protocol.leaf import GroupLeaf, LeafError, StepLeaf, part_digest, partial_d
 from protocol.store.unixfs import CidError, validate_cid
 from protocol.types import Address, Cid, Digest
 
-SHARD_AUDIT_FORMAT = "veriloco.audit.shard.v4"
+SHARD_AUDIT_FORMAT = "veriloco.audit.shard.v5"
 START_PREFIX = "start."  # a transition or start file's first-leaf parameters: "start.param/<p>"
 
 
@@ -431,11 +431,15 @@ def unbound_input(
     return None
 
 
-def transition_spec(shapes: Mapping[str, tuple[int, ...]], names: Sequence[str]) -> dict[str, TensorSpec]:
-    """A final check's file: the block's params at the first leaf, params and buffer at the last."""
+def transition_spec(shapes: Mapping[str, tuple[int, ...]], names: Sequence[str], ef_in_params: bool = False) -> dict[str, TensorSpec]:
+    """A final check's file: the block's params at the first leaf, params and buffer at the last. With the
+    error feedback in the parameters (the merge rule's Δ = G_e − E_e reads no first leaf, and the buffer is
+    zero, bound by the leaf's digest), the last leaf's params alone: a third of the bytes (issue 47)."""
     spec = {}
     for n in names:
-        spec[f"{START_PREFIX}param/{n}"] = spec[f"param/{n}"] = spec[f"ef/{n}"] = TensorSpec(torch.float32, shapes[n])
+        spec[f"param/{n}"] = TensorSpec(torch.float32, shapes[n])
+        if not ef_in_params:
+            spec[f"{START_PREFIX}param/{n}"] = spec[f"ef/{n}"] = spec[f"param/{n}"]
     return spec
 
 

@@ -108,11 +108,12 @@ def _challenge(shard: State, steps: Sequence[Opened], b: int, n_blocks: int, sta
     return {key: v.detach().cpu() for key, v in out.items()}
 
 
-def transition_file(engine: Engine, d: EpochDir, last: int, b: int) -> State:
-    """Block b's params at leaf 0, and its params and error buffer at leaf ``last``."""
-    end = engine.block_state(d, last, b, (PARAM, EF))
-    out = _start_params(engine, d, b)
-    out.update({k: v for k, v in end.items() if k.startswith((PARAM, EF))})
+def transition_file(engine: Engine, d: EpochDir, last: int, b: int, ef_in_params: bool = False) -> State:
+    """Block b's params at leaf 0, and its params and error buffer at leaf ``last``; with the error feedback
+    in the parameters its params at ``last`` alone (``protocol.shard_audit.transition_spec``)."""
+    end = engine.block_state(d, last, b, (PARAM,) if ef_in_params else (PARAM, EF))
+    out = {} if ef_in_params else _start_params(engine, d, b)
+    out.update({k: v for k, v in end.items() if k.startswith(PARAM if ef_in_params else (PARAM, EF))})
     return out
 
 
@@ -155,7 +156,7 @@ def shard_response(
             engine, d, s, e, b, [drawn_group(seed, trainer, k, spec.microbatches) for k in range(s, e)], batch_of,
             leaves, spec, covers_merge(s, e, spec.merge_step_in(epoch)) and not spec.ef_in_params)),
         final_block=drawn_block(seed, trainer, "final-shard", 0, n) if fin else -1,
-        cid_of_final=lambda b: publish(save_state(transition_file(engine, d, L - 1, b))),
+        cid_of_final=lambda b: publish(save_state(transition_file(engine, d, L - 1, b, spec.ef_in_params))),
         previous=prev_preimages if cont else (),
         # with error feedback in the parameters a continued start is checked by digest alone: no file
         cid_of_start=(lambda: publish(save_state(start_file(engine, prev, len(prev_preimages) - 1, spec))))

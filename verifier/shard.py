@@ -132,14 +132,19 @@ def check_segment(
 
 
 def _transition(file: Mapping[str, Tensor], names: Sequence[str]) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
-    """(first-leaf params, last-leaf params, last-leaf error buffer) of a transition file, bare names."""
-    return ({n: file[f"{START_PREFIX}{PARAM}{n}"] for n in names}, {n: file[PARAM + n] for n in names},
-            {n: file[EF + n] for n in names})
+    """(first-leaf params, last-leaf params, last-leaf error buffer) of a transition file, bare names. A
+    file of a run with the error feedback in the parameters has no first leaf (empty) and a zero buffer."""
+    p1 = {n: file[PARAM + n] for n in names}
+    if EF + names[0] not in file:
+        return {}, p1, {n: torch.zeros_like(t) for n, t in p1.items()}
+    return {n: file[f"{START_PREFIX}{PARAM}{n}"] for n in names}, p1, {n: file[EF + n] for n in names}
 
 
 def _bound(first: StepLeaf, last: StepLeaf, b: int, file: Mapping[str, Tensor], names: Sequence[str]) -> bool:
+    """The file is block b of leaves 0 and L-1: its tensors (and a zero buffer where it ships none) hash
+    to their digests."""
     p0, p1, ef = _transition(file, names)
-    return (part_digest({PARAM + n: t for n, t in p0.items()}, names, _P) == first.blocks[b].params
+    return ((not p0 or part_digest({PARAM + n: t for n, t in p0.items()}, names, _P) == first.blocks[b].params)
             and part_digest({PARAM + n: t for n, t in p1.items()}, names, _P) == last.blocks[b].params
             and part_digest({EF + n: t for n, t in ef.items()}, names, _E) == last.blocks[b].ef)
 
@@ -336,7 +341,7 @@ def audit_findings(
         out.append(check_segment(leaves, c, file, spec, corpus, epoch, slot, grad_digests, device, merged, offset))
     if fin:
         try:
-            file = fetch(m.final.cid, transition_spec(shapes, groups[m.final.block]))
+            file = fetch(m.final.cid, transition_spec(shapes, groups[m.final.block], spec.ef_in_params))
             out.append(check_final_block(leaves[0], leaves[m.leaf_count - 1], m.final.block, file, publication, spec,
                                          run_id, epoch, slot, trainer, rank, merged))
         except TRANSIENT:

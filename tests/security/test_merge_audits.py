@@ -19,7 +19,7 @@ from protocol.chain.audit import challenged_steps
 from protocol.digest import keccak
 from protocol.formats.codec import load_state
 from protocol.formats.payload import decode, unwrap, wrap
-from protocol.leaf import block_count
+from protocol.leaf import block_count, block_names
 from protocol.model import param_shapes
 from protocol.shard_audit import covers_merge, decode_manifest, encode_manifest
 from protocol.store.backends import LocalStore
@@ -70,8 +70,9 @@ class Run:
         return epoch_merge_offset(e, e > 0, GLOBALS[e], GLOBALS.__getitem__,
                                   lambda: decode(unwrap(self.pubs[e - 1]).body, param_shapes(CFG)))
 
-    def judge(self, e: int, seed: bytes, merged: Params | None = None) -> list[str]:
-        """The failed findings of a verifier given G_e = ``merged`` (default: the true one)."""
+    def judge(self, e: int, seed: bytes, merged: Params | None = None, fetch=None) -> list[str]:
+        """The failed findings of a verifier given G_e = ``merged`` (default: the true one), reading the
+        trainer's files through ``fetch`` (default: the store as published)."""
         steps = challenged_steps(seed, ME, 3, H + 1)
         m = shard_response(
             engine=self.engine, spec=self.spec, run_id=1, epoch=e, trainer=ME, d=self.dirs[e], preimages=self.preimages[e],
@@ -83,9 +84,10 @@ class Run:
         chained = Chained(root, H + 1, seed, tuple(steps), 10_000, prev_revealed=e > 0, prev_root=prev_root,
                           prev_leaf_count=H + 1 if e else 0)
         m = decode_manifest(encode_manifest(m, N), N, max_bytes=1 << 24)
+        self.manifest = m
         self.covered = any(covers_merge(c.start, c.end, self.run_spec.merge_step_in(e)) for c in m.challenges)
         findings = audit_findings(
-            m, chained, lambda cid, spec: load_state(self.store.get(cid), expect=spec), self.run_spec, CORPUS, G0,
+            m, chained, fetch or (lambda cid, spec: load_state(self.store.get(cid), expect=spec)), self.run_spec, CORPUS, G0,
             self.pubs[e], run_id=1, epoch=e, slot=SLOT, trainer=ME, rank=RANK, prev_rank=RANK,
             merged=GLOBALS[e] if merged is None else merged, offset=lambda: self.offset(e) or {})
         return [f"{f.check}: {f.detail}" for f in findings if not f.passed]
@@ -283,3 +285,23 @@ def test_with_error_feedback_in_the_parameters_a_planted_buffer_fails_the_start_
     for seed in SEEDS[:2]:
         bad = run.judge(1, seed)
         assert f"start: block(s) [{block}] of leaf 0 carry an error buffer (the run keeps none)" in bad, bad
+
+
+def test_with_error_feedback_in_the_parameters_the_final_check_ships_the_last_parameters_alone(in_params: Run) -> None:
+    """Issue 47: the merge rule's Δ = G_e − E_e reads no first leaf and the buffer is zero, so the final
+    check's file holds block b's parameters at L − 1 only (a third of v4's bytes); the verifier hashes a
+    zero buffer against the leaf itself. Parameters other than the committed ones still fail."""
+    assert in_params.judge(0, SEEDS[0]) == []
+    m = in_params.manifest
+    names = block_names(CFG)[m.final.block]
+    assert set(load_state(in_params.store.get(m.final.cid))) == {PARAM + n for n in names}
+
+    def nudged(cid: str, spec: dict) -> dict:
+        st = load_state(in_params.store.get(cid), expect=spec)
+        if cid == m.final.cid:
+            st[PARAM + names[0]] = st[PARAM + names[0]] + 1e-6
+        return st
+
+    bad = in_params.judge(0, SEEDS[0], fetch=nudged)
+    assert bad == [f"final block {m.final.block}: the revealed tensors are not block {m.final.block} of leaves 0 and L-1"], bad
+

@@ -51,9 +51,14 @@ bench: install
 
 # One headline results file from scratch: its convergence runs (resumable, one per method and seed),
 # then their merge (benchmarks/headline.py). HEADLINE_ARGS: --dry-run, --jobs 2, --only 0, --piece 3.
+# H=operating-point: examples/small.toml as a network and as the engine, one run each (about 2 hours
+# here; benchmarks/operating_point.py, HEADLINE_ARGS: --trainers, --windows-s, --epochs)
 headline: $(BIN)/.installed
-	@test -n "$(H)" || { echo "usage: make headline H=convergence-small [HEADLINE_ARGS='--dry-run']" >&2; exit 2; }
-	$(BIN)/python benchmarks/headline.py $(H) $(HEADLINE_ARGS)
+	@test -n "$(H)" || { echo "usage: make headline H=convergence-small|operating-point [HEADLINE_ARGS='--dry-run']" >&2; exit 2; }
+	@if [ "$(H)" = operating-point ]; then \
+		$(BIN)/python benchmarks/operating_point.py --out benchmarks/results/operating-point.json \
+			--md docs/results-operating-point.md $(HEADLINE_ARGS); \
+	else $(BIN)/python benchmarks/headline.py $(H) $(HEADLINE_ARGS); fi
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .hypothesis

@@ -146,9 +146,10 @@ def challenge_bytes(opts: DemoOptions, audit_mode: str, trainer_logs: list[list[
     return round(statistics.mean(sizes)) if sizes else None
 
 
-def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any]) -> dict[str, Any]:
-    """The scenario's figures from the logs under opts.workdir and the demo's summary."""
-    config = config_of(opts, audit_mode)
+def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any], config: RunConfig | None = None) -> dict[str, Any]:
+    """The scenario's figures from the logs under opts.workdir and the demo's summary; ``config`` is the
+    run config the network ran (default: the scenario's, ``config_of``)."""
+    config = config or config_of(opts, audit_mode)
     logs = {p.stem: _events(p) for p in (opts.workdir / "logs").glob("*.jsonl")}
     trainer_logs = [evs for name, evs in logs.items() if name.startswith("trainer")]
     stalls, stalls_first, stalls_whole, traffic = [], [], [], []

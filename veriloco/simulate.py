@@ -67,8 +67,9 @@ from dilocox.inner import (
     section,
     train_step,
 )
+from dilocox.blockstep import blockwise_step
 from dilocox.outer import GlobalState, OuterConfig, global_params, init_global
-from protocol.config import merge_step_for
+from protocol.config import RunConfig, merge_step_for
 from protocol.data import Corpus, batch, eval_loss, val_batches
 from protocol.errors import VerilocoError
 from protocol.model import GPTConfig, init_params, loss_fn, n_params, param_shapes
@@ -216,6 +217,32 @@ class Method:
     @property
     def overlaps(self) -> bool:
         return self.kind == "local" and self.rule.overlaps
+
+
+def from_run_config(cfg: RunConfig, trainers: int, eval_rows: int = 512, eval_split: str = "selection") -> tuple[SimConfig, Method]:
+    """The simulation of a run config's training with ``trainers`` workers (slots 0..K-1 in join order):
+    its model and seeds, batches, inner and outer optimizers, schedule, compression, start rule and
+    aggregation, and the block-wise step in its groups where the run is shard-audited. Its models are
+    the ones the network's trainers and coordinator compute (a fixed rank keeps H at h_initial; an
+    adaptive one moves H with the payloads' history on both sides alike)."""
+    from dilocox.round import RoundSpec
+
+    spec = RoundSpec.from_config(cfg)
+    o, sch = cfg.outer, cfg.schedule
+    sim = SimConfig(
+        model=spec.model, trainers=trainers, steps=sch.epochs * sch.h_initial, batch_size=spec.batch_size,
+        seq_len=spec.seq_len, h=sch.h_initial, rank=spec.compression.rank_initial, merge_step=sch.merge_step,
+        inner=spec.inner, outer=OuterConfig(lr=o.lr, momentum=o.momentum, clip=o.clip, aggregate=o.aggregate, trim=o.trim),
+        run_seed=spec.run_seed, init_seed=cfg.model.init_seed, eval_rows=eval_rows, eval_split=eval_split,
+        microbatches=spec.microbatches if spec.shard else 0, epochs=sch.epochs,
+    )
+    method = Method(
+        name=f"config:{cfg.name}", kind="local", rule=spec.rule, compression=spec.compression,
+        description=f"run config {cfg.name!r} as its nodes train it", merge_step=sch.merge_step if sch.merge_step else None,
+        first_merge_step=sch.first_merge_step if sch.merge_step and sch.first_merge_step >= 0 else None,
+        aggregate=o.aggregate, ef_in_params=spec.ef_in_params,
+    )
+    return sim, method
 
 
 def methods(h: int = 16, rank: int = 8, merge_step: int = 1) -> dict[str, Method]:
@@ -412,6 +439,13 @@ class SimConfig:
     # where the workers' steps and the eval run; the global model, payloads and aggregation stay on
     # the CPU, as in the protocol (dilocox/device.py)
     device: str = "cpu"
+    # 0: the plain inner step (dilocox.inner.train_step). M >= 1: the block-wise step of a shard-audited
+    # run in M groups (dilocox.blockstep.blockwise_step), the step its trainer nodes take: the same math,
+    # other float rounding, so a simulation of a run config computes the network's models bit for bit
+    microbatches: int = 0
+    # > 0: run this many rounds at the H the schedule gives each (as a run config's nodes do, whatever
+    # the token budget comes to), instead of rounds until ``steps`` are trained (the last one cut short)
+    epochs: int = 0
 
     def __post_init__(self) -> None:
         if self.trainers < 1 or self.steps < 1 or self.batch_size < 1 or self.h < 1:
@@ -739,14 +773,14 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
     payload_sizes: list[int] = []
     rel_errors: list[float] = []
     sent = done = epoch = 0
-    while done < cfg.steps:
+    while epoch < cfg.epochs if cfg.epochs else done < cfg.steps:
         if isinstance(ccfg, CompressionConfig):
             rank, h = adapt(history[: public_history_end(method.rule, epoch)], ccfg)
         elif sparse is not None:
             rank, h = sparse.rank, cfg.h  # the budget's rank, fixed H
         else:
             rank, h = 0, cfg.h
-        h = min(h, cfg.steps - done)
+        h = h if cfg.epochs else min(h, cfg.steps - done)
         gi = global_index(method.rule, epoch)
         latest, earlier = _to(globals_[gi], cfg.device), (_to(globals_[gi - 1], cfg.device) if gi >= 1 else None)
         deltas: list[Params] = []
@@ -770,7 +804,8 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
                     s = base.apply(s)
                 t1 = time.perf_counter()
                 xy = _batch_on(batch(corpus, cfg.run_seed, epoch, k, i, cfg.batch_size, cfg.rows), cfg.device)
-                s, _ = train_step(s, xy, m, cfg.inner)
+                s, _ = (blockwise_step(s, xy, m, cfg.inner, cfg.microbatches)[:2] if cfg.microbatches
+                        else train_step(s, xy, m, cfg.inner))
                 step_times.append(time.perf_counter() - t1)
             if merge_at == h and base is not None:
                 s = base.apply(s)

@@ -16,21 +16,29 @@ from typing import Any
 import pytest
 
 from coordinator.build import build_global
+from dilocox.aggregate import aggregate
+from dilocox.inner import configure_determinism
+from protocol.digest import state_digest
 from protocol.chain.binding import Chain, Phase
 from protocol.run import open_run
 from tests.fixtures.network import run_network, skip_killed_commits, skip_unrevealed
 from veriloco.logs import level
 from veriloco.netdemo import Control, DemoOptions
+from veriloco.simulate import from_run_config, run_local
 
 pytestmark = pytest.mark.e2e
 
 
-def _run(tmp_path: Path, on_tick: Any = None, config_changes: dict[str, Any] | None = None,
+def _run(tmp_path: Path, on_tick: Any = None, config_changes: dict[str, Any] | None = None, seen: dict[str, Any] | None = None,
          **kw: Any) -> tuple[dict[str, Any], dict[int, list[str]]]:
+    """``seen``: filled with the run's context (``ctx``) and each finalized epoch's model digest (``models``)."""
     included: dict[int, list[str]] = {}
 
     def inspect(chain: Chain, store: Any, run_id: int) -> None:
         ctx = open_run(chain, store, run_id)
+        if seen is not None:
+            seen.update(ctx=ctx, models={e: chain.epoch_times(run_id, e).model_digest for e in range(ctx.config.schedule.epochs)
+                                         if chain.epoch_status(run_id, e).phase is Phase.FINALIZED})
         for e in range(ctx.config.schedule.epochs):
             if chain.epoch_status(run_id, e).phase is not Phase.FINALIZED:
                 continue
@@ -76,12 +84,27 @@ def test_honest_network_on_anvil_and_ipfs_learns_and_nobody_is_slashed(tmp_path:
             control.restart("trainer2")
             restarted.append("trainer2")
 
-    s, included = _run(tmp_path, chain="anvil", store="ipfs", on_tick=no_log_room, host_env=hosts)
+    seen: dict[str, Any] = {}
+    s, included = _run(tmp_path, chain="anvil", store="ipfs", on_tick=no_log_room, host_env=hosts, seen=seen)
     assert s["epochs_finalized"] == 2
     assert s["verdicts"]["fail"] == 0 and s["verdicts"]["pass"] >= 6
     assert s["slashed"] == []
     assert s["final_eval_loss"] < s["initial_eval_loss"] - 0.5
     assert all(len(v) == 3 for v in included.values())
+    # the network trains what the benchmark measures (issue 47): the simulation of the run's config
+    # (veriloco.simulate.from_run_config, what benchmarks/operating_point.py runs beside the network)
+    # computes every finalized model bit for bit
+    sim, method = from_run_config(seen["ctx"].config, trainers=3)
+    configure_determinism(seen["ctx"].config.audit.threads)  # the nodes' threads: reductions split by thread count
+    simulated: list[bytes] = []
+
+    def record(epoch: int, g: Any, deltas: Any, outer: Any) -> Any:
+        out = aggregate(g, deltas, outer)
+        simulated.append(state_digest(out))
+        return out
+
+    run_local(method, sim, seen["ctx"].corpus, lambda _: None, aggregator=record)
+    assert [bytes(seen["models"][e]) for e in sorted(seen["models"])] == simulated
     # the demo's pool pays 0.001 ETH per included trainer and 0.0001 ETH per (quorum-1, so decisive) verdict
     paid = sum(len(v) for v in included.values()) * 10**15 + s["verdicts"]["pass"] * 10**14
     assert s["rewards_paid_wei"] == paid and s["reward_pool_left_wei"] == 10**17 - paid

@@ -258,14 +258,34 @@ class TrainerNode:
         self.log("started", slot=self.slot, epoch=e, behaviour=self.behaviour.name, stages=self.stages)
         if (short := verifier_shortfall(self.chain.run_info(self.run_id))) is not None:
             self.log("too-few-verifiers", detail=short)
-        while e < epochs and through_outages(functools.partial(self._epoch, e), self.log, f"epoch {e}"):
-            e += 1
+        try:
+            while e < epochs and through_outages(functools.partial(self._epoch, e), self.log, f"epoch {e}"):
+                e += 1
+        except KeyboardInterrupt:  # a requested stop (veriloco.nodes.Stopped): what it promised comes first
+            self._keep_promises()
+            raise
         through_outages(lambda: self._wait(lambda: not self._pending(), "the last audits to close"), self.log, "closing")
         unrevealed = through_outages(functools.partial(self._unrevealed, member.join_epoch, e), self.log, "closing")
         if unrevealed:  # its slash (no reveal) lands when they are decided: the node's ending says so then
             what = f"epoch(s) {', '.join(map(str, unrevealed))}, committed and never revealed, to be decided"
             through_outages(lambda: self._wait(lambda: not self._undecided(unrevealed), what), self.log, "closing")
         self.log("finished", epochs=e, **self.traffic())
+
+    def _owed(self) -> list[int]:
+        """Epochs this trainer committed to and has not yet answered: a reveal or an audit answer it owes."""
+        return [e for e in self._pending() if self._dir(e).meta.get("status") in (COMMITTED, REVEALED)]
+
+    def _keep_promises(self) -> None:
+        """Before a requested stop, reveal and answer every epoch this trainer committed to: a missed
+        one is slashed (issue 46), and a restart may not be ready in time. The epoch being trained is
+        dropped uncommitted, which promises nothing. The signal handler has restored the default action,
+        so a second signal ends the process at once."""
+        owed = self._owed()
+        if not owed:
+            return
+        self.log("draining", epochs=owed, detail="stopping once what it committed to is revealed and answered; "
+                 "a second signal stops at once, and an answer it then misses is slashed")
+        through_outages(lambda: self._wait(lambda: not self._owed(), "its promised reveals and answers"), self.log, "draining")
 
     def _unrevealed(self, first: int, last: int) -> list[int]:
         """The epochs up to `last` this trainer committed to and never revealed (it was down through the

@@ -176,3 +176,38 @@ def test_a_trainer_that_leaves_while_training_stops_before_finishing_the_epoch(
     assert names.count("step") < LONG_EPOCH, "it trained the whole epoch it could no longer commit"
     warnings = [e for e in events if e["event"] == "warning" and e.get("what") == "metrics"]
     assert len(warnings) == 1 and warnings[0]["level"] == "WARN" and f"0.0.0.0:{port}" in warnings[0]["detail"]
+
+
+def test_a_trainer_stopped_with_an_answer_owed_reveals_and_answers_before_it_exits(
+        devnet: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 46 item 2: SIGTERM between a trainer's commit and its audit answer. The node used to exit at
+    once, naming the answer due; a restart 18 s later missed the response window and was slashed. Now
+    it stays to reveal and answer what it committed to (`draining`, then `revealed` and `responded`),
+    then stops with nothing due, and the chain holds its answer. A second trainer that never commits
+    keeps the commit window open, so the reveal is still owed when the signal comes."""
+    from protocol.chain.binding import Chain
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VERILOCO_DEVNET", str(devnet.config.devnet_file))
+    (tmp_path / "run.toml").write_text(RUN_TOML.replace("h_initial = 64\nh_min = 64\nh_max = 64", "h_initial = 4\nh_min = 4\nh_max = 4")
+                                       .replace("commit_s = 600", "commit_s = 45"))
+    run = create_run(capsys)
+    info = devnet.info
+    keys = [Account.from_key(a.key) for a in info.accounts]
+    Chain(info.rpc_url, info.contract, keys[2]).join_verifier(run)  # the audit's quorum of one
+    Chain(info.rpc_url, info.contract, keys[3]).join_trainer(run)  # never commits: the window runs its 45 s
+    log = tmp_path / "trainer.jsonl"
+    proc = start(["trainer", "--run", str(run), "--devnet", str(devnet.config.devnet_file), "--workdir", str(tmp_path / "n"),
+                  "--log-format", "json", "--account", "1"], log)
+    try:
+        wait_for("committed", proc, log)
+        line = stopped(proc, signal.SIGTERM, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    events = [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]
+    names = [e["event"] for e in events]
+    assert "draining" in names and names.index("draining") < names.index("revealed") < names.index("responded"), names
+    assert [e["epoch"] for e in events if e["event"] == "responded"] == [0] and "due" not in line, line
+    assert Chain(info.rpc_url, info.contract).submission(run, 0, keys[1].address).state == 3  # answered on chain

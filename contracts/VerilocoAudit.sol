@@ -10,6 +10,10 @@ abstract contract VerilocoAudit {
     uint256 internal constant BPS = 10_000;
     /// @dev auditRate's unit: a transition is challenged with probability auditRate / RATE_ONE.
     uint256 internal constant RATE_ONE = 1_000_000;
+    /// @dev Under auditRate only transitions 0..RATE_SCAN-1 are drawn: a revealed leaf count past a run's
+    ///      schedule (which no verifier passes) cannot make a draw, or a verifier's read of it, run out of gas.
+    ///      Run configs keep schedule.h_max within it (protocol/config.py).
+    uint256 internal constant RATE_SCAN = 4096;
     /// @dev keccak256("veriloco.audit.rate"): the per-transition draw's domain (protocol/chain/audit.py RATE_TAG).
     bytes32 internal constant RATE_TAG = 0xf4304fb0f5010d25c84db27883baec591ccfc85fd86075d1bb33fad7a015484c;
 
@@ -59,9 +63,9 @@ abstract contract VerilocoAudit {
         finalCheck = _finalCheck(seed, trainer, finalCheckBps);
     }
 
-    /// @dev The challenged transitions: `steps` uniform draws (rate 0), or each k in 0..L-2 on its own with
-    ///      probability rate / RATE_ONE, keyed by keccak(abi.encode(seed, trainer, RATE_TAG, k)), ascending,
-    ///      the first `steps` of them (the config keeps the chance of more below 1e-6).
+    /// @dev The challenged transitions: `steps` uniform draws (rate 0), or each k in 0..min(L-1, RATE_SCAN)-1
+    ///      on its own with probability rate / RATE_ONE, keyed by keccak(abi.encode(seed, trainer, RATE_TAG, k)),
+    ///      ascending, the first `steps` of them (the config keeps the chance of more below 1e-6).
     function _drawn(bytes32 seed, address trainer, uint256 steps, uint32 rate, uint32 leafCount)
         internal
         pure
@@ -79,6 +83,7 @@ abstract contract VerilocoAudit {
             mstore(add(buf, 0x20), trainer)
             mstore(add(buf, 0x40), RATE_TAG)
             let transitions := sub(leafCount, 1)
+            if gt(transitions, RATE_SCAN) { transitions := RATE_SCAN }
             for { let k := 0 } and(lt(k, transitions), lt(n, steps)) { k := add(k, 1) } {
                 mstore(add(buf, 0x60), k)
                 if lt(mod(keccak256(buf, 0x80), RATE_ONE), rate) {

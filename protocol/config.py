@@ -18,7 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
-from protocol.chain.audit import RATE_ONE, RATE_TAIL, min_cap, over_cap
+from protocol.chain.audit import RATE_ONE, RATE_SCAN, RATE_TAIL, min_cap, over_cap
 from protocol.chain.binding import RunParams
 from protocol.digest import keccak
 from protocol.errors import VerilocoError
@@ -298,6 +298,9 @@ def _check(cfg: RunConfig) -> list[str]:
         p.append("tolerant mode needs audit.tolerance > 0 and audit.segment <= 16 (the calibrated range)")
     if not 0 <= a.rate <= 1 or a.rate_ppm / RATE_ONE != a.rate:
         p.append(f"audit.rate is a probability in whole parts per million (0..1, e.g. 0.0165), got {a.rate}")
+    elif a.rate and s.h_max > RATE_SCAN:
+        p.append(f"audit.rate draws among the first {RATE_SCAN} steps of an epoch (the contract's bound): "
+                 f"schedule.h_max = {s.h_max} would leave the rest unchallenged; lower it or use audit.steps alone")
     elif a.rate and 1 <= a.steps <= 64 and (tail := over_cap(a.rate_ppm, s.h_max, a.steps)) > RATE_TAIL:
         p.append(f"audit.steps = {a.steps} caps the challenges an epoch of up to schedule.h_max = {s.h_max} steps draws "
                  f"at audit.rate = {a.rate}, and the cap would bind with probability {tail:.1e} (> {RATE_TAIL:.0e}), "

@@ -24,6 +24,7 @@ VERDICT_TAG = keccak(b"veriloco.verdict.v1")
 BPS = 10_000
 RATE_TAG = keccak(b"veriloco.audit.rate")  # the per-transition draw's domain (VerilocoAudit.RATE_TAG)
 RATE_ONE = 1_000_000  # auditRate's unit: parts per million of the transitions
+RATE_SCAN = 4096  # the transitions a per-step draw reaches (VerilocoAudit.RATE_SCAN): schedule.h_max's bound
 
 
 def _b32(name: str, value: bytes) -> bytes:
@@ -107,7 +108,7 @@ def challenged_steps(seed: bytes, trainer: str, audit_steps: int, leaf_count: in
     if leaf_count < 2:
         raise ValueError(f"a trace needs at least 2 leaves, got {leaf_count}")
     if rate:
-        return rate_drawn(seed, trainer, rate, leaf_count - 1, audit_steps)
+        return rate_drawn(seed, trainer, rate, min(leaf_count - 1, RATE_SCAN), audit_steps)
     return [draw(seed, trainer, "step", j) % (leaf_count - 1) for j in range(audit_steps)]
 
 

@@ -26,6 +26,7 @@ from protocol.chain.binding import (
     final_check,
     revert_data,
 )
+from protocol.chain.audit import RATE_SCAN
 from protocol.digest import keccak
 from tests.fixtures.chain import SALT, STAKE, VSTAKE, AnvilNet, PyEvmNet, Run, params
 from tests.fixtures.chain import make_run as fixture_run
@@ -187,6 +188,14 @@ def test_per_step_draws_match_the_contract_and_an_epoch_may_draw_none(fresh: Any
     with pytest.raises(ce.InvalidParams) as ip:
         r.coord.create_run(params(fresh.accounts[COORD], audit_rate=1_000_001))
     assert "auditRate" in ip.value.reason
+    # a leaf count far past any schedule (a trainer that lies, or grinds a verifier's gas): the draw reaches
+    # the first RATE_SCAN transitions only, so neither respond nor a verifier's read scans 20,000
+    long = make_run(fresh, n_trainers=1, n_verifiers=2, audit_steps=64, audit_rate=1_000, final_check_bps=0)
+    long.trainers[0].leaves = 20_001
+    long.open_epoch(0)
+    ks = long.coord.assignment(long.run_id, 0, long.trainers[0].address).steps
+    assert all(k < RATE_SCAN for k in ks) and list(ks) == challenged_steps(
+        long.coord.epoch_times(long.run_id, 0).seed, long.trainers[0].address, 64, 20_001, 1_000)
 
 
 @pytest.mark.parametrize("leaves", [2, 3, 5, 8, 33])

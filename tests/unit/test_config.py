@@ -36,6 +36,7 @@ def test_replace_changes_digest() -> None:
         ("[audit]\nthreads = 0\n", "audit.threads must be within 1..256, got 0"),
         ("[audit]\nrate = 1.5\n", "audit.rate is a probability in whole parts per million"),
         ("[audit]\nquorum = 9\n", "1 <= audit.quorum <= 7"),
+        ("[audit]\nrate = 0.01\nsteps = 64\n[schedule]\nh_max = 5000\n", "audit.rate draws among the first 4096 steps"),
         ("[stakes]\nmax_verifiers = 6\n", "stakes.max_verifiers = 6 leaves no availability committee at audit.quorum = 3"),
         ("[audit]\nrate = 0.0000001\n", "audit.rate is a probability in whole parts per million"),
         ("[audit]\nrate = 0.1\nsteps = 4\n[schedule]\nh_max = 64\nh_initial = 8\n",

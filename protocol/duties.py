@@ -22,6 +22,17 @@ def _when(deadline: int, now: int) -> str:
     return f"{time.strftime('%H:%M:%S', time.gmtime(deadline))} UTC, in {deadline - now} s of chain time"
 
 
+def _judges(chain: Chain, run_id: int, epoch: int, address: str) -> bool:
+    """Whether ``address`` is on the epoch's frozen verifier list (every one of them commits verdicts)."""
+    return address.lower() in {v.lower() for v in chain.frozen_verifiers(run_id, epoch)}
+
+
+def _revealed(chain: Chain, run_id: int, epoch: int, address: str) -> bool:
+    """Whether ``address`` has revealed its verdicts for the epoch: then it owes the epoch nothing more."""
+    return any(str(ev.args["verifier"]).lower() == address.lower()
+               for ev in chain.events(["VerdictsRevealed"], run_id=run_id, epoch=epoch))
+
+
 def pending(chain: Chain, run_id: int, address: str, role: str) -> list[str]:
     """Each open duty of ``address`` in ``run_id`` as ``"epoch E: what by HH:MM:SS UTC, in N s"``,
     soonest first; empty when it owes nothing (or is a coordinator, whose stand-ins take over)."""
@@ -38,7 +49,8 @@ def pending(chain: Chain, run_id: int, address: str, role: str) -> list[str]:
             continue
         t = chain.epoch_times(run_id, e)
         if role == "verifier":
-            if phase is Phase.AUDITING and t.seeded and now < t.verdict_deadline:
+            if (phase is Phase.AUDITING and t.seeded and now < t.verdict_deadline
+                    and _judges(chain, run_id, e, address) and not _revealed(chain, run_id, e, address)):
                 due.append((t.verdict_deadline, f"epoch {e}: verdicts on its assigned trainers by {_when(t.verdict_deadline, now)}"))
             continue
         state = chain.submission(run_id, e, address).state

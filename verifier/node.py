@@ -157,9 +157,38 @@ class VerifierNode:
         self.log("started")
         if (short := verifier_shortfall(self.chain.run_info(self.run_id))) is not None:
             self.log("too-few-verifiers", detail=short)
-        while not through_outages(lambda: self._round(last), self.log, "audit round"):
-            time.sleep(self.poll_s)
+        try:
+            while not through_outages(lambda: self._round(last), self.log, "audit round"):
+                time.sleep(self.poll_s)
+        except KeyboardInterrupt:  # a requested stop (veriloco.nodes.Stopped): the verdicts it owes come first
+            self._keep_promises(last)
+            raise
         self.log("finished", rpc_calls=RPC.calls, rpc_cpu_s=round(RPC.cpu_s, 3))  # this process's chain reads and writes
+
+    def _owed(self) -> list[int]:
+        """Auditing epochs, seeded, whose frozen verifier list holds this verifier and whose verdicts it has
+        not revealed: each missing commitment or reveal is slashed (docs/protocol.md §5.2)."""
+        nxt = self.chain.run_info(self.run_id).next_epoch
+        done = self._done()
+        return [e for e in range(max(0, nxt - 3), nxt)
+                if self.chain.epoch_status(self.run_id, e).phase is Phase.AUDITING
+                and self.chain.epoch_times(self.run_id, e).seeded
+                and not (done.get(f"verdicts:{e}") or {}).get("revealed")
+                and self.me in self.chain.frozen_verifiers(self.run_id, e)]
+
+    def _keep_promises(self, last: int) -> None:
+        """Before a requested stop, judge, commit and reveal the verdicts this verifier owes (until its
+        epochs leave the audit, at the latest the verdict deadline). The signal handler has restored the
+        default action, so a second signal ends the process at once."""
+        owed = self._owed()
+        if not owed:
+            return
+        self.log("draining", epochs=owed, detail="stopping once the verdicts it owes are committed and revealed; "
+                 "a second signal stops at once, and a verdict it then misses is slashed")
+        while self._owed():
+            if through_outages(lambda: self._round(last), self.log, "draining"):
+                return
+            time.sleep(self.poll_s)
 
     def _round(self, last: int) -> bool:
         """Judge whatever is open; True once the run's last epoch is over."""

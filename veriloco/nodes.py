@@ -11,9 +11,9 @@ imports neither at its top, so the node says at once that it has started (issue 
 A requested stop (SIGTERM, as systemd and docker send, or SIGINT, Ctrl-C) ends the node through its
 normal cleanup with one `stopped` line naming the signal, the state folder it kept, the command that
 resumes it and anything its key still owes, and exit status 0; a second signal ends the process at once
-(the default action). A trainer first reveals and answers every epoch it committed to (`draining`), as a
-missed answer is slashed and a restart may not be ready inside the window; the epoch it was training is
-dropped uncommitted.
+(the default action). A trainer first reveals and answers every epoch it committed to, a verifier commits
+and reveals the verdicts it owes (`draining`), as a missed one is slashed and a restart may not be ready
+inside the window; the epoch a trainer was training is dropped uncommitted.
 
 A node that was slashed in its run (and so removed from it) ends with one `slashed` line, an ERROR:
 the reason by name (protocol/chain/binding.py SLASH_REASONS; a verifier's read from the votes around

@@ -211,3 +211,42 @@ def test_a_trainer_stopped_with_an_answer_owed_reveals_and_answers_before_it_exi
     assert "draining" in names and names.index("draining") < names.index("revealed") < names.index("responded"), names
     assert [e["epoch"] for e in events if e["event"] == "responded"] == [0] and "due" not in line, line
     assert Chain(info.rpc_url, info.contract).submission(run, 0, keys[1].address).state == 3  # answered on chain
+
+
+def test_a_verifier_stopped_with_verdicts_owed_commits_and_reveals_them_before_it_exits(
+        devnet: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 46 item 2, the verifier's side: SIGTERM once a trainer has answered, before the verifier's
+    verdicts are in. A second verifier that never commits keeps reveals closed until the middle of the
+    verdict window, so the reveal is still owed when the signal comes. The verifier stays to commit and
+    reveal (`draining`, then `verdicts`), stops with nothing due, and the chain holds its reveal. Short
+    response and verdict windows (20 s, 40 s) bound that wait: the verdict window opens when the response
+    window closes."""
+    from protocol.chain.binding import Chain
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VERILOCO_DEVNET", str(devnet.config.devnet_file))
+    (tmp_path / "run.toml").write_text(RUN_TOML.replace("h_initial = 64\nh_min = 64\nh_max = 64", "h_initial = 4\nh_min = 4\nh_max = 4")
+                                       .replace("response_s = 600", "response_s = 20").replace("verdict_s = 600", "verdict_s = 40"))
+    run = create_run(capsys)
+    info = devnet.info
+    keys = [Account.from_key(a.key) for a in info.accounts]
+    Chain(info.rpc_url, info.contract, keys[3]).join_verifier(run)  # never commits verdicts
+    common = ["--run", str(run), "--devnet", str(devnet.config.devnet_file), "--workdir", str(tmp_path / "n"), "--log-format", "json"]
+    logs = {r: tmp_path / f"{r}.jsonl" for r in ("trainer", "verifier")}
+    procs = {"verifier": start(["verifier", *common, "--account", "2"], logs["verifier"])}
+    try:
+        wait_for("started", procs["verifier"], logs["verifier"])  # joined before the trainer's epoch 0 audit
+        procs["trainer"] = start(["trainer", *common, "--account", "1"], logs["trainer"])
+        wait_for("responded", procs["trainer"], logs["trainer"])
+        line = stopped(procs["verifier"], signal.SIGTERM, logs["verifier"])
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    events = [json.loads(x) for x in logs["verifier"].read_text().splitlines() if x.startswith("{")]
+    names = [e["event"] for e in events]
+    assert "draining" in names and names.index("draining") < names.index("verdicts"), names
+    assert [e["epoch"] for e in events if e["event"] == "verdicts"] == [0] and "due" not in line, line
+    chain = Chain(info.rpc_url, info.contract)
+    assert any(ev.args["verifier"] == keys[2].address for ev in chain.events(["VerdictsRevealed"], run_id=run, epoch=0))

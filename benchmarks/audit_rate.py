@@ -161,8 +161,8 @@ def render(res: dict[str, Any]) -> str:
               f"{res['rate']} (examples/small.toml) against {COUNT_S} challenges an epoch (the policy it shipped "
               f"before), both through the protocol's own draw over {res['trials']:,} trials per row "
               f"(sampled / closed form). Command: `{res['command']}`."), "",
-             "| H | r | challenges / epoch: rate, per epoch | clustered: rate | per epoch | whole epochs: rate | per epoch | "
-             "alternating: rate | per epoch | spread: rate | per epoch |", "|---:|---:|---|---|---|---|---|---|---|---|---|"]
+             ("| H | r | challenges / epoch: rate, per epoch | clustered: rate | per epoch | whole epochs: rate | per epoch | "
+              "alternating: rate | per epoch | spread: rate | per epoch |"), "|---:|---:|---|---|---|---|---|---|---|---|---|"]
     for row in res["rows"]:
         c = row["challenges_per_epoch"]
         cells = [f"{row['H']}", f"{row['segment']}", f"{c['rate']:.3f}, {c['per_epoch']:.2f}"]

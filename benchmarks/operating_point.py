@@ -43,17 +43,17 @@ from protocol.numerics import pin_environment
 
 pin_environment()  # the nodes' numerics class, before torch computes (docs/protocol.md §11)
 
-import torch  # noqa: E402
+import torch
 
-from benchmarks.protocol import analyze  # noqa: E402
-from dilocox.aggregate import aggregate  # noqa: E402
-from dilocox.inner import configure_determinism  # noqa: E402
-from protocol.config import RunConfig, load_toml  # noqa: E402
-from protocol.digest import state_digest  # noqa: E402
-from protocol.run import eval_model, latest_model, load_model, open_run, params_of  # noqa: E402
-from verifier.calibrate import rate_detection  # noqa: E402
-from veriloco.netdemo import DemoOptions, run_demo  # noqa: E402
-from veriloco.simulate import from_run_config, run_local  # noqa: E402
+from benchmarks.protocol import analyze
+from dilocox.aggregate import aggregate
+from dilocox.inner import configure_determinism
+from protocol.config import RunConfig, load_toml
+from protocol.digest import state_digest
+from protocol.run import eval_model, latest_model, load_model, open_run, params_of
+from verifier.calibrate import rate_detection
+from veriloco.netdemo import DemoOptions, run_demo
+from veriloco.simulate import from_run_config, run_local
 
 ROOT = Path(__file__).resolve().parents[1]
 HELDOUT = "benchmarks/results/convergence-small-heldout.json"
@@ -212,16 +212,16 @@ def render(r: dict[str, Any]) -> str:
          f"{det:.1%} (closed form)" + ("" if r["skip10_detection_within_256_steps_sampled"] is None
                                       else f", {r['skip10_detection_within_256_steps_sampled']:.1%} sampled")),
         ("final eval loss: network, engine (same config and seed)",
-         f"{r['network_final_eval_loss']:.6f}, {r['engine_final_eval_loss']:.6f} "
-         f"({'every model bit for bit' if r['models_bit_identical'] else 'models differ'})"),
+         (f"{r['network_final_eval_loss']:.6f}, {r['engine_final_eval_loss']:.6f} "
+          f"({'every model bit for bit' if r['models_bit_identical'] else 'models differ'})")),
         ("the engine's gaps for the closest benchmarked method", held),
         ("honest parties slashed", str(r["slashed_honest"])),
     ]
     return "\n".join([
-        f"`{r['config']}` (digest {r['config_digest'][:10]}…): H = {r['H']}, {r['tokens_per_step']:,} tokens a step, "
-        f"K = {r['K']}, quorum {r['quorum']}, {r['verifiers']} verifiers, {r['epochs']} epochs ({r['epochs_finalized']} "
-        f"finalized), audit rate {r['audit_rate']}, final check {r['final_check_bps'] / 100:g}%, windows {r['windows_s']} s. "
-        f"Command: `{r['command']}`; {r['seconds'] / 60:.0f} min on {r['host']}.", "",
+        (f"`{r['config']}` (digest {r['config_digest'][:10]}…): H = {r['H']}, {r['tokens_per_step']:,} tokens a step, "
+         f"K = {r['K']}, quorum {r['quorum']}, {r['verifiers']} verifiers, {r['epochs']} epochs ({r['epochs_finalized']} "
+         f"finalized), audit rate {r['audit_rate']}, final check {r['final_check_bps'] / 100:g}%, windows {r['windows_s']} s. "
+         f"Command: `{r['command']}`; {r['seconds'] / 60:.0f} min on {r['host']}."), "",
         "| figure | measured |", "|---|---:|", *[f"| {a} | {b} |" for a, b in rows]]) + "\n"
 
 

@@ -559,10 +559,10 @@ def render(doc: dict[str, Any]) -> str:
     if doc.get("rate_rows"):
         pol = doc["rate_rows"][0]["setting"]
         lines += _table(
-            [f"Audits priced per step of work (issue 47): each step challenged on its own with probability {pol['rate']} "
-             f"(at most {pol['s']} an epoch), the final check drawn with probability {pol['final_check']}, everything else "
-             "as above; K = 4, every byte each trainer sends and receives counted once. Payload only: the same run "
-             "without a verification byte. Loss: where the engine benchmark measured this model, batch and H."],
+            [(f"Audits priced per step of work (issue 47): each step challenged on its own with probability {pol['rate']} "
+              f"(at most {pol['s']} an epoch), the final check drawn with probability {pol['final_check']}, everything else "
+              "as above; K = 4, every byte each trainer sends and receives counted once. Payload only: the same run "
+              "without a verification byte. Loss: where the engine benchmark measured this model, batch and H.")],
             ["model", "tokens / step", "H", "challenges / epoch", "payload only vs AllReduce", "all bytes vs AllReduce",
              "per verifier fetch", "verification share of bytes", "answer FLOPs / training", "replay FLOPs / training",
              "10% skipped caught within 256 steps", "loss"],

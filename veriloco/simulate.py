@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from dilocox.aggregate import aggregate, mean_delta
+from dilocox.blockstep import blockwise_step
 from dilocox.delay import (
     MergeBase,
     StartRule,
@@ -67,7 +68,6 @@ from dilocox.inner import (
     section,
     train_step,
 )
-from dilocox.blockstep import blockwise_step
 from dilocox.outer import GlobalState, OuterConfig, global_params, init_global
 from protocol.config import RunConfig, merge_step_for
 from protocol.data import Corpus, batch, eval_loss, val_batches

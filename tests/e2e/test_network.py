@@ -18,8 +18,8 @@ import pytest
 from coordinator.build import build_global
 from dilocox.aggregate import aggregate
 from dilocox.inner import configure_determinism
-from protocol.digest import state_digest
 from protocol.chain.binding import Chain, Phase
+from protocol.digest import state_digest
 from protocol.run import open_run
 from tests.fixtures.network import run_network, skip_killed_commits, skip_unrevealed
 from veriloco.logs import level

@@ -14,6 +14,7 @@ import pytest
 from eth_utils import to_checksum_address
 
 from protocol.chain import errors as ce
+from protocol.chain.audit import RATE_SCAN
 from protocol.chain.binding import (
     Chain,
     Phase,
@@ -26,7 +27,6 @@ from protocol.chain.binding import (
     final_check,
     revert_data,
 )
-from protocol.chain.audit import RATE_SCAN
 from protocol.digest import keccak
 from tests.fixtures.chain import SALT, STAKE, VSTAKE, AnvilNet, PyEvmNet, Run, params
 from tests.fixtures.chain import make_run as fixture_run

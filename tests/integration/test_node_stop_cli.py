@@ -70,6 +70,11 @@ def wait_for(event: str, proc: subprocess.Popen[bytes], log: Path, timeout: floa
     raise AssertionError(f"no {event} event within {timeout} s: {log.read_text()}")
 
 
+def events_of(log: Path) -> list[dict[str, Any]]:
+    """The JSON events of a node's log, in order."""
+    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+
+
 def stopped(proc: subprocess.Popen[bytes], sig: int, log: Path) -> dict[str, Any]:
     """Signal `proc`; it must exit 0 with nothing on stderr, its last line the one `stopped` event."""
     proc.send_signal(sig)
@@ -206,7 +211,7 @@ def test_a_trainer_stopped_with_an_answer_owed_reveals_and_answers_before_it_exi
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    events = [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]
+    events = events_of(log)
     names = [e["event"] for e in events]
     assert "draining" in names and names.index("draining") < names.index("revealed") < names.index("responded"), names
     assert [e["epoch"] for e in events if e["event"] == "responded"] == [0] and "due" not in line, line
@@ -244,7 +249,7 @@ def test_a_verifier_stopped_with_verdicts_owed_commits_and_reveals_them_before_i
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    events = [json.loads(x) for x in logs["verifier"].read_text().splitlines() if x.startswith("{")]
+    events = events_of(logs["verifier"])
     names = [e["event"] for e in events]
     assert "draining" in names and names.index("draining") < names.index("verdicts"), names
     assert [e["epoch"] for e in events if e["event"] == "verdicts"] == [0] and "due" not in line, line

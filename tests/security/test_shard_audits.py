@@ -22,7 +22,13 @@ from protocol.formats.codec import load_state, save_state
 from protocol.formats.payload import wrap
 from protocol.leaf import StepLeaf, block_count, block_names
 from protocol.model import init_params, preset
-from protocol.shard_audit import ShardChallenge, decode_manifest, drawn_block, drawn_group, encode_manifest
+from protocol.shard_audit import (
+    ShardChallenge,
+    decode_manifest,
+    drawn_block,
+    drawn_group,
+    encode_manifest,
+)
 from protocol.store.backends import LocalStore
 from protocol.types import Address, Cid
 from trainer.adversaries import plant_error_buffer

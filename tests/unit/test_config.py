@@ -40,8 +40,8 @@ def test_replace_changes_digest() -> None:
         ("[stakes]\nmax_verifiers = 6\n", "stakes.max_verifiers = 6 leaves no availability committee at audit.quorum = 3"),
         ("[audit]\nrate = 0.0000001\n", "audit.rate is a probability in whole parts per million"),
         ("[audit]\nrate = 0.1\nsteps = 4\n[schedule]\nh_max = 64\nh_initial = 8\n",
-         "audit.steps = 4 caps the challenges an epoch of up to schedule.h_max = 64 steps draws at audit.rate = 0.1, "
-         "and the cap would bind with probability"),
+         ("audit.steps = 4 caps the challenges an epoch of up to schedule.h_max = 64 steps draws at audit.rate = 0.1, "
+          "and the cap would bind with probability")),
     ],
 )
 def test_bad_config_is_named(tmp_path, toml: str, message: str) -> None:

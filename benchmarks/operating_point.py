@@ -77,6 +77,34 @@ def demo_options(cfg: RunConfig, trainers: int, verifiers: int, workdir: Path, w
                        first_merge_step=s.first_merge_step)
 
 
+def kept_network(workdir: Path, cfg: RunConfig, eval_rows: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the demo's summary fields `analyze` reads, what `inspect` records) of a kept network folder, from its
+    nodes' logs and store alone (the devnet is gone): the finalized epochs and models the coordinator
+    logged, the final model evaluated on the run's rows, digests for the engine to compare with."""
+    from types import SimpleNamespace
+
+    from protocol.formats.codec import load_state
+    from protocol.run import corpus_for, initial_model
+    from protocol.store.backends import LocalStore
+
+    logs = {p.stem: [json.loads(x) for x in p.read_text().splitlines() if x.startswith("{")]
+            for p in sorted((workdir / "logs").glob("*.jsonl"))}
+    finalized = {ev["epoch"]: ev["model"] for ev in logs.get("coordinator0", []) if ev.get("event") == "finalized"}
+    if not finalized:
+        raise SystemExit(f"{workdir}: the coordinator's log names no finalized epoch")
+    store = LocalStore(workdir / "devnet" / "store")
+    ctx = SimpleNamespace(config=cfg, corpus=corpus_for(cfg, store))
+    models = [load_state(store.get(finalized[e])) for e in sorted(finalized)]
+    summary = {"epochs_finalized": len(finalized),
+               "initial_eval_loss": eval_model(ctx, params_of(initial_model(cfg)), rows=eval_rows),  # type: ignore[arg-type]
+               "final_eval_loss": eval_model(ctx, params_of(models[-1]), rows=eval_rows),  # type: ignore[arg-type]
+               "gas_used": sum(int(ev.get("gas", 0)) for evs in logs.values() for ev in evs),
+               "slashed": sorted({name for name, evs in logs.items() for ev in evs if ev.get("event") == "slashed"})}
+    seen = {"ctx": ctx, "final_epoch": max(finalized), "final_eval": summary["final_eval_loss"],
+            "models": [state_digest(m) for m in models]}
+    return summary, seen
+
+
 def heldout_gaps(path: Path) -> dict[str, Any] | None:
     """The committed held-out gaps of the method closest to the config (None where the file is missing)."""
     if not path.exists():
@@ -114,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=float, default=6 * 3600.0)
     ap.add_argument("--eval-rows", type=int, default=512)
     ap.add_argument("--keep", type=Path, help="keep the network's folder (logs, store) here")
+    ap.add_argument("--from-kept", type=Path, metavar="DIR",
+                    help="measure a network kept with --keep (same --config, --trainers, --verifiers) instead of running one")
+    ap.add_argument("--no-engine", action="store_true", help="leave the engine's run of the config out")
     a = ap.parse_args(argv)
     t0 = time.time()
     shipped = load_toml(a.config)
@@ -129,26 +160,34 @@ def main(argv: list[str] | None = None) -> int:
                     final_eval=eval_model(ctx, params_of(load_model(store, cid, digest)), rows=a.eval_rows),
                     models=[bytes(chain.epoch_times(run_id, e).model_digest) for e in range(last + 1)])
 
-    with tempfile.TemporaryDirectory() as tmp:
-        work = a.keep or Path(tmp) / "network"
-        opts = demo_options(cfg, a.trainers, a.verifiers, work, a.windows_s, a.timeout_s)
-        print(f"network: {a.config} ({cfg.schedule.epochs} epochs), {a.trainers} trainers, {a.verifiers} verifiers",
-              file=sys.stderr, flush=True)
-        summary = run_demo(opts, out=sys.stderr, config=net_cfg, inspect=inspect)
+    if a.from_kept:
+        opts = demo_options(cfg, a.trainers, a.verifiers, a.from_kept, a.windows_s, a.timeout_s)
+        summary, kept = kept_network(a.from_kept, net_cfg, a.eval_rows)
+        seen.update(kept)
         measured = analyze(opts, "shard", summary, config=net_cfg)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            opts = demo_options(cfg, a.trainers, a.verifiers, a.keep or Path(tmp) / "network", a.windows_s, a.timeout_s)
+            print(f"network: {a.config} ({cfg.schedule.epochs} epochs), {a.trainers} trainers, {a.verifiers} verifiers",
+                  file=sys.stderr, flush=True)
+            summary = run_demo(opts, out=sys.stderr, config=net_cfg, inspect=inspect)
+            measured = analyze(opts, "shard", summary, config=net_cfg)
     t_net = time.time() - t0
-    print("engine: the same config through veriloco.simulate.run_local", file=sys.stderr, flush=True)
-    sim, method = from_run_config(cfg, a.trainers, eval_rows=a.eval_rows)
-    configure_determinism(cfg.audit.threads)
     engine_models: list[bytes] = []
-
-    def record(epoch: int, g: Any, deltas: Any, outer: Any) -> Any:
-        out = aggregate(g, deltas, outer)
-        engine_models.append(state_digest(out))
-        return out
-
+    engine = None
     t1 = time.time()
-    engine = run_local(method, sim, seen["ctx"].corpus, lambda msg: print(msg, file=sys.stderr, flush=True), aggregator=record)
+    if not a.no_engine:
+        print("engine: the same config through veriloco.simulate.run_local", file=sys.stderr, flush=True)
+        sim, method = from_run_config(cfg, a.trainers, eval_rows=a.eval_rows)
+        configure_determinism(cfg.audit.threads)
+
+        def record(epoch: int, g: Any, deltas: Any, outer: Any) -> Any:
+            out = aggregate(g, deltas, outer)
+            engine_models.append(state_digest(out))
+            return out
+
+        engine = run_local(method, sim, seen["ctx"].corpus, lambda msg: print(msg, file=sys.stderr, flush=True),
+                           aggregator=record)
     t_engine = time.time() - t1
     bytes_all = measured["bytes_per_trainer_per_epoch"]
     audit = measured["audit_bytes_per_trainer_per_epoch"]
@@ -165,9 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": {"init_seed": cfg.model.init_seed, "run_seed": cfg.data.run_seed},
         "eval_rows": a.eval_rows,
         "network_final_eval_loss": seen["final_eval"], "network_final_model_epoch": seen["final_epoch"],
-        "engine_final_eval_loss": engine.final_eval_loss,
-        "network_over_engine_loss": seen["final_eval"] / engine.final_eval_loss - 1,
-        "models_bit_identical": seen["models"] == engine_models[: len(seen["models"])] and len(seen["models"]) == len(engine_models),
+        # None where the engine was left out (--no-engine): the tiny network test holds the two together
+        "engine_final_eval_loss": engine.final_eval_loss if engine else None,
+        "network_over_engine_loss": seen["final_eval"] / engine.final_eval_loss - 1 if engine else None,
+        "models_bit_identical": seen["models"] == engine_models if engine else None,
         # the committed held-out runs are of `small` at 128 rows: they speak for that config alone
         "engine_heldout": heldout_gaps(ROOT / HELDOUT) if (cfg.model.preset, cfg.data.batch_size) == ("small", 128) else None,
         "traffic_reduction_vs_allreduce": measured["traffic_reduction_vs_allreduce"],
@@ -212,7 +252,8 @@ def render(r: dict[str, Any]) -> str:
          f"{det:.1%} (closed form)" + ("" if r["skip10_detection_within_256_steps_sampled"] is None
                                       else f", {r['skip10_detection_within_256_steps_sampled']:.1%} sampled")),
         ("final eval loss: network, engine (same config and seed)",
-         (f"{r['network_final_eval_loss']:.6f}, {r['engine_final_eval_loss']:.6f} "
+         (f"{r['network_final_eval_loss']:.6f}, not run" if r["engine_final_eval_loss"] is None else
+          f"{r['network_final_eval_loss']:.6f}, {r['engine_final_eval_loss']:.6f} "
           f"({'every model bit for bit' if r['models_bit_identical'] else 'models differ'})")),
         ("the engine's gaps for the closest benchmarked method", held),
         ("honest parties slashed", str(r["slashed_honest"])),

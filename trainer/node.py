@@ -57,7 +57,7 @@ from protocol.leaf import block_count
 from protocol.membership import check_joinable, verifier_shortfall
 from protocol.run import RunContext, open_run, params_of
 from protocol.statedir import run_dir
-from protocol.store.backends import IntegrityError, Metered, Store
+from protocol.store.backends import DEFAULT_READ_CACHE, IntegrityError, Metered, Store
 from protocol.types import Cid
 from trainer.answering import AnswerWorker, Built, FileSink, build
 from trainer.boundaries import (
@@ -125,7 +125,7 @@ class TrainerNode:
         if chain.sender is None:
             raise TrainerError("a trainer node needs a signing key")
         self.chain, self.run_id = chain, run_id
-        self.store = Metered(store)  # its traffic, logged with each event that moves content (`traffic`)
+        self.store = Metered(store, DEFAULT_READ_CACHE)  # its traffic, logged with each event that moves content (`traffic`)
         self.me = chain.sender
         self.root = Path(workdir)
         self.behaviour = behaviour or Behaviour()

@@ -62,6 +62,7 @@ from protocol.run import (
 )
 from protocol.statedir import run_dir
 from protocol.store.backends import (
+    DEFAULT_READ_CACHE,
     IntegrityError,
     Metered,
     NotFound,
@@ -109,7 +110,7 @@ class VerifierNode:
             raise TrainerError("a verifier node needs a signing key")
         self.device = resolve_device(device)  # where shard segments replay; checked against the run in run()
         self.chain, self.run_id = chain, run_id
-        self.store = Metered(store)  # what it fetches, and its CPU in fetching (``verified`` events)
+        self.store = Metered(store, DEFAULT_READ_CACHE)  # what it fetches, and its CPU in fetching (``verified`` events)
         self.me = chain.sender
         self.log: Log = log or (lambda event, **kv: None)
         self.poll_s, self.threads = poll_s, threads

@@ -22,6 +22,7 @@ import tempfile
 import time
 import warnings
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -104,6 +105,16 @@ def _cid(cid: str) -> Cid:
         return validate_cid(cid)
     except CidError as exc:
         raise StoreError(str(exc)) from None
+
+
+def _recheck(cid: Cid, data: bytes, max_size: int, digest: bytes | None, where: str) -> None:
+    """What a fetch checks of content already verified against `cid`: its size cap and keccak digest."""
+    if len(data) > max_size:
+        raise TooLarge(f"{cid} from {where} is larger than the {max_size}-byte limit; "
+                       "raise max_size if this content is expected to be that big")
+    if digest is not None and _keccak.new(digest_bits=256, data=data).digest() != digest:
+        raise IntegrityError(f"{cid} from {where} matches its CID but not the expected keccak digest "
+                             f"0x{digest.hex()}: the CID published for it is wrong")
 
 
 def _pieces(chunks: Iterable[bytes | bytearray | memoryview], size: int = 4 << 20) -> Iterator[memoryview]:
@@ -448,18 +459,58 @@ class IpfsStore(Store):
             raise self._translate(exc, "pinning", c) from None
 
 
+class CidCache:
+    """The newest verified objects a node got or put, by CID, within a byte budget (least recently used
+    out first).
+
+    Content addressing makes a hit as good as a fetch: the bytes were checked against their CID when
+    they came in (or named by it when this node put them). A node reads each payload of an epoch twice
+    (for the global model and for the public rank/H schedule) and its own once more; without this,
+    each of those reads crosses the network again and counts as traffic.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._items: OrderedDict[Cid, bytes] = OrderedDict()
+        self._held = 0
+        self.hits = 0
+
+    def get(self, cid: Cid) -> bytes | None:
+        data = self._items.get(cid)
+        if data is not None:
+            self._items.move_to_end(cid)
+            self.hits += 1
+        return data
+
+    def keep(self, cid: Cid, data: bytes) -> None:
+        if len(data) > self.budget // 2 or cid in self._items:  # one object never takes the whole budget
+            return
+        self._items[cid] = data
+        self._held += len(data)
+        while self._held > self.budget:
+            _, old = self._items.popitem(last=False)
+            self._held -= len(old)
+
+
+DEFAULT_READ_CACHE = 256 << 20  # a small run's payloads for a few epochs; a large model's payload is never held
+
+
 class Metered(Store):
     """A store that counts the bytes a node sends (`put`) and receives (`get`) through it.
 
     What a node reports as its traffic is measured here, at the one edge all its content passes,
     rather than added up from what it thinks it published: nothing it uploads or downloads is missed.
+    With ``cache_bytes``, whole-object reads and writes of up to half that size are kept (``CidCache``):
+    a repeated read is answered locally, checked against ``max_size`` and ``digest`` as a fetch would be,
+    and moves no byte.
     """
 
-    def __init__(self, inner: Store) -> None:
+    def __init__(self, inner: Store, cache_bytes: int = 0) -> None:
         self.inner = inner
         self.sent = 0
         self.received = 0
         self.cpu = CpuMeter()  # this node's CPU in gets and puts: hashing, verifying, copying
+        self.cache = CidCache(cache_bytes) if cache_bytes > 0 else None
 
     @property
     def where(self) -> str:
@@ -469,13 +520,27 @@ class Metered(Store):
         self.inner.close()
 
     def put_stream(self, chunks: Iterable[bytes | bytearray | memoryview]) -> Cid:
+        limit = self.cache.budget // 2 if self.cache is not None else -1
+        held: list[bytes] | None = [] if limit >= 0 else None
+        size = 0
+
         def counted() -> Iterator[bytes | bytearray | memoryview]:
+            nonlocal held, size
             for chunk in chunks:
-                self.sent += memoryview(chunk).nbytes
+                n = memoryview(chunk).nbytes
+                self.sent += n
+                size += n
+                if held is not None and size <= limit:
+                    held.append(bytes(chunk))
+                else:
+                    held = None
                 yield chunk
 
         with self.cpu.measure():
-            return self.inner.put_stream(counted())
+            cid = self.inner.put_stream(counted())
+        if self.cache is not None and held is not None:
+            self.cache.keep(cid, b"".join(held))
+        return cid
 
     def _stream(self, cid: Cid, max_size: int) -> Iterator[bytes]:
         for chunk in self.inner._stream(cid, max_size):
@@ -483,9 +548,17 @@ class Metered(Store):
             yield chunk
 
     def get(self, cid: str, *, max_size: int = DEFAULT_MAX_SIZE, digest: bytes | None = None) -> bytes:
+        c = _cid(cid)
+        data = self.cache.get(c) if self.cache is not None else None
+        if data is not None:
+            with self.cpu.measure():
+                _recheck(c, data, max_size, digest, "this node's cache")
+            return data
         with self.cpu.measure():
-            data = self.inner.get(cid, max_size=max_size, digest=digest)
+            data = self.inner.get(c, max_size=max_size, digest=digest)
         self.received += len(data)
+        if self.cache is not None:
+            self.cache.keep(c, data)
         return data
 
     def get_to_file(

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from protocol.store.backends import LocalStore, Metered
+import pytest
+
+from protocol.digest import keccak
+from protocol.store.backends import IntegrityError, LocalStore, Metered, TooLarge
 from veriloco.netdemo import _print_summary, eval_steps, loss_curve
 from veriloco.traffic import TrainerTraffic, allreduce_bytes, compare, headline, trainer_traffic
 
@@ -19,6 +22,28 @@ def test_the_meter_counts_every_byte_put_and_got(tmp_path: Path) -> None:
     assert store.get_to_file(b, tmp_path / "out") == 500
     assert (store.sent, store.received) == (1500, 1500)
     assert store.has(a) and store.where == store.inner.where
+
+
+def test_a_cached_meter_moves_each_object_once_and_still_checks_what_it_answers(tmp_path: Path) -> None:
+    shared = LocalStore(tmp_path / "s")
+    other = LocalStore(tmp_path / "s").put(b"p" * 600)  # another trainer's payload
+    store = Metered(shared, cache_bytes=2000)
+    own = store.put_stream([b"o" * 400, b"o" * 100])
+    assert store.get(own) == b"o" * 500 and store.received == 0  # its own payload is never fetched back
+    assert store.get(other, digest=keccak(b"p" * 600)) == b"p" * 600
+    assert store.get(other) == b"p" * 600 and store.received == 600  # read twice (model, schedule), fetched once
+    assert store.cache is not None and store.cache.hits == 2
+    with pytest.raises(IntegrityError, match="keccak digest"):
+        store.get(other, digest=keccak(b"q"))  # a hit is checked as a fetch would be
+    with pytest.raises(TooLarge):
+        store.get(other, max_size=599)
+    big = store.put(b"b" * 1001)  # over half the budget: passed through, never held
+    store.get(big)
+    assert store.received == 1601
+    for i in range(4):  # least recently used out first, within the budget
+        store.put(bytes([i]) * 600)
+    store.get(other)
+    assert store.received == 2201
 
 
 def test_traffic_adds_up_processes_and_counts_an_epoch_once() -> None:

@@ -47,6 +47,17 @@ def verifier_shortfall(info: RunInfo) -> str | None:
             f"unaudited at its deadline, until {q - have} more join (`veriloco verifier --run {info.run_id}`)")
 
 
+def no_spare_verifier(info: RunInfo) -> str | None:
+    """A warning while a run has exactly its quorum of verifiers, or None: it audits now, but one verifier
+    leaving, or removed for a silent or outvoted verdict, leaves fewer than the quorum, and from the next
+    scheduling every epoch aborts unaudited until another joins (issue 46, item 6)."""
+    have, q = info.verifier_count, info.params.quorum
+    if have != q or info.params.max_verifiers <= q:
+        return None
+    return (f"run {info.run_id} has no spare verifier ({have}, its quorum): one leaving or removed stops every "
+            f"audit until another joins; a spare costs one more `veriloco verifier --run {info.run_id}`")
+
+
 def trainer_shortfall(info: RunInfo) -> str | None:
     """What a run with no active trainer means once it has begun, or None: nobody can commit, so no
     epoch opens (and a waiting coordinator waits for good) until a trainer joins."""

@@ -24,7 +24,12 @@ from eth_account import Account
 from protocol.chain.binding import SLASH_REASONS, Chain, ChainEvent, Phase, RunInfo, connect, deploy
 from protocol.config import ScheduleSection, from_json
 from protocol.errors import VerilocoError
-from protocol.membership import silent_coordinator, trainer_shortfall, verifier_shortfall
+from protocol.membership import (
+    no_spare_verifier,
+    silent_coordinator,
+    trainer_shortfall,
+    verifier_shortfall,
+)
 from protocol.statedir import check_run
 from veriloco.argtypes import address
 from veriloco.argtypes import epoch as epoch_arg
@@ -195,9 +200,10 @@ def run_state(chain: Chain, info: RunInfo, schedule: ScheduleSection | None) -> 
                     "text": f"finished: {done}{of} epochs finalized, {epochs - done} aborted"}
     if (short := trainer_shortfall(info) or verifier_shortfall(info)) is not None:
         return {"state": "stalled", "epoch": max(0, nxt - 1), "text": short}
+    spare = no_spare_verifier(info)
     if nxt == 0:
-        return {"state": "waiting", "epoch": 0,
-                "text": f"waiting for epoch 0{of} (the first trainer's commitment opens it)"}
+        return {"state": "waiting", "epoch": 0, "text": f"waiting for epoch 0{of} (the first trainer's commitment "
+                                                        f"opens it{f'; {spare}' if spare else ''})"}
     last = nxt - 1
     st = chain.epoch_status(rid, last)
     ph = st.phase
@@ -205,7 +211,7 @@ def run_state(chain: Chain, info: RunInfo, schedule: ScheduleSection | None) -> 
               if ph in (Phase.AUDITING, Phase.ABORTED) else None)
     if silent is not None and ph is Phase.AUDITING:  # the run waits on a finalize its coordinator does not send
         return {"state": "stalled", "epoch": last, "text": silent}
-    note = f"; {silent}" if silent is not None else ""
+    note = "".join(f"; {n}" for n in (silent, spare) if n is not None)
     if ph in TERMINAL and schedule is not None and schedule.merge_step:
         return {"state": "running", "epoch": nxt,
                 "text": f"epoch {nxt}{of} training (epoch {last} {ph.name.lower()}; trainers merged its model at "
@@ -214,6 +220,8 @@ def run_state(chain: Chain, info: RunInfo, schedule: ScheduleSection | None) -> 
         return {"state": "waiting", "epoch": nxt,
                 "text": f"waiting for epoch {nxt}{of} (epoch {last} {ph.name.lower()}; the next commitment opens it{note})"}
     text = f"epoch {last}{of} {ph.name.lower()}"
+    if spare is not None:
+        text += f" ({spare})"
     if last > 0 and (before := chain.epoch_status(rid, last - 1)).phase not in TERMINAL:
         if before.phase is Phase.AUDITING and (silent := silent_coordinator(
                 info, last - 1, before, chain.epoch_times(rid, last - 1), chain.now())) is not None:

@@ -257,7 +257,7 @@ def check_run(ctx: Context) -> Result:
         return skip("no --run given: pass --run ID to check the run, its stake, store and device pin")
     if ctx.chain is None:
         return skip("no contract")
-    from protocol.membership import verifier_shortfall
+    from protocol.membership import no_spare_verifier, verifier_shortfall
     from protocol.statedir import check_run as exists
 
     exists(ctx.chain, run)
@@ -265,7 +265,10 @@ def check_run(ctx: Context) -> Result:
     short = verifier_shortfall(info)
     detail = (f"run {run}: next epoch {info.next_epoch}, {info.active_trainers}/{info.params.max_trainers} trainers, "
               f"{info.verifier_count} verifier(s), quorum {info.params.quorum}")
-    return ok(detail + (f" (stalled: {short})" if short else ""))
+    if short:
+        return ok(f"{detail} (stalled: {short})")
+    spare = no_spare_verifier(info)
+    return ok(f"{detail} (warning: {spare})" if spare else detail)
 
 
 # ---------------------------------------------------------------- the store

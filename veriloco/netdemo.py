@@ -61,7 +61,7 @@ class DemoError(VerilocoError):
 @dataclass(frozen=True)
 class DemoOptions:
     trainers: int = 4
-    verifiers: int = 3
+    verifiers: int = 4  # the quorum and a spare: one verifier removed (silent, outvoted) or gone stops nothing
     epochs: int = 6
     preset: str = "tiny"
     steps: int = 24  # H in the first epoch (the adaptive rule moves it within [steps/2, 2*steps])

@@ -196,6 +196,27 @@ def test_a_run_left_without_trainers_is_stalled_and_says_why() -> None:
     assert trainer_shortfall(RunInfo(**{**gone.__dict__, "active_trainers": 1})) is None
 
 
+def test_a_run_at_exactly_its_quorum_of_verifiers_is_named_at_risk_and_a_spare_clears_it() -> None:
+    """Issue 46 item 6: at V = quorum one removed verifier stops every audit; status and doctor say so
+    while the run still audits, and one more verifier clears it. Below the quorum it is stalled instead."""
+    from protocol.chain.binding import RunInfo
+    from protocol.membership import no_spare_verifier, verifier_shortfall
+    from veriloco.chaincmds import run_state
+
+    p = RunParams(config_cid="bafyc", config_digest=keccak(b"c"), init_model_cid="bafym",
+                  init_model_digest=keccak(b"m"), coordinator=ADDR[0], quorum=3, max_verifiers=7)
+    exact = RunInfo(run_id=4, params=p, creator=ADDR[0], next_epoch=0, active_trainers=2, trainer_slots=2, verifier_count=3)
+    warned = no_spare_verifier(exact)
+    assert warned is not None and "no spare verifier (3, its quorum)" in warned and "--run 4" in warned
+    st = run_state(object(), exact, None)  # decided before any chain read  # type: ignore[arg-type]
+    assert st["state"] == "waiting" and "no spare verifier" in st["text"]
+    assert no_spare_verifier(RunInfo(**{**exact.__dict__, "verifier_count": 4})) is None
+    short = RunInfo(**{**exact.__dict__, "verifier_count": 2})
+    assert no_spare_verifier(short) is None and verifier_shortfall(short) is not None
+    full = RunInfo(**{**exact.__dict__, "params": RunParams(**{**p.__dict__, "max_verifiers": 3})})
+    assert no_spare_verifier(full) is None  # no place for a spare: nothing an operator can do (a test run)
+
+
 def test_status_names_the_audit_policy_per_epoch_or_per_step() -> None:
     from veriloco.chaincmds import _audit_policy
 

@@ -136,10 +136,13 @@ abstract contract VerilocoBase is VerilocoAudit {
     uint8 public constant SLASH_FALSE_REPORT = 5; // reported an available payload as unavailable
 
     /// @notice Kinds carried by Credited: a passed trainer's reward, a verifier's reward for its
-    ///         majority verdicts, and a bounty (a share of the stake slashed from `source`).
+    ///         majority verdicts, a bounty (a share of the stake slashed from `source`), and a
+    ///         compensation (a share of the trainer reward, taken from the stake of `source`, an assigned
+    ///         verifier that cast no verdict on the trainer by the deadline).
     uint8 internal constant CREDIT_TRAINER_REWARD = 1;
     uint8 internal constant CREDIT_VERDICT_REWARD = 2;
     uint8 internal constant CREDIT_BOUNTY = 3;
+    uint8 internal constant CREDIT_COMPENSATION = 4;
 
     bytes32 public constant COMMIT_TAG = keccak256("veriloco.commit.v1");
     bytes32 public constant AUDIT_TAG = keccak256("veriloco.audit.v1");
@@ -807,6 +810,7 @@ abstract contract VerilocoBase is VerilocoAudit {
         address[] storage list = verifierList[runId];
         Payout memory po;
         if (pay && r.pool != 0) po = _payout(runId, epoch, r, ep, list);
+        po.finalized = pay;
         mapping(uint256 => uint256) storage ws = lanes[runId][epoch];
         for (uint256 w = 0; w < words; w++) {
             uint256 word = ws[w];
@@ -867,14 +871,20 @@ abstract contract VerilocoBase is VerilocoAudit {
             po.nTrainers += 1;
             emit Credited(runId, epoch, t, po.trainerShare, CREDIT_TRAINER_REWARD, address(0));
         }
-        if (against == 0 && wrong == 0 && !failed && (idle == 0 || po.votes.length == 0)) return (0, 0);
+        if (!passed && fails == 0 && po.finalized && r.p.trainerReward != 0) {
+            // undecided for want of votes, none against it: the silent assigned verifiers pay its reward
+            uint256 fined = _compensate(runId, epoch, r, list, _assigned(ep.seed, t, q, ep.verifierCount), t, uint16((1 << q) - 1) & ~passes);
+            slashed += fined;
+            paid += fined;
+        }
+        if (against == 0 && wrong == 0 && !failed && (idle == 0 || po.votes.length == 0)) return (slashed, paid);
         uint256[] memory idx = _assigned(ep.seed, t, q, ep.verifierCount);
         if (po.votes.length != 0) po.nVotes -= _uncount(po.votes, idx, idle);
-        if (against | wrong != 0) slashed = _slashVerifiers(runId, epoch, r, list, idx, t, against | wrong);
+        if (against | wrong != 0) slashed += _slashVerifiers(runId, epoch, r, list, idx, t, against | wrong);
         if (failed) {
             uint256 amount = _slashOne(runId, epoch, r, t, SLASH_FAILED_AUDIT);
             slashed += amount;
-            if (fails & ~wrong != 0) paid = _pay(runId, epoch, list, idx, fails & ~wrong, amount, t); // no bounty without the work
+            if (fails & ~wrong != 0) paid += _pay(runId, epoch, list, idx, fails & ~wrong, amount, t); // no bounty without the work
         }
     }
 
@@ -889,6 +899,7 @@ abstract contract VerilocoBase is VerilocoAudit {
         uint256 nTrainers; // trainers credited by the scan
         uint256[] votes; // revealed votes per verifier-list index, minus those that do not earn
         uint256 nVotes;
+        bool finalized; // a finalize's scan (an aborted epoch pays nothing, compensations included)
     }
 
     function _payout(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, address[] storage list) internal view returns (Payout memory po) {
@@ -954,6 +965,29 @@ abstract contract VerilocoBase is VerilocoAudit {
             }
             mask >>= 1;
         }
+    }
+
+    /// @dev The trainer reward for responded trainer `t`, in equal shares from the stakes of its assigned
+    ///      verifiers (list[idx[j]]) set in `mask`, which cast no verdict on it by the deadline: an honest
+    ///      trainer's pay never depends on a late verdict, and the verifier that was late pays it, not the
+    ///      pool. `t` is not included (nobody judged its work), so a trainer and silent verifiers acting
+    ///      together only move their own stake (docs/security.md §18). Returns what was credited.
+    function _compensate(uint256 runId, uint256 epoch, Run storage r, address[] storage list, uint256[] memory idx, address t, uint16 mask)
+        internal
+        returns (uint256 total)
+    {
+        uint256 share = r.p.trainerReward / _popcount16(mask);
+        for (uint256 j = 0; mask != 0; j++) {
+            if (mask & 1 == 1) {
+                Member storage m = members[runId][list[idx[j]]];
+                uint256 amount = share < m.stake ? share : m.stake;
+                m.stake -= uint96(amount);
+                total += amount;
+                emit Credited(runId, epoch, t, amount, CREDIT_COMPENSATION, list[idx[j]]);
+            }
+            mask >>= 1;
+        }
+        credits[t] += total;
     }
 
     /// @dev Move `slashed` out of the stakes: `paid` of it to credits, the rest burned.

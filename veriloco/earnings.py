@@ -117,9 +117,17 @@ def _credits(events: list[ChainEvent], account: str) -> Iterable[Entry]:
     from protocol.chain.binding import CREDIT_KINDS, SLASH_REASONS
 
     for ev in events:
-        if ev.name != "Credited" or ev.args["account"] != account:
+        if ev.name != "Credited":
             continue
         a, kind = ev.args, CREDIT_KINDS.get(int(ev.args["kind"]), f"credit of kind {ev.args['kind']}")
+        if kind == "compensation" and a["source"] == account:  # paid out of this verifier's stake
+            yield _entry(ev, "slash", -int(a["amount"]), f"no verdict on {a['account']} by the deadline: paid its trainer reward")
+            continue
+        if a["account"] != account:
+            continue
+        if kind == "compensation":
+            yield _entry(ev, "reward", int(a["amount"]), f"trainer reward paid by {a['source']}, which cast no verdict on it in time")
+            continue
         if kind != "bounty":
             why = {"trainer reward": "passed its audit (trainer reward)",
                    "verdict reward": "verdicts with the majority (verifier reward)"}.get(kind, kind)

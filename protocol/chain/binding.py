@@ -91,7 +91,7 @@ NEVER_EPOCH = 2**32 - 1
 # Slashed's `reason` (the contract's SLASH_* constants) and Credited's `kind` (CREDIT_*), by name
 SLASH_REASONS = {1: "no reveal", 2: "no response", 3: "failed audit", 4: "payload unavailable",
                  5: "false availability report"}
-CREDIT_KINDS = {1: "trainer reward", 2: "verdict reward", 3: "bounty"}
+CREDIT_KINDS = {1: "trainer reward", 2: "verdict reward", 3: "bounty", 4: "compensation"}
 _T = TypeVar("_T")
 
 

@@ -102,6 +102,32 @@ def test_rewards_bounties_and_slashes_by_account(played: tuple[DevnetNet, Run, s
     assert nothing["entries"] == [] and nothing["totals"]["net_wei"] == 0
 
 
+def test_a_late_verifier_pays_the_trainer_it_did_not_judge(devnet: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 46 item 4 as the accounts read it: two of an honest trainer's three verifiers cast no verdict by
+    the deadline; the trainer's report shows its reward paid by them, each of theirs the share it lost."""
+    net = DevnetNet(devnet)
+    r = make_run(net, [7], VERIFIERS, COORD, reward_pool=10**18, quorum=3, test_run=False,
+                 trainer_reward=R_T, verifier_reward=R_V)
+    r.open_epoch(0)
+    (t,) = r.trainers
+    r.judge(0, t, [True])
+    late = [str(v.sender) for v in r.assigned(0, t)[1:]]
+    r.reveal_verdicts(0)
+    deadline = r.coord.epoch_times(r.run_id, 0).verdict_deadline
+    while r.coord.now() < deadline:  # the devnet's clock moves by about what it is asked to
+        net.advance(deadline - r.coord.now() + 1)
+    r.coord.finalize(r.run_id, 0, "bafkreimodel", b"\x11" * 32, [])
+    mine = report(capsys, devnet, "--address", t.address, "--run", str(r.run_id))
+    assert sorted(kinds(mine)) == sorted(
+        (0, "reward", R_T // 2, f"trainer reward paid by {v}, which cast no verdict on it in time") for v in late)
+    for v in late:  # (their claimable credits include the first run's rewards: read without `report`'s check)
+        code, out, err = cli(capsys, "earnings", "--devnet", str(devnet.config.devnet_file), "--json", "--address", v,
+                             "--run", str(r.run_id))
+        theirs = json.loads(out)
+        assert code == 0 and theirs["totals"]["slashed_wei"] == R_T // 2, err
+        assert kinds(theirs) == [(0, "slash", -(R_T // 2), f"no verdict on {t.address} by the deadline: paid its trainer reward")]
+
+
 def test_refusals_are_one_line(devnet: Any, capsys: pytest.CaptureFixture[str], tmp_path: Any,
                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)

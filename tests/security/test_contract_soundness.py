@@ -47,9 +47,9 @@ def ev(res: TxResult, name: str) -> list[dict[str, Any]]:
 
 
 def books(c: Chain) -> None:
-    """Every wei the contract holds is a stake, a claimable credit or burned."""
+    """Every wei the contract holds is a stake, a claimable credit, a reward pool or burned."""
     staked, credits = c.totals()
-    assert c.balance() == staked + credits + c.total_burned()
+    assert c.balance() == staked + credits + c.total_burned() + c.total_pools()
     assert_credits_in_events(c)
 
 
@@ -445,6 +445,36 @@ def test_a_verdict_commitment_left_unrevealed_is_slashed(fresh: PyEvmNet) -> Non
     assert [(e["verifier"], e["trainer"]) for e in ev(res, "VerifierSlashed")] == [(silent, zero)]
     assert c.member(rid, silent).stake == VSTAKE // 2 and c.total_burned() == VSTAKE // 2
     assert ev(res, "Slashed") == []
+    books(c)
+
+
+def test_an_honest_trainer_its_verifiers_did_not_judge_in_time_is_paid_by_them(fresh: PyEvmNet) -> None:
+    """Issue 46 item 4: two of a trainer's three verifiers cast no verdict on it by the deadline (slow,
+    overloaded): it is neither passed nor failed, so not included, and it used to go unpaid. The two pay
+    its trainer reward out of their stakes (Credited kind 4, source the verifier); a trainer with a fail
+    vote against it gets nothing, a passed one its reward from the pool, and every wei is accounted."""
+    reward = 10**15
+    r = make_run(fresh, n_trainers=3, n_verifiers=4, quorum=3, test_run=False, reward_pool=10**18,
+                 trainer_reward=reward, verifier_reward=10**14)
+    rid, c = r.run_id, r.coord
+    r.open_epoch(0)
+    judged, slow, doubted = r.trainers
+    r.judge(0, judged, [True] * 3)
+    r.judge(0, slow, [True])  # one verdict of three in time, none against: undecided
+    r.judge(0, doubted, [False])  # one fail of three: undecided, and somebody found a fault
+    late = [v.sender for v in r.assigned(0, slow)[1:]]
+    stakes = {v.sender: c.member(rid, v.sender).stake for v in r.verifiers}
+    r.reveal_verdicts(0)
+    until(fresh, c.epoch_times(rid, 0).verdict_deadline)  # verdicts are outstanding: finalize waits for the deadline
+    res = c.finalize(rid, 0, "bafkreimodel", MODEL, [judged.address])
+    paid = [(e["account"], e["source"], e["amount"]) for e in ev(res, "Credited") if e["kind"] == 4]
+    assert sorted(paid) == sorted((slow.address, v, reward // 2) for v in late)
+    assert c.credits(slow.address) == reward and c.credits(doubted.address) == 0
+    assert c.credits(judged.address) == reward  # the pool's trainer reward, as before
+    fined = {v: stakes[v] - c.member(rid, v).stake for v in stakes}
+    assert {v: d for v, d in fined.items() if d} == dict.fromkeys(late, reward // 2)  # and nobody else's stake moved
+    assert ev(res, "Slashed") == [] and ev(res, "VerifierSlashed") == []
+    assert not c.submission(rid, 0, slow.address).passed
     books(c)
 
 

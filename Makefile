@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 TORCH   := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: demo test devnet bench headline install node clean chromium
+.PHONY: demo test test-fast devnet bench headline install node clean chromium
 
 $(BIN)/.installed: pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
@@ -42,6 +42,11 @@ test: install chromium
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: the suite is missing" >&2; exit 1; fi; \
 	exit $$rc
+
+# The inner loop: the pure and unit tests alone (tests/unit, about 4 minutes on 2 cores; no npm tooling).
+# `make test` runs everything, as CI does.
+test-fast: $(BIN)/.installed
+	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
 
 devnet: install
 	$(BIN)/veriloco devnet $(DEVNET_ARGS)

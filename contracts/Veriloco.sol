@@ -8,7 +8,7 @@ import {VerilocoBase} from "./VerilocoBase.sol";
 ///         checks audit responses against revealed Merkle trace roots, collects verdicts, lets an
 ///         epoch finalize only when every included trainer passed and no passing one was left out,
 ///         and counts its model only once an attestation committee confirmed it.
-/// @dev The per-epoch hot path lives here; membership, settlement, attestation and availability live
+/// @dev The per-epoch hot path lives here; membership, verdicts, attestation and availability live
 ///      in VerilocoModule, the views in VerilocoViews, and both run on this contract's storage through
 ///      the fallbacks (DELEGATECALL: Veriloco -> VerilocoModule -> VerilocoViews), so that each stays well
 ///      under the 24 KB code limit. Clients use the merged ABI (contracts/build.mjs).
@@ -153,70 +153,6 @@ contract Veriloco is VerilocoBase {
         _setLane(runId, epoch, slot, (uint256(SUB_RESPONDED) << 24) | uint32(lane & 0xFFFFFF));
         ep.responded += 1;
         emit Responded(runId, epoch, msg.sender, manifestCid);
-    }
-
-    /// @notice Commit to this epoch's verdicts before anyone reveals (docs/protocol.md §5.2): every
-    ///         verifier of the frozen list (index < verifierCount) once, an empty list if nothing is
-    ///         assigned to it. Reveals open when all have committed or at the middle of the verdict window.
-    /// @param commitment keccak(abi.encode(VERDICT_TAG, chainid, this, runId, epoch, verifier,
-    ///        keccak(abi.encode(address[] trainers, bool[] passed, bytes32[] witnesses)), salt)).
-    function commitVerdicts(uint256 runId, uint256 epoch, bytes32 commitment) external {
-        Run storage r = _run(runId);
-        Epoch storage ep = _verdictEpoch(runId, r, epoch);
-        if (uint224(uint256(commitment)) >> 32 == 0) revert ZeroCommitment(); // bits 32-223 tell a commitment from a revealed count
-        if (!ep.seeded) revert AuditSeedPending(runId, epoch, uint256(ep.seed));
-        uint32 vs = members[runId][msg.sender].slot;
-        if (members[runId][msg.sender].role != ROLE_VERIFIER || vs == 0 || vs > ep.verifierCount) revert NotVerifier(runId, msg.sender);
-        uint32 n = ep.verdictCommits;
-        uint256 opens = _verdictRevealsOpen(runId, r, epoch);
-        if (n == ep.verifierCount || block.timestamp >= opens) revert VerdictCommitsClosed(runId, epoch, n, opens);
-        mapping(uint256 => uint256) storage slots = verdictCommits[runId][msg.sender];
-        if (slots[epoch % HASH_SLOTS] >> 224 == epoch + 1) revert AlreadyCommitted(runId, epoch, msg.sender);
-        slots[epoch % HASH_SLOTS] = ((epoch + 1) << 224) | uint224(uint256(commitment));
-        ep.verdictCommits = n + 1;
-        emit VerdictsCommitted(runId, epoch, msg.sender, commitment);
-    }
-
-    /// @notice Reveal the committed verdicts: for each trainer pass/fail and the replay witness (zero in
-    ///         tolerant audits), checked against the commitment; only assigned verifiers, once each,
-    ///         after the trainer responded. A witness that differs from its trainer's majority witness
-    ///         is slashed at finalize or settle like an outvoted vote.
-    function submitVerdicts(
-        uint256 runId,
-        uint256 epoch,
-        address[] calldata trainers,
-        bool[] calldata passed,
-        bytes32[] calldata witnesses,
-        string calldata evidenceCid,
-        bytes32 salt
-    ) external {
-        if (trainers.length != passed.length || trainers.length != witnesses.length) {
-            revert BadResponseLength(trainers.length, passed.length, witnesses.length, witnesses.length);
-        }
-        Run storage r = _run(runId);
-        Epoch storage ep = _verdictEpoch(runId, r, epoch);
-        _openVerdict(runId, epoch, r, ep, keccak256(abi.encode(trainers, passed, witnesses)), salt, trainers.length);
-        emit VerdictsRevealed(runId, epoch, msg.sender, trainers.length, evidenceCid);
-        for (uint256 i = 0; i < trainers.length; i++) {
-            _verdict(runId, epoch, r, ep, trainers[i], passed[i], witnesses[i]);
-        }
-    }
-
-    /// @dev Check the caller's reveal against its commitment and mark it revealed: the commitment
-    ///      gives way to the number of verdicts revealed (what the verifier's rewards count).
-    function _openVerdict(uint256 runId, uint256 epoch, Run storage r, Epoch storage ep, bytes32 body, bytes32 salt, uint256 count) internal {
-        if (ep.verdictCommits < ep.verifierCount) {
-            uint256 opens = _verdictRevealsOpen(runId, r, epoch);
-            if (block.timestamp < opens) revert VerdictsNotOpen(runId, epoch, ep.verdictCommits, ep.verifierCount, opens);
-        }
-        mapping(uint256 => uint256) storage slots = verdictCommits[runId][msg.sender];
-        uint256 s = slots[epoch % HASH_SLOTS];
-        if (s >> 224 != epoch + 1) revert NotCommitted(runId, epoch, msg.sender);
-        if (uint224(s) >> 32 == 0) revert AlreadyRevealed(runId, epoch, msg.sender);
-        bytes32 c = _verdictCommitment(runId, epoch, msg.sender, body, salt);
-        if (uint224(uint256(c)) != uint224(s)) revert RevealMismatch(runId, epoch, msg.sender, c, bytes32(uint256(uint224(s))));
-        slots[epoch % HASH_SLOTS] = ((epoch + 1) << 224) | uint32(count);
-        ep.verdictReveals += 1;
     }
 
     /// @notice Propose the epoch's aggregate. Every included trainer must have a passing verdict

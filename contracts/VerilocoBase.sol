@@ -979,11 +979,12 @@ abstract contract VerilocoBase is VerilocoAudit {
         uint256 share = r.p.trainerReward / _popcount16(mask);
         for (uint256 j = 0; mask != 0; j++) {
             if (mask & 1 == 1) {
-                Member storage m = members[runId][list[idx[j]]];
+                address v = list[idx[j]];
+                Member storage m = members[runId][v];
                 uint256 amount = share < m.stake ? share : m.stake;
                 m.stake -= uint96(amount);
                 total += amount;
-                emit Credited(runId, epoch, t, amount, CREDIT_COMPENSATION, list[idx[j]]);
+                emit Credited(runId, epoch, t, amount, CREDIT_COMPENSATION, v);
             }
             mask >>= 1;
         }

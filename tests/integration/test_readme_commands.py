@@ -1,4 +1,6 @@
-"""Every command the README tells a user to run parses today and is run by some test.
+"""Every command the README tells a user to run parses today and is run by some test (and every command of
+docs/results.md and docs/operators.md, where the README's result tables and node details moved with their
+commands).
 
 The README's commands are read from its fenced blocks (one command per logical line, `&&` chains
 split, comments dropped), from the `veriloco ...` lines its sample output tells you to copy, and
@@ -44,6 +46,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+MOVED = (ROOT / "docs" / "results.md", ROOT / "docs" / "operators.md")  # the README's tables and node details
 HERE = "tests/integration/test_readme_commands.py"
 
 # README placeholders -> values the parser accepts
@@ -254,8 +257,8 @@ def _inline_commands(text: str) -> Iterator[Command]:
 
 
 def readme_commands(text: str | None = None, *, prose: bool = True) -> list[Command]:
-    """Every command README.md tells a user to run, in order (those in its fenced blocks first)."""
-    text = README.read_text() if text is None else text
+    """Every command README.md (then the MOVED docs) tells a user to run, in order (fenced blocks first)."""
+    text = "\n".join(p.read_text() for p in (README, *MOVED)) if text is None else text
     blocks = re.findall(r"^```[a-z]*\n(.*?)^```", text, re.DOTALL | re.MULTILINE)
     out: list[Command] = []
     for block in blocks:

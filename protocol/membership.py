@@ -36,6 +36,19 @@ def check_joinable(info: RunInfo, epochs: int, role: str) -> None:
                           "are taken; nothing was staked. Pick another run (`veriloco runs`)")
 
 
+def check_test_run(info: RunInfo, role: int, allowed: bool) -> None:
+    """Raise NotJoinable before a key stakes into a test run (``testRun``: a quorum of 1 or 2, the
+    availability challenge's bounds relaxed) unless ``allowed``: there one or two verdicts decide, and
+    a creator holding those keys decides them. A member already in the run (``role`` non-zero) goes on."""
+    p = info.params
+    if not p.test_run or role != 0 or allowed:
+        return
+    raise NotJoinable(
+        f"run {info.run_id} is a test run: quorum {p.quorum} (a majority of {p.quorum} verdict(s) decides, and its "
+        f"creator may hold those keys), {p.max_verifiers} verifier place(s), {p.slash_bps / 100:g}% of a stake slashed "
+        "per offence; nothing was staked. Join it only on a devnet or among keys you trust: pass --allow-test-run")
+
+
 def verifier_shortfall(info: RunInfo) -> str | None:
     """What a run lacking a quorum of verifiers means, or None when it has one: no epoch is audited
     (the contract refuses to start an audit with fewer verifiers than the quorum), so each epoch
@@ -50,9 +63,10 @@ def verifier_shortfall(info: RunInfo) -> str | None:
 def no_spare_verifier(info: RunInfo) -> str | None:
     """A warning while a run has exactly its quorum of verifiers, or None: it audits now, but one verifier
     leaving, or removed for a silent or outvoted verdict, leaves fewer than the quorum, and from the next
-    scheduling every epoch aborts unaudited until another joins (issue 46, item 6)."""
+    scheduling every epoch aborts unaudited until another joins (issue 46, item 6). Not said of a test run
+    (a devnet's or a test's, where a single verifier is the point)."""
     have, q = info.verifier_count, info.params.quorum
-    if have != q or info.params.max_verifiers <= q:
+    if have != q or info.params.max_verifiers <= q or info.params.test_run:
         return None
     return (f"run {info.run_id} has no spare verifier ({have}, its quorum): one leaving or removed stops every "
             f"audit until another joins; a spare costs one more `veriloco verifier --run {info.run_id}`")

@@ -193,6 +193,8 @@ def _spawn(role: str, index: int, account: int, devnet_file: Path, run_id: int, 
     cmd = [sys.executable, "-m", "veriloco.cli", role, "--run", str(run_id), "--devnet", str(devnet_file),
            "--account", str(account), "--workdir", str(opts.node_dir or opts.workdir / "nodes")]
     cmd += ["--log-format", "json"]  # the demo reads the nodes' events
+    if role in ("trainer", "verifier"):
+        cmd += ["--allow-test-run"]  # its own run: a quorum below 3 makes it a test run (DemoOptions.config)
     if opts.metrics_port:
         cmd += ["--metrics-port", str(opts.metrics_port + metrics_offset(opts, role, index))]
     if cheat:

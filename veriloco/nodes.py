@@ -230,6 +230,13 @@ def observed(args: argparse.Namespace, s: Settings, chain: Chain, role: str, log
     return store, metrics.wrap(log)
 
 
+def refuse_unwanted_test_run(chain: Chain, args: argparse.Namespace) -> None:
+    """A trainer or verifier stakes into a test run only with --allow-test-run (protocol.membership.check_test_run)."""
+    from protocol.membership import check_test_run
+
+    check_test_run(chain.run_info(args.run), chain.member(args.run, str(chain.sender)).role, args.allow_test_run)
+
+
 def _trainer(args: argparse.Namespace) -> int:
     return run_node(args, "trainer", lambda s, log, kept: _train(args, s, log, kept))
 
@@ -241,6 +248,7 @@ def _train(args: argparse.Namespace, s: Settings, log: Log, kept: list[Path]) ->
     chain = open_chain(s, args.run)
     behaviour = behaviours()[args.cheat]() if args.cheat else None
     with locked(s, chain, args.run, "trainer", kept):
+        refuse_unwanted_test_run(chain, args)
         store, log = observed(args, s, chain, "trainer", log)
         TrainerNode(
             chain, store, args.run, state_folder(s, chain, "trainer"), behaviour=behaviour, log=log,
@@ -260,6 +268,7 @@ def _verify(args: argparse.Namespace, s: Settings, log: Log, kept: list[Path]) -
 
     chain = open_chain(s, args.run)
     with locked(s, chain, args.run, "verifier", kept):
+        refuse_unwanted_test_run(chain, args)
         store, log = observed(args, s, chain, "verifier", log)
         VerifierNode(chain, store, args.run, state_folder(s, chain, "verifier"), log=log, threads=args.threads,
                      device=args.device).run()
@@ -294,6 +303,9 @@ def register(sub: Any) -> None:
                        help="the address the metrics endpoint listens on (default 127.0.0.1, this machine only; "
                             "0.0.0.0: every interface, unauthenticated: a warning says so)")
         if name != "coordinator":
+            p.add_argument("--allow-test-run", action="store_true", default=os.environ.get("VERILOCO_ALLOW_TEST_RUN") == "1",
+                           help="stake into a run its creator made a test run (quorum 1 or 2: a verdict or two decide); "
+                                "refused otherwise, naming its risk (VERILOCO_ALLOW_TEST_RUN=1 does the same)")
             p.add_argument("--threads", type=positive, default=1, help="torch threads; replay is exact only at equal settings")
             p.add_argument("--device", type=device, default="cpu",
                            help="cpu, cuda or cuda:N: where steps (trainer) or segment replays (verifier) run; an "

@@ -69,8 +69,14 @@ def test_a_runs_life_through_the_cli(devnet: Any, tmp_path: Path, monkeypatch: p
     out = ok(capsys, "status", "--run", r)
     assert "waiting for epoch 0" in out and "NOT OPENED" in out and "responses due" not in out
 
+    # a test run (quorum 1): refused before staking unless asked for, naming its risk (issue 46 item 9)
+    monkeypatch.delenv("VERILOCO_ALLOW_TEST_RUN")  # tests/conftest.py allows the suite's test runs
+    line = refused(capsys, "verifier", "--run", r, "--account", "4")
+    assert "is a test run: quorum 1" in line and "--allow-test-run" in line and "nothing was staked" in line, line
+    assert coord.member(rid, net.accounts[4]).role == 0
+
     # the only trainer place is taken: a second trainer is refused before it stakes
-    line = refused(capsys, "trainer", "--run", r, "--account", "3")
+    line = refused(capsys, "trainer", "--run", r, "--account", "3", "--allow-test-run")
     assert "is full" in line and "nothing was staked" in line
     assert coord.member(rid, net.accounts[3]).role == 0
 
@@ -79,7 +85,7 @@ def test_a_runs_life_through_the_cli(devnet: Any, tmp_path: Path, monkeypatch: p
     assert "REVEALING" in out and "reveals close" in out and "responses due" not in out
     assert "UTC chain time" in out and "wall clock" in out
     # epoch 0 was the run's last: nobody can take part any more, so a verifier is refused before staking
-    line = refused(capsys, "verifier", "--run", r, "--account", "4")
+    line = refused(capsys, "verifier", "--run", r, "--account", "4", "--allow-test-run")  # past the test-run check
     assert "no epoch left to join" in line and "nothing was staked" in line
     assert coord.member(rid, net.accounts[4]).role == 0
 

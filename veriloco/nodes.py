@@ -38,7 +38,14 @@ from typing import TYPE_CHECKING, Any
 
 from veriloco.argtypes import device, gibibytes, host, is_loopback, positive, run_id, tcp_port
 from veriloco.logs import Log, add_log_args, logger_from_args, node_logger, with_upload_progress
-from veriloco.settings import Settings, add_connection_args, open_store, resolve, withdraw_command
+from veriloco.settings import (
+    Settings,
+    add_connection_args,
+    check_workdir,
+    open_store,
+    resolve,
+    withdraw_command,
+)
 
 if TYPE_CHECKING:
     from protocol.chain.binding import Chain
@@ -162,6 +169,7 @@ def json_logger(node: str, stream: Any = None) -> Callable[..., None]:
 def starting(args: argparse.Namespace, role: str) -> tuple[Settings, Log]:
     """The node's settings and log, the log's first line written: settings fail fast, the heavy imports follow."""
     s = resolve(args)
+    check_workdir(s.workdir)
     log = logger_from_args(args, role)  # JSON lines carry the run id from the first one on
     log("loading", what="torch and the chain client")
     if s.key:  # and the node's account from the next one on

@@ -201,6 +201,20 @@ def resolve(args: argparse.Namespace, *, need_key: bool = True, need_contract: b
     return Settings(rpc_url, contract, key, store, store_dir, ipfs_api, workdir, max_fee)
 
 
+def check_workdir(path: Path) -> None:
+    """A node's --workdir, checked before torch loads (nothing created yet): a folder this user can write,
+    or one it can create under the nearest folder that exists."""
+    probe = path.absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise SettingsError(f"--workdir {path}: {probe} is a file, not a folder; pass a folder the node may create "
+                            "or write (default .veriloco/node)")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise SettingsError(f"--workdir {path}: this user cannot write in {probe}; pass a folder it may create or "
+                            "write (default .veriloco/node)")
+
+
 def withdraw_command(args: argparse.Namespace) -> str:
     """`veriloco withdraw` for this command's run and key: the key flags of its command line (veriloco/cli.py
     keeps it as `args.argv`), nothing else, so the hint works as typed (a node's `slashed` line, `leave`)."""

@@ -145,6 +145,21 @@ def test_the_console_script_prints_no_traceback(offline: Path) -> None:
     assert p.returncode == 0 and p.stdout.startswith("veriloco ") and p.stdout.split()[1][0].isdigit()
 
 
+def test_a_bad_workdir_is_refused_before_torch_loads_naming_the_flag(offline: Path) -> None:
+    """Issue 46 item 9: a --workdir under a file (or where this user cannot write) was a bare `[Errno 2]`
+    after the chain connection and torch; now one line naming the flag, before the node's first line."""
+    key = _key(offline, "key", b"0x" + b"1" * 64)
+    (offline / "afile").write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERILOCO_")} | {"PYTHONPATH": str(ROOT)}
+    for role in ("trainer", "verifier"):
+        p = subprocess.run([sys.executable, "-m", "veriloco.cli", role, "--run", "1", "--key", key, "--rpc-url",
+                            "http://127.0.0.1:9", "--contract", "0x" + "11" * 20, "--workdir", "afile/nodes"],
+                           check=False, capture_output=True, text=True, cwd=offline, env=env, timeout=120)
+        assert p.returncode == 2 and p.stdout == "", (role, p.stdout, p.stderr)  # not even the `loading` line
+        assert "--workdir afile/nodes" in p.stderr and "is a file, not a folder" in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1
+
+
 # ------------------------------------------------------------------ against a devnet
 
 

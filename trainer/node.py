@@ -47,7 +47,7 @@ from protocol.chain.binding import (
     Phase,
     TxResult,
 )
-from protocol.chain.errors import TooFewVerifiers
+from protocol.chain.errors import NotEligible, TooFewVerifiers
 from protocol.chain.outage import TRANSIENT, through_outages
 from protocol.digest import keccak, state_digest
 from protocol.errors import VerilocoError
@@ -592,7 +592,10 @@ class TrainerNode:
         except ChainUnavailable:
             raise
         except ContractRevert as exc:
-            self.log(f"{what}-failed", epoch=d.epoch, error=str(exc))
+            if isinstance(exc, NotEligible) and what == "commit":  # it left (or was removed): expected, not an error
+                self.log("commit-skipped", epoch=d.epoch, detail=f"this key may no longer commit in the run: {exc}")
+            else:
+                self.log(f"{what}-failed", epoch=d.epoch, error=str(exc))
             self._close(d)
             return None
         except ChainError as exc:

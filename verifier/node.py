@@ -639,7 +639,10 @@ class VerifierNode:
             tx = self.chain.finalize(self.run_id, e, cid, digest, included)
         except ChainUnavailable:
             raise
-        except ChainError as exc:  # someone else was first, or the epoch is not ready yet
+        except WrongPhase as exc:  # another member finalized first: the race every stand-in runs, lost
+            self._once(f"finalize:{e}", "finalize-lost", epoch=e, detail=f"another member finalized first: {exc}")
+            return
+        except ChainError as exc:  # the epoch is not ready yet, or refused otherwise
             self._once(f"finalize:{e}", "finalize-failed", epoch=e, error=str(exc))
             return
         self.log("finalized", epoch=e, included=len(included), model=cid, gas=tx.gas_used,

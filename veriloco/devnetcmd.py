@@ -1,11 +1,13 @@
 """`veriloco devnet`: a local chain, a content store and a deployed contract until Ctrl-C (devnet/launch.py).
 
     veriloco devnet [--chain py-evm|anvil] [--store local|ipfs] [--port P] [--dir DIR] [--accounts N]
+    veriloco devnet fund ADDRESS [ETH] [--dir DIR]     # a key of your own, funded from the running devnet
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import threading
 from pathlib import Path
@@ -44,10 +46,59 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--no-persist", action="store_true", help="anvil: start fresh, do not keep state in DIR"
     )
+    p.add_argument("fund", nargs="*", metavar="fund ADDRESS [ETH]",
+                   help="instead of starting one: send ETH (default 10) from the running devnet's last account "
+                        "to ADDRESS (a key of your own: `veriloco account new`), then exit")
     p.set_defaults(func=run)
 
 
+FUND_MAX_ETH = 1000.0
+
+
+def fund(args: argparse.Namespace) -> int:
+    """`veriloco devnet fund ADDRESS [ETH]`: a plain transfer from the devnet file's last account, which the
+    demo and the README's network leave unused, mined before it returns."""
+    from veriloco.argtypes import address
+
+    words = args.fund
+    if words[0] != "fund" or not 2 <= len(words) <= 3:
+        raise DevnetError(f"unknown devnet command {' '.join(words)!r}: `veriloco devnet` starts one, "
+                          "`veriloco devnet fund ADDRESS [ETH]` funds a key from a running one")
+    try:
+        to = address(words[1])
+        eth = float(words[2]) if len(words) == 3 else 10.0
+    except (argparse.ArgumentTypeError, ValueError) as exc:
+        raise DevnetError(f"devnet fund: {exc}" if isinstance(exc, argparse.ArgumentTypeError)
+                          else f"devnet fund: {words[2]!r} is not an amount of ETH") from None
+    if not 0 < eth <= FUND_MAX_ETH:
+        raise DevnetError(f"devnet fund: {eth:g} ETH is outside (0, {FUND_MAX_ETH:g}]")
+    path = DevnetConfig(state_dir=args.dir).devnet_file
+    try:
+        info = DevnetInfo.from_json(json.loads(path.read_text()), str(path))
+    except FileNotFoundError:
+        raise DevnetError(f"no devnet file at {path}: start `veriloco devnet` (or pass its --dir) first") from None
+    from eth_account import Account
+    from web3 import Web3
+
+    w3 = Web3(Web3.HTTPProvider(info.rpc_url, request_kwargs={"timeout": 30}))
+    payer = Account.from_key(info.accounts[-1].key)
+    try:
+        tx = {"to": to, "value": int(eth * 10**18), "gas": 21_000, "chainId": info.chain_id,
+              "nonce": w3.eth.get_transaction_count(payer.address, "pending"), "gasPrice": w3.eth.gas_price}
+        h = w3.eth.send_raw_transaction(payer.sign_transaction(tx).raw_transaction)
+        w3.eth.wait_for_transaction_receipt(h, timeout=60)
+        held = w3.eth.get_balance(to) / 10**18  # type: ignore[arg-type]
+    except (OSError, ValueError) as exc:  # requests' connection errors are OSErrors; node refusals ValueErrors
+        raise DevnetError(f"the devnet at {info.rpc_url} did not take the transfer ({exc}); is `veriloco devnet` "
+                          "still running?") from None
+    print(f"sent {eth:g} ETH to {to} from the devnet's account {len(info.accounts) - 1} (tx 0x{bytes(h).hex()}); "
+          f"it holds {held:g} ETH")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.fund:
+        return fund(args)
     config = DevnetConfig(
         chain=args.chain,
         store=args.store,

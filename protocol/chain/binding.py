@@ -60,6 +60,7 @@ from protocol.chain.errors import (
     ChainError,
     ChainUnavailable,
     ContractRevert,
+    InsufficientFunds,
     TransactionFailed,
     WrongChain,
     WrongContract,
@@ -91,6 +92,7 @@ NEVER_EPOCH = 2**32 - 1
 # Slashed's `reason` (the contract's SLASH_* constants) and Credited's `kind` (CREDIT_*), by name
 SLASH_REASONS = {1: "no reveal", 2: "no response", 3: "failed audit", 4: "payload unavailable",
                  5: "false availability report"}
+UNFUNDED_GAS = 1_000_000  # the gas an unfunded key is told to cover beside the value (more than any one call)
 CREDIT_KINDS = {1: "trainer reward", 2: "verdict reward", 3: "bounty", 4: "compensation"}
 _T = TypeVar("_T")
 
@@ -733,7 +735,7 @@ class Chain:
             except ChainError:
                 raise
             except Exception as exc:
-                err = _translate(exc)
+                err = _translate(exc) or self._unfunded(fn_name, exc, value)
                 if err is None:
                     raise ChainError(f"{fn_name} failed: {exc}") from exc
                 raise err from exc
@@ -745,7 +747,7 @@ class Chain:
                 self._nonce = None  # resynchronise from the node next time
                 if isinstance(exc, ChainError):
                     raise
-                err = _translate(exc)
+                err = _translate(exc) or self._unfunded(fn_name, exc, value)
                 if err is None:
                     raise ChainError(f"{fn_name} could not be sent: {exc}") from exc
                 raise err from exc
@@ -770,6 +772,22 @@ class Chain:
             raise TransactionFailed(f"{fn_name} transaction 0x{h.hex()} reverted (gas used {receipt['gasUsed']})")
         events = tuple(e for e in (self._decode_log(lg) for lg in receipt["logs"]) if e is not None)
         return TxResult("0x" + bytes(h).hex(), int(receipt["blockNumber"]), int(receipt["gasUsed"]), events)
+
+    def _unfunded(self, fn_name: str, exc: Exception, value: int) -> InsufficientFunds | None:
+        """The node's "insufficient funds" refusal as what to do: the ETH to send this key, with room for
+        gas (UNFUNDED_GAS at today's gas price), instead of a raw JSON-RPC error in wei."""
+        text = str(exc).lower()
+        if "insufficient funds" not in text and "cannot afford" not in text:  # geth and anvil; py-evm
+            return None
+        try:
+            have = int(self.w3.eth.get_balance(self.sender))  # type: ignore[arg-type]
+            price = int(self.w3.eth.gas_price)
+        except Exception:  # noqa: BLE001 - the advice is best effort; the refusal stands either way
+            return InsufficientFunds(f"{fn_name}: {self.sender} cannot pay {value / 1e18:g} ETH plus gas; send it ETH")
+        need = max(0, value + UNFUNDED_GAS * price - have)
+        short = -(-need // 10**15) / 1000  # rounded up to 0.001 ETH
+        return InsufficientFunds(f"{fn_name}: {self.sender} holds {have / 1e18:g} ETH and needs {value / 1e18:g} ETH plus "
+                                 f"gas: send at least {short:g} ETH to {self.sender}")
 
     def _send(self, fn_name: str, fn: Any, tx: dict[str, Any]) -> _Sent:
         """Send under the lock. A local key takes the next nonce from the local counter (read from

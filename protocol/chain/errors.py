@@ -37,6 +37,10 @@ class TransactionFailed(ChainError):
     """A transaction reverted or failed without a decodable custom error."""
 
 
+class InsufficientFunds(ChainError):
+    """The sending key cannot pay a transaction's value and gas; says how much to send it."""
+
+
 class ContractRevert(ChainError):
     """Base of the decoded custom errors; `fields` names the Solidity error's arguments."""
 

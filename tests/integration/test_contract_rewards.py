@@ -173,3 +173,18 @@ def test_an_exactly_spent_pool_leaves_finalize_working(fresh: PyEvmNet) -> None:
     assert [c.credits(t.address) for t in r.trainers] == [R_T] * 3
     assert [c.credits(v.sender) for v in r.verifiers] == [3 * R_V] * 3
     assert_accounted(c)
+
+
+def test_an_unfunded_key_is_told_how_much_to_send(fresh: PyEvmNet) -> None:
+    """Issue 46 item 9: a key without the stake and gas got the node's raw "insufficient funds" JSON-RPC error
+    in wei; now one line naming its balance and the ETH to send it, rounded up, nothing sent."""
+    from eth_account import Account
+
+    rid = fresh.chain(0).create_run(params(fresh.accounts[0]))
+    poor = Account.create()
+    c = Chain(fresh.w3, fresh.address, "0x" + bytes(poor.key).hex())
+    with pytest.raises(ce.InsufficientFunds) as got:
+        c.join_trainer(rid)
+    msg = str(got.value)
+    assert f"{poor.address} holds 0 ETH" in msg and "send at least" in msg and msg.endswith(f"ETH to {poor.address}")
+    assert fresh.chain(0).member(rid, poor.address).role == 0

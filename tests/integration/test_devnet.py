@@ -110,6 +110,24 @@ def test_in_process_devnet_accounts_sign_and_settings_read_the_file(tmp_path: Pa
     assert not (tmp_path / "devnet.json").exists()
 
 
+def test_devnet_fund_sends_eth_to_a_key_of_ones_own(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 46 item 9: `veriloco devnet fund ADDRESS [ETH]` funds a new key from the running devnet's last
+    account; a bad address or amount, or no devnet, is one line."""
+    from tests.fixtures.cli import run_cli
+
+    mine = Account.create().address
+    with start_devnet(state_dir=tmp_path, accounts=3, deploy=False, block_time=None) as net:
+        code, out, err = run_cli(capsys, "devnet", "fund", mine, "2.5", "--dir", str(tmp_path))
+        assert code == 0 and f"sent 2.5 ETH to {mine}" in out and "it holds 2.5 ETH" in out, err
+        assert net.web3().eth.get_balance(mine) == 25 * 10**17  # type: ignore[arg-type]
+        for argv, phrase in ((["fund", "0x12"], "not an Ethereum address"), (["fund", mine, "-1"], "outside"),
+                             (["fnud", mine], "unknown devnet command")):
+            code, _, err = run_cli(capsys, "devnet", *argv, "--dir", str(tmp_path))
+            assert code == 2 and phrase in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = run_cli(capsys, "devnet", "fund", mine, "--dir", str(tmp_path))
+    assert code == 2 and "no devnet file" in err, err
+
+
 def test_a_second_devnet_in_the_same_folder_is_refused_and_leaves_the_first_alone(tmp_path: Path) -> None:
     """Issue 46: a second devnet (in this process or as `veriloco devnet`) in a folder whose devnet
     runs is refused, naming it, and neither takes the devnet file over nor deletes it."""

@@ -83,6 +83,7 @@ COVERED: dict[str, list[str]] = {
                           "tests/integration/test_wheel.py::test_wheel_installs_in_a_fresh_venv_and_runs_the_demo"],
     # Running a network by hand
     "veriloco devnet": [f"{HERE}::test_the_network_by_hand_block_runs_as_written",
+                        "tests/integration/test_devnet.py::test_devnet_fund_sends_eth_to_a_key_of_ones_own",
                         "tests/integration/test_devnet.py::test_devnet_command_runs_until_sigint_and_frees_its_port"],
     "veriloco run create --account --config": [f"{HERE}::test_the_network_by_hand_block_runs_as_written"],
     "veriloco verifier --account --run": [f"{HERE}::test_the_network_by_hand_block_runs_as_written",

@@ -29,6 +29,9 @@ contract VerilocoModule is VerilocoBase {
         // committee can ever form and a withheld payload could never be removed (docs/contract.md)
         if (p.quorum == 0 || p.quorum > 7 || (p.quorum < 3 && !p.testRun)) revert InvalidParams("quorum 3..7 (1..2: testRun)");
         if (p.maxVerifiers < 2 * uint32(p.quorum) + 1) revert InvalidParams("maxVerifiers >= 2 x quorum + 1");
+        // a verifier reveals all its verdicts in one transaction (about 25k gas each: at V = quorum, one per
+        // trainer) and finalize scans every slot: both must fit a 30M-gas block with room to spare
+        if (p.maxTrainers > 512 || p.maxVerifiers > 128) revert InvalidParams("maxTrainers 512 maxVerifiers 128");
         if (p.auditSteps == 0 || p.auditSteps > 64) revert InvalidParams("auditSteps (1..64)");
         if (p.auditRate > RATE_ONE) revert InvalidParams("auditRate (0..1e6 per million)");
         if (p.finalCheckBps > BPS) revert InvalidParams("finalCheckBps");

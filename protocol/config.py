@@ -29,6 +29,7 @@ from protocol.numerics import CPU_CLASS
 from protocol.types import Address, Cid, Digest, Wei
 
 FORMAT = "veriloco.run.v1"
+MAX_TRAINERS, MAX_VERIFIERS = 512, 128  # the contract's createRun bounds (docs/contract.md)
 
 
 class ConfigError(VerilocoError):
@@ -319,6 +320,9 @@ def _check(cfg: RunConfig) -> list[str]:
         p.append("every window (windows.*_s) must be at least 1 second")
     if not 1 <= st.min_trainers <= st.max_trainers:
         p.append("need 1 <= stakes.min_trainers <= stakes.max_trainers")
+    if st.max_trainers > MAX_TRAINERS or st.max_verifiers > MAX_VERIFIERS:
+        p.append(f"stakes.max_trainers <= {MAX_TRAINERS} and stakes.max_verifiers <= {MAX_VERIFIERS} (the contract's "
+                 "bounds: a verifier's reveal of one verdict per trainer and finalize's scan of every slot must fit a block)")
     if not (cfg.outer.clip == 0 or cfg.outer.clip >= 1):
         p.append(f"outer.clip must be 0 (off) or at least 1 (1 caps every norm at the median), got {cfg.outer.clip}")
     if cfg.outer.aggregate not in AGGREGATES:

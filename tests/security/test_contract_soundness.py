@@ -510,6 +510,24 @@ def test_create_run_refuses_shapes_no_availability_committee_can_serve(fresh: Py
         assert c.run_info(rid).params.max_verifiers == places
 
 
+def test_create_run_caps_the_members_a_reveal_and_finalize_must_fit_a_block_for(fresh: PyEvmNet) -> None:
+    """Issue 46 item 7: a verifier reveals all its verdicts in one transaction (about 25k gas each, one per
+    trainer at V = quorum) and finalize scans every slot; maxTrainers and maxVerifiers were uncapped, so an
+    honest verifier of a large enough run could not reveal in a block and was slashed. Now capped, the
+    config refusing the same before anything is published."""
+    from protocol.config import MAX_TRAINERS, MAX_VERIFIERS, ConfigError, RunConfig
+
+    c = fresh.chain(COORD)
+    for over in ({"max_trainers": MAX_TRAINERS + 1}, {"max_verifiers": MAX_VERIFIERS + 1}):
+        with pytest.raises(ce.InvalidParams) as ip:
+            c.create_run(params(c.sender, **over))
+        assert "maxTrainers 512 maxVerifiers 128" in str(ip.value.reason)
+        with pytest.raises(ConfigError, match="max_trainers <= 512 and stakes.max_verifiers <= 128"):
+            RunConfig().replace(stakes=over)
+    rid = c.create_run(params(c.sender, max_trainers=MAX_TRAINERS, max_verifiers=MAX_VERIFIERS))
+    assert c.run_info(rid).params.max_trainers == MAX_TRAINERS
+
+
 def test_an_epoch_with_fewer_verifiers_than_its_quorum_is_never_audited_and_slashes_nobody(fresh: PyEvmNet) -> None:
     """A quorum-3 run with one verifier: the audit waits (TooFewVerifiers), no trainer can respond, no
     model can be finalized, and the epoch aborts at its deadline with nobody slashed. Two more

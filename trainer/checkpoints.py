@@ -10,11 +10,12 @@ or sending anything twice.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,17 @@ class CheckpointRule:
     def due(self, k: int, steps: int, logged_since: bool) -> bool:
         """Whether d_k is kept, ``logged_since`` saying whether the log holds every step since the last."""
         return k == steps or k % (self.logged if logged_since else self.every) == 0
+
+
+def worst_replay(steps: int, checkpoints: Sequence[int]) -> int:
+    """The most whole steps one audit answer replays when a step it reaches is not in the answer log: from
+    the nearest kept state at or before the step through the step, so the widest gap between consecutive
+    kept states (d_0 and d_H always among them)."""
+    kept = sorted({0, steps, *checkpoints})
+    return max(b - a for a, b in itertools.pairwise(kept)) if steps else 0
+
+
+ANSWER_SHARE = 0.5  # of the response window a replay may take: the rest uploads the answer and sends it
 
 
 class Checkpointer:

@@ -66,7 +66,7 @@ from trainer.boundaries import (
     quarter_of_free_disk,
     quarter_of_memory,
 )
-from trainer.checkpoints import EpochDir
+from trainer.checkpoints import ANSWER_SHARE, EpochDir, worst_replay
 from trainer.engine import Engine, LocalEngine
 from trainer.shard_response import shard_response
 
@@ -529,6 +529,18 @@ class TrainerNode:
                      disk_budget=self.boundary_log_disk, effect="audit answers over those steps replay whole steps "
                      "(--boundary-log-ram, --boundary-log-disk raise the budgets; a log also stops short of leaving this "
                      "machine less than a quarter of its memory available or a tenth of its disk free)")
+        replay = worst_replay(steps, d.checkpoints()) if unlogged or eng.log_kind(d) is None else 0
+        need_s = replay * step_wall_s / max(1, steps - k0)
+        window = self.ctx.info.params.response_window
+        if need_s > ANSWER_SHARE * window:  # it could not answer in time: say so and stake nothing on it
+            self.log("warning", epoch=e, what="answer at risk", replay_steps=replay, replay_s=round(need_s, 1),
+                     response_window_s=window, effect="this epoch is not committed (an answer past the window is "
+                     "slashed): free disk for checkpoints, raise --boundary-log-ram/--boundary-log-disk or lower "
+                     "--checkpoint-every")
+            self.log("skipped", epoch=e, reason=f"an audit answer could replay {replay} steps (~{need_s:.0f} s), over "
+                     f"half the {window} s response window")
+            self._close(d)
+            return
         payload, stats = eng.finish(d, rank, compress_seed(self.spec.run_seed, e, self.slot))
         final = Final(wrap(self.run_id, e, self.me, payload), {}, stats)
         d.write_bytes("payload.bin", self.behaviour.publication(self, final, e))

@@ -82,3 +82,15 @@ def test_the_checkpointer_keeps_what_the_rule_wants_and_skips_a_refused_state_bu
         for k in range(5, 8):
             c.after_step(k, True, partial(save, k + 1))
     assert kept == [] and c.last == 0
+
+
+def test_the_worst_replay_is_the_widest_gap_between_kept_states() -> None:
+    """Issue 46 item 8: with a step outside the answer log, an answer replays from the kept state before it;
+    a disk that refused every mid-epoch checkpoint leaves the whole epoch to replay, which the node now
+    weighs against the response window before it commits (trainer/node.py, `answer at risk`)."""
+    from trainer.checkpoints import worst_replay
+
+    assert worst_replay(8, [0, 4, 8]) == 4
+    assert worst_replay(8, [0, 2, 8]) == 6  # d_4 refused: from d_2 through step 7
+    assert worst_replay(31, [0, 31]) == 31  # every mid-epoch state refused
+    assert worst_replay(31, []) == 31 and worst_replay(0, []) == 0

@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="results JSON to write")
     ap.add_argument("--md", type=Path, help="write the Markdown table here too")
     ap.add_argument("--trainers", type=int, default=4, help="K (the issue's operating point: 4)")
-    ap.add_argument("--verifiers", type=int, default=3)
+    ap.add_argument("--verifiers", type=int, default=4, help="V (default 4: the quorum of 3 and a spare, as the demo runs)")
     ap.add_argument("--epochs", type=int, default=0, help="run this many epochs instead of the config's (a smoke test)")
     ap.add_argument("--windows-s", type=int, default=900, help="every chain window, seconds (this machine's)")
     ap.add_argument("--timeout-s", type=float, default=6 * 3600.0)

@@ -46,11 +46,13 @@ def test_the_table_says_whether_the_models_matched() -> None:
          "quorum": 3, "verifiers": 3, "epochs": 8, "epochs_finalized": 8, "audit_rate": 0.0165, "final_check_bps": 1250,
          "windows_s": 900, "command": "benchmarks/operating_point.py --out x", "seconds": 60, "host": "x86_64",
          "traffic_reduction_vs_allreduce": 30.0, "traffic_reduction_per_verifier_fetch": 20.0,
-         "payload_only_traffic_reduction": 45.0, "verification_share_of_bytes": 0.3, "answer_compute_fraction": 0.01,
+         "payload_only_traffic_reduction": 45.0, "traffic_reduction_vs_allreduce_both_directions": 60.0,
+         "traffic_reduction_busiest_direction": 50.0, "verification_share_of_bytes": 0.3, "answer_compute_fraction": 0.01,
          "verifier_compute_fraction": 0.002, "stall_fraction": 0.1, "commitment_fraction": 0.01,
          "skip10_detection_within_256_steps": 0.35, "skip10_detection_within_256_steps_sampled": None,
          "network_final_eval_loss": 2.5, "engine_final_eval_loss": 2.5, "models_bit_identical": False,
          "engine_heldout": None, "slashed_honest": 0}
     md = render(r)
     assert "models differ" in md and "35.0% (closed form) |" in md and "none benchmarked" in md
+    assert "| 60.0x; 50.0x |" in md  # like for like, and the busier direction
     assert "every model bit for bit" in render({**r, "models_bit_identical": True})

@@ -547,9 +547,12 @@ class Metered(Store):
             self.received += len(chunk)
             yield chunk
 
-    def get(self, cid: str, *, max_size: int = DEFAULT_MAX_SIZE, digest: bytes | None = None) -> bytes:
+    def get(self, cid: str, *, max_size: int = DEFAULT_MAX_SIZE, digest: bytes | None = None,
+            fresh: bool = False) -> bytes:
+        """As ``Store.get``; ``fresh`` skips the cache: a read that asks whether the store still serves the
+        content (an availability vote) must cross to the store, not find this node's own copy."""
         c = _cid(cid)
-        data = self.cache.get(c) if self.cache is not None else None
+        data = self.cache.get(c) if self.cache is not None and not fresh else None
         if data is not None:
             with self.cpu.measure():
                 _recheck(c, data, max_size, digest, "this node's cache")

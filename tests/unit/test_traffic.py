@@ -33,6 +33,8 @@ def test_a_cached_meter_moves_each_object_once_and_still_checks_what_it_answers(
     assert store.get(other, digest=keccak(b"p" * 600)) == b"p" * 600
     assert store.get(other) == b"p" * 600 and store.received == 600  # read twice (model, schedule), fetched once
     assert store.cache is not None and store.cache.hits == 2
+    assert store.get(other, fresh=True) == b"p" * 600 and store.received == 1200  # an availability vote asks the store
+    store.received = 600
     with pytest.raises(IntegrityError, match="keccak digest"):
         store.get(other, digest=keccak(b"q"))  # a hit is checked as a fetch would be
     with pytest.raises(TooLarge):

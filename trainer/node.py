@@ -47,7 +47,7 @@ from protocol.chain.binding import (
     Phase,
     TxResult,
 )
-from protocol.chain.errors import NotEligible, TooFewVerifiers
+from protocol.chain.errors import AlreadyCommitted, AlreadyJoined, NotEligible, TooFewVerifiers
 from protocol.chain.outage import TRANSIENT, through_outages
 from protocol.digest import keccak, state_digest
 from protocol.errors import VerilocoError
@@ -255,6 +255,8 @@ class TrainerNode:
         e = max(member.join_epoch, self.chain.current_epoch(self.run_id))
         while self._dir(e).meta.get("status") in (COMMITTED, REVEALED, RESPONDED, CLOSED):
             e += 1  # resumed after a crash: that epoch is already in the chain's hands
+        if (foreign := self._foreign(e, self._dir(e))) is not None:
+            raise foreign  # committed from elsewhere: found before this one trains or sends anything
         self.log("started", slot=self.slot, epoch=e, behaviour=self.behaviour.name, stages=self.stages)
         if (short := verifier_shortfall(self.chain.run_info(self.run_id))) is not None:
             self.log("too-few-verifiers", detail=short)
@@ -309,7 +311,10 @@ class TrainerNode:
             raise TrainerError(f"{self.me} is {who} in run {self.run_id}; use another key for the trainer")
         if m.role == 0:
             check_joinable(self.chain.run_info(self.run_id), self.ctx.config.schedule.epochs, "trainer")
-            self.chain.join_trainer(self.run_id)
+            try:
+                self.chain.join_trainer(self.run_id)
+            except AlreadyJoined:  # the same key joined from elsewhere meanwhile: a commitment tells them apart
+                return self.chain.member(self.run_id, self.me)
             m = self.chain.member(self.run_id, self.me)
             self.log("joined", slot=m.slot, join_epoch=m.join_epoch)
         return m
@@ -344,6 +349,8 @@ class TrainerNode:
         d = self._dir(e)
         if d.meta.get("status") in (None, TRAINING):
             if not self._commit_still_possible(e):
+                if (foreign := self._foreign(e, d)) is not None:
+                    raise foreign  # closed by this key's commitment from elsewhere: the next start would not match
                 self.log("skipped", epoch=e, reason="its commit phase has closed")
                 self._close(d)
                 return True
@@ -564,8 +571,32 @@ class TrainerNode:
         d.update(status=COMMITTING, payload_cid=cid, payload_digest=keccak(pub).hex(),
                  trace_root=merkle.root(digests).hex(), leaf_count=len(digests), salt=os.urandom(32).hex())
 
+    def _foreign(self, e: int, d: EpochDir) -> TrainerError | None:
+        """None when the chain's submission of epoch e for this key is this folder's (or there is none);
+        else the error to stop on: another instance sent it (the same key on another machine, or from
+        another folder past the per-user lock), or this folder lost the record of it. Judged by the
+        commitment this folder sent (kept before sending), or the trace root once revealed."""
+        sub = self.chain.submission(self.run_id, e, self.me)
+        if sub.state == 0:
+            return None
+        m = d.meta
+        sent = m.get("commitment") or (  # a folder from before the commitment was kept: recomputed from its record
+            self.behaviour.commitment(self, e, m).hex() if m.get("status") in (COMMITTING, COMMITTED, REVEALED, RESPONDED)
+            and "salt" in m else None)
+        if sent is not None and sub.state == 1 and sent == bytes(sub.commitment).hex():
+            return None
+        if sent is not None and sub.state >= 2 and m.get("trace_root") == bytes(sub.trace_root).hex():
+            return None
+        return TrainerError(
+            f"the chain holds a commitment of {self.me} for epoch {e} of run {self.run_id} that this state folder "
+            f"({self.rundir}) did not send: another instance runs with this key (on another machine, or from another "
+            "--workdir), or this folder lost its record. Stopped before sending anything: stop the other instance "
+            "(two answer one audit, and one of them is slashed), or restart it from its own folder")
+
     def _commit(self, e: int, d: EpochDir) -> None:
         if self.chain.submission(self.run_id, e, self.me).state >= 1:
+            if (foreign := self._foreign(e, d)) is not None:
+                raise foreign
             d.update(status=COMMITTED)  # the commit landed before a crash
             return
 
@@ -581,11 +612,15 @@ class TrainerNode:
         while True:  # a transaction that failed without the contract refusing it is retried while the phase is open
             self._wait(can_commit, f"epoch {e} to accept commitments")
             if self._phase(e) not in (Phase.COMMITTING, Phase.NOT_STARTED):
+                if (foreign := self._foreign(e, d)) is not None:
+                    raise foreign  # closed by this key's commitment from elsewhere, not by time
                 self.log("skipped", epoch=e, reason="commit phase closed before we could commit")
                 self._close(d)
                 return
-            tx = self._send("commit", d, lambda: self.chain.commit(self.run_id, e, self.behaviour.commitment(self, e, m)))
-            if tx is not None or d.meta["status"] == CLOSED:
+            commitment = self.behaviour.commitment(self, e, m)
+            m = d.update(commitment=commitment.hex())  # kept before it is sent: a restart knows its own on chain
+            tx = self._send("commit", d, lambda c=commitment: self.chain.commit(self.run_id, e, c))  # type: ignore[misc]
+            if tx is not None or d.meta["status"] in (CLOSED, COMMITTED):
                 break
             time.sleep(self.poll_s)
         if tx is None:
@@ -604,6 +639,11 @@ class TrainerNode:
         except ChainUnavailable:
             raise
         except ContractRevert as exc:
+            if what == "commit" and isinstance(exc, AlreadyCommitted):
+                if (foreign := self._foreign(d.epoch, d)) is not None:
+                    raise foreign from None  # the same key committed elsewhere first: stop before anything else
+                d.update(status=COMMITTED)  # its own commit, sent before and mined after all
+                return None
             if isinstance(exc, NotEligible) and what == "commit":  # it left (or was removed): expected, not an error
                 self.log("commit-skipped", epoch=d.epoch, detail=f"this key may no longer commit in the run: {exc}")
             else:

@@ -118,3 +118,41 @@ def test_the_same_key_twice_is_refused_and_a_killed_node_blocks_no_restart(
     finally:
         for lock in locks:
             lock.release()
+
+
+def test_the_same_key_on_two_machines_stops_the_second_before_it_sends_anything(
+        devnet: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 46 item 1: two machines' worth of processes (each its own --workdir and its own per-user lock
+    folder, so no lock on this machine sees the other) with one key. The one that commits epoch 0 first
+    goes on; the other finds on chain a commitment its folder did not send (before its commit, or as the
+    contract's AlreadyCommitted) and stops with one line naming both ways out, having sent nothing more."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VERILOCO_DEVNET", str(devnet.config.devnet_file))
+    (tmp_path / "run.toml").write_text(RUN_TOML)
+    r = str(create_run(capsys))
+    addr = Account.from_key(devnet.info.accounts[3].key).address
+    chain = Chain(devnet.info.rpc_url, devnet.info.contract)
+    procs = []
+    for m in ("a", "b"):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "VERILOCO_LOCK_DIR": str(tmp_path / f"locks-{m}")}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "veriloco.cli", "trainer", "--run", r, "--devnet", str(devnet.config.devnet_file),
+             "--workdir", str(tmp_path / f"machine-{m}"), "--account", "3", "--log-format", "json"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            time.sleep(0.5)
+        stopped = [p for p in procs if p.poll() is not None]
+        assert len(stopped) == 1, "neither trainer stopped"
+        err = stopped[0].communicate(timeout=30)[1].decode()
+        assert stopped[0].returncode == 2 and "Traceback" not in err, err
+        line = err.strip().splitlines()[-1]
+        assert f"the chain holds a commitment of {addr} for epoch 0 of run {r}" in line, line
+        assert "another instance runs with this key" in line and "stop the other instance" in line, line
+        assert chain.submission(int(r), 0, addr).state >= 1  # the first one's commitment stands
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.communicate(timeout=60)

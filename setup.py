@@ -11,7 +11,7 @@ from setuptools import find_packages, setup
 
 setup(
     packages=[
-        *find_packages(include=["veriloco*", "devnet*", "protocol*", "dilocox*", "trainer*", "verifier*", "coordinator*"]),
+        *find_packages(include=["veriloco*", "devnet*", "protocol*", "dilocox*", "trainer*", "verifier*", "coordinator*", "public*"]),
         "protocol.contracts",
         "veriloco.examples",
     ],

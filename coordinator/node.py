@@ -1,7 +1,7 @@
 """The coordinator node: aggregate each epoch's verified pseudo-gradients and finalize it on-chain.
 
 It waits until every committed trainer of an epoch is decided (or the verdict window closes),
-builds the new global model from the passing payloads only (coordinator/build.py), publishes it,
+builds the new global model from the passing payloads only (public/globals.py), publishes it,
 and submits its CID and digest with the list of included trainers. The contract refuses the
 finalization if that list is not exactly the passing set. Content it cannot get is logged once and
 retried until the epoch expires; the coordinator never exits on it. It stops once it is out of the
@@ -29,7 +29,6 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from coordinator.build import PayloadMissing, VerifiedGlobals, build_global
 from dilocox.outer import global_params
 from protocol.chain import errors as ce
 from protocol.chain.binding import Chain, ChainError, ChainUnavailable, Phase
@@ -39,6 +38,7 @@ from protocol.formats.codec import save_state
 from protocol.membership import verifier_shortfall
 from protocol.run import RunContext, eval_model, open_run
 from protocol.store.backends import Store
+from public.globals import PayloadMissing, VerifiedGlobals, build_global
 
 Log = Callable[..., None]
 T = TypeVar("T")

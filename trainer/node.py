@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coordinator.build import ModelUnavailable, VerifiedGlobals
 from dilocox.delay import MergeBase, StartRule, epoch_merge_offset, public_history_end
 from dilocox.device import check_device, resolve_device
 from dilocox.inner import Params, State, TrainerError, configure_determinism
@@ -35,7 +34,6 @@ from dilocox.round import (
     replay_step,
     start_state,
 )
-from dilocox.schedule import Schedule
 from protocol import merkle, shard_audit
 from protocol.chain.audit import build_response
 from protocol.chain.binding import (
@@ -59,6 +57,8 @@ from protocol.run import RunContext, open_run, params_of
 from protocol.statedir import run_dir
 from protocol.store.backends import DEFAULT_READ_CACHE, IntegrityError, Metered, Store
 from protocol.types import Cid
+from public.globals import ModelUnavailable, VerifiedGlobals
+from public.schedule import Schedule
 from trainer.answering import AnswerWorker, Built, FileSink, build
 from trainer.boundaries import (
     DiskHeadroom,
@@ -232,7 +232,7 @@ class TrainerNode:
         """G_e, which epoch e folds in at its merge step.
 
         It needs epoch e-1 finalized: the node waits for it, answering e-1's audit meanwhile, then
-        recomputes G_e itself (coordinator/build.py), as it does every model it trains on.
+        recomputes G_e itself (public/globals.py), as it does every model it trains on.
         """
         if e >= 1:
             self._wait(lambda: self._phase(e - 1) in TERMINAL, f"epoch {e - 1} to finalize (epoch {e} merges its model)")
@@ -395,7 +395,7 @@ class TrainerNode:
         """The verified global model epoch e builds on, its epoch and digest, and e-1's directory when
         e continues it (docs/protocol.md §8).
 
-        The global model is this node's own recomputation (coordinator/build.py), not the one the
+        The global model is this node's own recomputation (public/globals.py), not the one the
         coordinator finalized: a wrong aggregate is logged there and never trained on.
         """
         before = max(e if self.spec.rule is StartRule.BLOCKING else e - 1, 0)

@@ -32,7 +32,6 @@ from dilocox.inner import Params, State, TrainerError, configure_determinism
 from dilocox.numerics import check_numerics
 from dilocox.outer import global_params
 from dilocox.round import RoundSpec, start_state
-from dilocox.schedule import Schedule
 from protocol import shard_audit
 from protocol.chain import errors as ce
 from protocol.chain.binding import Assignment, Chain, ChainError, ChainUnavailable, Phase
@@ -73,6 +72,7 @@ from protocol.store.backends import (
 )
 from protocol.store.unixfs import cid_of
 from protocol.types import Cid, Digest
+from public.schedule import Schedule
 from verifier.keeper import Keeper
 from verifier.replay import (
     NO_WITNESS,
@@ -595,7 +595,7 @@ class VerifierNode:
         return self._model(e if self.spec.rule is StartRule.BLOCKING else e - 1)
 
     def _model(self, i: int) -> dict[str, Tensor]:
-        """G_i (G_0 for i <= 0), recomputed from G_0 and the passing payloads (coordinator/build.py
+        """G_i (G_0 for i <= 0), recomputed from G_0 and the passing payloads (public/globals.py
         `VerifiedGlobals`), never a model someone else posted."""
         i = max(i, 0)
         if i not in self._models:  # keep this one and the one before (audits of two epochs overlap)
@@ -606,7 +606,7 @@ class VerifierNode:
     # ------------------------------------------------------------------ aggregate re-check and attestation
 
     def _globals(self) -> Any:
-        from coordinator.build import (
+        from public.globals import (
             VerifiedGlobals,  # the verifier re-runs the coordinator's aggregation
         )
 
@@ -618,7 +618,7 @@ class VerifierNode:
         """Liveness: once the coordinator's half of the finalize window has passed (it is silent, or
         was slashed for a wrong model), finalize the recomputed aggregate ourselves; the contract lets
         any staked member do so, and the attestation committee checks our model like anyone's."""
-        from coordinator.build import PayloadMissing, build_global
+        from public.globals import PayloadMissing, build_global
 
         status = self.chain.epoch_status(self.run_id, e)
         if status.phase is not Phase.AUDITING:
@@ -673,7 +673,7 @@ class VerifierNode:
     def _check_aggregate(self, e: int) -> None:
         """Recompute a finalized epoch's model; on its attestation committee, attest what we computed
         (publishing it, so a corrected model can be fetched), else just check and raise an alarm."""
-        from coordinator.build import build_global
+        from public.globals import build_global
 
         key = f"aggregate:{e}"
         phase = self.chain.epoch_status(self.run_id, e).phase

@@ -5,7 +5,7 @@ Nodes get a `Chain` object and never touch web3 themselves. The client
 - manages nonces (local signing keys) or lets the node sign (unlocked accounts), estimates gas,
   waits for receipts;
 - prices locally signed transactions from the node's fee history and re-sends one that is not
-  mined in time with the same nonce and higher fees (protocol.fees; docs/real-chain.md);
+  mined in time with the same nonce and higher fees (protocol.chain.fees; docs/real-chain.md);
 - turns every revert into the Python exception named after the contract's custom error, with its
   arguments (see protocol.chain.errors), and transport failures into ChainUnavailable;
 - streams events by polling `eth_getLogs` with a block cursor, so a dropped connection only delays
@@ -65,11 +65,11 @@ from protocol.chain.errors import (
     WrongChain,
     WrongContract,
 )
+from protocol.chain.fees import FeeCapExceeded, Fees
+from protocol.chain.fees import cap as cap_fees
+from protocol.chain.fees import from_history as fees_from_history
+from protocol.chain.fees import replacement as fee_replacement
 from protocol.cpumeter import RPC
-from protocol.fees import FeeCapExceeded, Fees
-from protocol.fees import cap as cap_fees
-from protocol.fees import from_history as fees_from_history
-from protocol.fees import replacement as fee_replacement
 from protocol.types import Address, Cid, Digest, RunId, Wei
 
 __all__ = [
@@ -475,7 +475,7 @@ def _rejection(exc: BaseException) -> str | None:
 
 
 def suggest_fees(w3: Web3, max_fee: int | None = None) -> Fees:
-    """Fees for the next transaction from the node's fee history (protocol.fees), capped at
+    """Fees for the next transaction from the node's fee history (protocol.chain.fees), capped at
     `max_fee` wei per gas; legacy gasPrice where the node has no fee history."""
     where = _where(w3)
 

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from coordinator.build import build_global
 from dilocox.aggregate import aggregate
 from dilocox.inner import configure_determinism
 from protocol.chain.binding import Chain, Phase
 from protocol.digest import state_digest
 from protocol.run import open_run
+from public.globals import build_global
 from tests.fixtures.network import run_network, skip_killed_commits, skip_unrevealed
 from veriloco.logs import level
 from veriloco.netdemo import Control, DemoOptions

@@ -32,7 +32,7 @@ def test_an_attestation_after_the_majority_is_late_not_failed(fresh: PyEvmNet, t
     node = VerifierNode(late, LocalStore(tmp_path / "store"), r.run_id, tmp_path / "verifier",
                         log=lambda event, **kv: events.append((event, kv)))
     # the model it recomputes is the finalized one (the aggregation itself is tested elsewhere)
-    monkeypatch.setattr("coordinator.build.build_global", lambda *a, **k: ({"w": torch.zeros(2)}, [], MODEL))
+    monkeypatch.setattr("public.globals.build_global", lambda *a, **k: ({"w": torch.zeros(2)}, [], MODEL))
     monkeypatch.setattr(node, "_globals", lambda: None)
     monkeypatch.setattr(node, "ctx", None, raising=False)
     send = late.attest_model

@@ -18,7 +18,7 @@ from eth_account.signers.local import LocalAccount
 
 from protocol.chain import errors as ce
 from protocol.chain.binding import Chain, TxResult
-from protocol.fees import FeeCapExceeded
+from protocol.chain.fees import FeeCapExceeded
 from tests.fixtures.chain import AnvilNet, params
 
 pytestmark = pytest.mark.integration

@@ -17,12 +17,10 @@ from typing import Any
 import pytest
 import torch
 
-from coordinator.build import ModelUnavailable, VerifiedGlobals, build_global
 from dilocox.aggregate import aggregate
 from dilocox.inner import configure_determinism
 from dilocox.outer import PARAM, OuterConfig, init_global
 from dilocox.round import RoundSpec, final_transition, replay_step, start_state
-from dilocox.schedule import Schedule
 from protocol import merkle
 from protocol.chain.binding import build_response
 from protocol.config import RunConfig
@@ -30,6 +28,8 @@ from protocol.digest import keccak, state_digest
 from protocol.formats.payload import decode, unwrap
 from protocol.run import initial_model, open_run, params_of, publish_run
 from protocol.store.backends import LocalStore
+from public.globals import ModelUnavailable, VerifiedGlobals, build_global
+from public.schedule import Schedule
 from tests.fixtures.chain import PyEvmNet
 
 pytestmark = pytest.mark.integration
@@ -155,7 +155,7 @@ def test_asking_for_the_two_newest_bases_in_turn_recomputes_nothing(
     """A verifier asks for G_{e-1} and G_e in turn for every trainer it audits: after the first
     answers, neither G_0 nor any payload nor the disk cache is read again (a model-sized cost per
     audit otherwise: on the 107B, rebuilding and hashing 428 GB per trainer audited)."""
-    from coordinator import build
+    from public import globals as build
 
     vg = VerifiedGlobals(world["chain"], world["store"], world["ctx"], tmp_path / "cache")
     assert _same(vg.base(2), world["g2"]) and _same(vg.base(1), world["g1"])

@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 
-from coordinator.build import build_global
 from coordinator.node import CoordinatorNode
 from dilocox.outer import PARAM
 from protocol.chain.binding import ChainError, Phase
@@ -42,6 +41,7 @@ from protocol.formats.codec import save_state
 from protocol.run import passing_trainers
 from protocol.store.backends import LocalStore
 from protocol.types import Cid
+from public.globals import build_global
 from tests.fixtures.fulldisk import full_at
 from trainer.adversaries import ADVERSARIES, NODE_ADVERSARIES
 from trainer.checkpoints import EpochDir

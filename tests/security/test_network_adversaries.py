@@ -12,7 +12,7 @@ replaces the coordinator's wrong model on-chain and the coordinator, slashed and
 next epoch to a verifier's finalize.
 
 A second network has a coordinator that finalizes the true aggregate times 1e30 (finite, but
-training on it gives `loss is nan`). Every node recomputes the model itself (coordinator/build.py
+training on it gives `loss is nan`). Every node recomputes the model itself (public/globals.py
 `VerifiedGlobals`) and the committee corrects it on-chain, so the honest trainers train on the true
 model, nobody but the coordinator is slashed, and every epoch finalizes.
 A third network runs, next to two honest trainers, one with a planted epoch-0 start state (T16) and
@@ -31,13 +31,13 @@ from typing import Any
 
 import pytest
 
-from coordinator.build import VerifiedGlobals, build_global, passing_trainers
 from protocol import shard_audit
 from protocol.chain.binding import Chain, Phase
 from protocol.digest import state_digest
 from protocol.leaf import block_count
 from protocol.model import preset
 from protocol.run import open_run
+from public.globals import VerifiedGlobals, build_global, passing_trainers
 from tests.fixtures.cli import run_cli
 from tests.fixtures.network import (
     run_network,

@@ -31,9 +31,9 @@ from typing import Any
 
 import pytest
 
-from coordinator.build import build_global
 from protocol.chain.binding import Chain, Phase
 from protocol.run import open_run, passing_trainers
+from public.globals import build_global
 from tests.fixtures.network import run_network
 from veriloco.netdemo import Control, DemoOptions
 

@@ -15,11 +15,9 @@ from typing import Any
 
 import pytest
 
-from coordinator.build import VerifiedGlobals
 from coordinator.node import CoordinatorNode
 from dilocox.inner import configure_determinism
 from dilocox.round import RoundSpec, final_transition, replay_step, start_state
-from dilocox.schedule import Schedule
 from protocol import merkle
 from protocol.chain.binding import Phase, build_response
 from protocol.config import RunConfig
@@ -28,6 +26,8 @@ from protocol.formats.codec import build_manifest, encode_manifest, save_state
 from protocol.run import initial_model, open_run, params_of, passing_trainers, publish_run
 from protocol.store.backends import LocalStore
 from protocol.types import Cid
+from public.globals import VerifiedGlobals
+from public.schedule import Schedule
 from tests.fixtures.chain import PyEvmNet
 from verifier.node import VerifierNode
 

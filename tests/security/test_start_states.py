@@ -15,10 +15,8 @@ from typing import Any
 
 import pytest
 
-from coordinator.build import build_global
 from dilocox.inner import State, configure_determinism
 from dilocox.round import RoundSpec, final_transition, replay_step, start_state
-from dilocox.schedule import Schedule
 from protocol import merkle
 from protocol.chain.binding import Phase, build_response
 from protocol.config import RunConfig
@@ -27,6 +25,8 @@ from protocol.formats.codec import build_manifest, encode_manifest, save_state
 from protocol.run import initial_model, open_run, params_of, publish_run
 from protocol.store.backends import LocalStore
 from protocol.types import Address, Cid
+from public.globals import build_global
+from public.schedule import Schedule
 from tests.fixtures.chain import PyEvmNet
 from trainer.adversaries import plant_error_buffer
 from verifier.node import VerifierNode

@@ -19,7 +19,6 @@ import torch
 
 from dilocox.inner import EF, MOM1, MOM2, PARAM, RNG, STEP, State, configure_determinism
 from dilocox.round import RoundSpec, final_transition, replay_step, start_state
-from dilocox.schedule import Schedule
 from protocol import merkle
 from protocol.chain.binding import build_response
 from protocol.config import RunConfig
@@ -35,6 +34,7 @@ from protocol.formats.codec import (
 )
 from protocol.run import initial_model, open_run, params_of, publish_run
 from protocol.store.backends import LocalStore
+from public.schedule import Schedule
 from tests.fixtures.chain import PyEvmNet
 from trainer.adversaries import plant_error_buffer
 from verifier.node import VerifierNode

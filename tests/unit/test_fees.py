@@ -1,4 +1,4 @@
-"""protocol.fees on eth_feeHistory answers of the shapes nodes send (hex strings from JSON-RPC, ints
+"""protocol.chain.fees on eth_feeHistory answers of the shapes nodes send (hex strings from JSON-RPC, ints
 from web3's formatter), the legacy fallback, the replacement bump and the operator's cap."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from protocol import fees as f
+from protocol.chain import fees as f
 from protocol.chain.binding import _rejection
 from protocol.errors import VerilocoError
 

@@ -13,11 +13,16 @@ ALLOWED: dict[str, set[str]] = {
     "protocol": set(),
     "devnet": {"protocol"},
     "dilocox": {"protocol"},
-    "coordinator": {"dilocox", "protocol"},
-    "trainer": {"coordinator", "dilocox", "protocol"},
-    "verifier": {"coordinator", "dilocox", "protocol"},
-    "veriloco": {"devnet", "verifier", "trainer", "coordinator", "dilocox", "protocol"},
+    "public": {"dilocox", "protocol"},
+    # the roles are peers over the public room: none imports another (issue 50)
+    "coordinator": {"public", "dilocox", "protocol"},
+    "trainer": {"public", "dilocox", "protocol"},
+    "verifier": {"public", "dilocox", "protocol"},
+    "veriloco": {"devnet", "verifier", "trainer", "coordinator", "public", "dilocox", "protocol"},
 }
+# dilocox/ is the math every role replays: of protocol/ it may read shapes, digests and formats, never
+# the chain, the store or a run (those are what public/ reads)
+DILOCOX_FORBIDDEN = ("protocol.chain", "protocol.store", "protocol.run")
 
 
 def imported_rooms(path: Path) -> set[str]:
@@ -43,3 +48,14 @@ def test_the_allowed_graph_has_no_circle() -> None:
         return any(n == b or (n not in seen and reaches(n, b, seen | {n})) for n in ALLOWED[a])
 
     assert not [r for r in ALLOWED if reaches(r, r)]
+
+
+def test_dilocox_reads_no_chain_store_or_run() -> None:
+    found = []
+    for f in sorted((ROOT / "dilocox").rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            found += [f"{f.relative_to(ROOT)} imports {n}" for n in names
+                      if any(n == m or n.startswith(m + ".") for m in DILOCOX_FORBIDDEN)]
+    assert not found, found

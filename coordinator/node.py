@@ -31,7 +31,7 @@ from typing import TypeVar
 
 from dilocox.outer import global_params
 from protocol.chain import errors as ce
-from protocol.chain.binding import Chain, ChainError, ChainUnavailable, Phase
+from protocol.chain.binding import Chain, ChainError, ChainUnavailable, Phase, Role
 from protocol.chain.outage import TRANSIENT, through_outages
 from protocol.errors import VerilocoError
 from protocol.formats.codec import save_state
@@ -91,7 +91,7 @@ class CoordinatorNode:
         if self.chain.sender is None or self.chain.sender.lower() != coordinator.lower():
             raise CoordinatorError(f"run {self.run_id}'s coordinator is {coordinator}; start this node with that key")
         self.globals = VerifiedGlobals(self.chain, self.store, self.ctx, log=self.log)
-        if self.chain.member(self.run_id, self.chain.sender).role == 0:
+        if self.chain.member(self.run_id, self.chain.sender).role == Role.NONE:
             tx = self.chain.stake_coordinator(self.run_id)  # the stake answers for the models it finalizes
             self.log("staked", gas=tx.gas_used)
         self.log("started")

@@ -36,7 +36,7 @@ def _revealed(chain: Chain, run_id: int, epoch: int, address: str) -> bool:
 def pending(chain: Chain, run_id: int, address: str, role: str) -> list[str]:
     """Each open duty of ``address`` in ``run_id`` as ``"epoch E: what by HH:MM:SS UTC, in N s"``,
     soonest first; empty when it owes nothing (or is a coordinator, whose stand-ins take over)."""
-    from protocol.chain.binding import Phase
+    from protocol.chain.binding import Phase, Sub
 
     if role not in ("trainer", "verifier"):
         return []
@@ -54,9 +54,9 @@ def pending(chain: Chain, run_id: int, address: str, role: str) -> list[str]:
                 due.append((t.verdict_deadline, f"epoch {e}: verdicts on its assigned trainers by {_when(t.verdict_deadline, now)}"))
             continue
         state = chain.submission(run_id, e, address).state
-        if state == 1 and now < t.reveals_close:
+        if state == Sub.COMMITTED and now < t.reveals_close:
             due.append((t.reveals_close, f"epoch {e}: reveal by {_when(t.reveals_close, now)}"))
-        elif state == 2 and t.seeded and now < t.response_deadline:
+        elif state == Sub.REVEALED and t.seeded and now < t.response_deadline:
             due.append((t.response_deadline, f"epoch {e}: audit answer by {_when(t.response_deadline, now)}"))
     return [text for _, text in sorted(due)]
 

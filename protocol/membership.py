@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from protocol.chain.binding import EpochStatus, EpochTimes, Phase, RunInfo
+from protocol.chain.binding import EpochStatus, EpochTimes, Phase, Role, RunInfo
 from protocol.errors import VerilocoError
 
 ROLE_NAMES = {0: "none", 1: "trainer", 2: "verifier", 3: "coordinator"}
@@ -41,7 +41,7 @@ def check_test_run(info: RunInfo, role: int, allowed: bool) -> None:
     availability challenge's bounds relaxed) unless ``allowed``: there one or two verdicts decide, and
     a creator holding those keys decides them. A member already in the run (``role`` non-zero) goes on."""
     p = info.params
-    if not p.test_run or role != 0 or allowed:
+    if not p.test_run or role != Role.NONE or allowed:
         return
     raise NotJoinable(
         f"run {info.run_id} is a test run: quorum {p.quorum} (a majority of {p.quorum} verdict(s) decides, and its "

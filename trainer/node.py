@@ -43,6 +43,8 @@ from protocol.chain.binding import (
     ChainUnavailable,
     ContractRevert,
     Phase,
+    Role,
+    Sub,
     TxResult,
 )
 from protocol.chain.errors import AlreadyCommitted, AlreadyJoined, NotEligible, TooFewVerifiers
@@ -294,7 +296,7 @@ class TrainerNode:
         reveal window, or the reveal was refused). Only the last few: opening epoch e+2 settles epoch e."""
         top = min(last, self.ctx.config.schedule.epochs - 1)
         return [e for e in range(max(first, top - 3), top + 1)
-                if self.chain.submission(self.run_id, e, self.me).state == 1]
+                if self.chain.submission(self.run_id, e, self.me).state == Sub.COMMITTED]
 
     def _undecided(self, epochs: list[int]) -> list[int]:
         """Those of `epochs` not yet finalized (their slashes applied), confirmed or aborted."""
@@ -306,10 +308,10 @@ class TrainerNode:
 
     def _join(self) -> Any:
         m = self.chain.member(self.run_id, self.me)
-        if m.role in (2, 3):
-            who = "the coordinator" if m.role == 3 else "a verifier"
+        if m.role in (Role.VERIFIER, Role.COORDINATOR):
+            who = "the coordinator" if m.role == Role.COORDINATOR else "a verifier"
             raise TrainerError(f"{self.me} is {who} in run {self.run_id}; use another key for the trainer")
-        if m.role == 0:
+        if m.role == Role.NONE:
             check_joinable(self.chain.run_info(self.run_id), self.ctx.config.schedule.epochs, "trainer")
             try:
                 self.chain.join_trainer(self.run_id)
@@ -378,7 +380,7 @@ class TrainerNode:
     def _removed(self, e: int) -> bool:
         """Whether the contract excludes this trainer from epoch e on (it left, or was slashed and removed)."""
         m = self.chain.member(self.run_id, self.me)
-        if m.role == 1 and (m.leave_epoch is None or e < m.leave_epoch):
+        if m.role == Role.TRAINER and (m.leave_epoch is None or e < m.leave_epoch):
             return False
         slashes = [{"epoch": ev.args["epoch"], "reason": SLASH_REASONS.get(int(ev.args["reason"]), str(ev.args["reason"]))}
                    for ev in self.chain.events(["Slashed"], run_id=self.run_id, trainer=self.me)]
@@ -406,7 +408,7 @@ class TrainerNode:
         prev = self._dir(e - 1) if e >= 1 else None
         if prev is not None:  # the rule depends on whether e-1 was revealed: wait until that is settled
             self._wait(lambda: prev.meta.get("status") != COMMITTED, f"epoch {e - 1} reveals")
-        revealed = e >= 1 and self.chain.submission(self.run_id, e - 1, self.me).state >= 2
+        revealed = e >= 1 and self.chain.submission(self.run_id, e - 1, self.me).state >= Sub.REVEALED
         has = prev is not None and (self.engine.has_states(prev) if self.engine else prev.has("state-000000") and prev.has("carried"))
         if revealed and not has:
             self.log("warning", epoch=e, detail="epoch e-1 was revealed but its local states are lost; starting fresh")
@@ -577,15 +579,15 @@ class TrainerNode:
         another folder past the per-user lock), or this folder lost the record of it. Judged by the
         commitment this folder sent (kept before sending), or the trace root once revealed."""
         sub = self.chain.submission(self.run_id, e, self.me)
-        if sub.state == 0:
+        if sub.state == Sub.NONE:
             return None
         m = d.meta
         sent = m.get("commitment") or (  # a folder from before the commitment was kept: recomputed from its record
             self.behaviour.commitment(self, e, m).hex() if m.get("status") in (COMMITTING, COMMITTED, REVEALED, RESPONDED)
             and "salt" in m else None)
-        if sent is not None and sub.state == 1 and sent == bytes(sub.commitment).hex():
+        if sent is not None and sub.state == Sub.COMMITTED and sent == bytes(sub.commitment).hex():
             return None
-        if sent is not None and sub.state >= 2 and m.get("trace_root") == bytes(sub.trace_root).hex():
+        if sent is not None and sub.state >= Sub.REVEALED and m.get("trace_root") == bytes(sub.trace_root).hex():
             return None
         return TrainerError(
             f"the chain holds a commitment of {self.me} for epoch {e} of run {self.run_id} that this state folder "
@@ -594,7 +596,7 @@ class TrainerNode:
             "(two answer one audit, and one of them is slashed), or restart it from its own folder")
 
     def _commit(self, e: int, d: EpochDir) -> None:
-        if self.chain.submission(self.run_id, e, self.me).state >= 1:
+        if self.chain.submission(self.run_id, e, self.me).state >= Sub.COMMITTED:
             if (foreign := self._foreign(e, d)) is not None:
                 raise foreign
             d.update(status=COMMITTED)  # the commit landed before a crash
@@ -687,7 +689,7 @@ class TrainerNode:
         status = d.meta["status"]
         ph = self._phase(e)
         if status == COMMITTED:
-            if self.chain.submission(self.run_id, e, self.me).state >= 2:
+            if self.chain.submission(self.run_id, e, self.me).state >= Sub.REVEALED:
                 d.update(status=REVEALED)  # the reveal landed before a crash: the audit still needs an answer
             elif ph is Phase.REVEALING:
                 args = self.behaviour.reveal(self, e, d.meta)
@@ -709,7 +711,7 @@ class TrainerNode:
 
     def _respond(self, e: int, d: EpochDir) -> None:
         sub = self.chain.submission(self.run_id, e, self.me)
-        if sub.state >= 3:
+        if sub.state >= Sub.RESPONDED:
             d.update(status=RESPONDED)
             return
         if self.answers.busy(e):  # its answer is being built beside training

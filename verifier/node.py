@@ -34,7 +34,7 @@ from dilocox.outer import global_params
 from dilocox.round import RoundSpec, start_state
 from protocol import shard_audit
 from protocol.chain import errors as ce
-from protocol.chain.binding import Assignment, Chain, ChainError, ChainUnavailable, Phase
+from protocol.chain.binding import Assignment, Chain, ChainError, ChainUnavailable, Phase, Role, Sub
 from protocol.chain.errors import WrongPhase
 from protocol.chain.outage import TRANSIENT, through_outages
 from protocol.cpumeter import RPC
@@ -149,9 +149,9 @@ class VerifierNode:
         check_numerics(self.ctx.config, self.run_id)  # before it joins or stakes: its bits must be its peers'
         self.schedule = Schedule(self.chain, self.store, self.ctx, self.spec)
         m = self.chain.member(self.run_id, self.me)
-        if m.role == 1:
+        if m.role == Role.TRAINER:
             raise TrainerError(f"{self.me} is a trainer in run {self.run_id}; a verifier needs its own key")
-        if m.role == 0:
+        if m.role == Role.NONE:
             check_joinable(self.chain.run_info(self.run_id), self.ctx.config.schedule.epochs, "verifier")
             self.chain.join_verifier(self.run_id)
             self.log("joined")
@@ -545,7 +545,7 @@ class VerifierNode:
         chained = Chained(
             trace_root=sub.trace_root, leaf_count=sub.leaf_count, seed=self.chain.epoch_times(self.run_id, e).seed,
             steps=assignment.steps, final_bps=self.ctx.info.params.final_check_bps,
-            prev_revealed=prev is not None and prev.state >= 2,
+            prev_revealed=prev is not None and prev.state >= Sub.REVEALED,
             prev_root=prev.trace_root if prev is not None else bytes(32),
             prev_leaf_count=prev.leaf_count if prev is not None else 0,
         )
@@ -570,7 +570,7 @@ class VerifierNode:
         if not m.previous:
             return check_start_state(m.start.digest, self.spec, g, None, None, self.run_id, e, slot, t, 0)
         prev = self.chain.submission(self.run_id, e - 1, t)
-        if prev.state < 2 or m.previous_root != prev.trace_root or m.previous_leaf_count != prev.leaf_count:
+        if prev.state < Sub.REVEALED or m.previous_root != prev.trace_root or m.previous_leaf_count != prev.leaf_count:
             return Finding("start", False, "previous-epoch states are not from the trace the trainer revealed for e-1"), None
         p0, p_end = (self._state(s.cid, s.digest) for s in m.previous)
         prev_rank, _ = self.schedule.for_epoch(e - 1)

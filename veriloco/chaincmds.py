@@ -21,7 +21,17 @@ from typing import Any
 
 from eth_account import Account
 
-from protocol.chain.binding import SLASH_REASONS, Chain, ChainEvent, Phase, RunInfo, connect, deploy
+from protocol.chain.binding import (
+    SLASH_REASONS,
+    Chain,
+    ChainEvent,
+    Phase,
+    Role,
+    RunInfo,
+    Sub,
+    connect,
+    deploy,
+)
 from protocol.config import ScheduleSection, from_json
 from protocol.errors import VerilocoError
 from protocol.membership import (
@@ -253,7 +263,7 @@ def status_report(chain: Chain, run_id: int, epoch: int | None = None, store: An
         addr = chain.contract.functions.trainerAt(run_id, slot).call()
         sub = chain.submission(run_id, e, addr)
         mem = chain.member(run_id, addr)
-        if sub.state == 0 and (mem.role != 1 or not (mem.join_epoch <= e < (mem.leave_epoch or 2**32))):
+        if sub.state == Sub.NONE and (mem.role != Role.TRAINER or not (mem.join_epoch <= e < (mem.leave_epoch or 2**32))):
             continue
         mine = [ev for ev in events if ev.args.get("trainer") == addr]
         trainers.append(_trainer_row(chain, run_id, e, slot, addr, sub, mem, mine, st.phase in TERMINAL))
@@ -345,7 +355,7 @@ def _trainer_row(chain: Chain, run_id: int, epoch: int, slot: int, addr: str, su
         "stake_wei": mem.stake,
         "state": STATE_NAMES.get(sub.state, str(sub.state)),
         "leaf_count": sub.leaf_count,
-        "trace_root": "0x" + sub.trace_root.hex() if sub.state >= 2 else "",
+        "trace_root": "0x" + sub.trace_root.hex() if sub.state >= Sub.REVEALED else "",
         "payload_cid": revealed.args["payloadCid"] if revealed else "",
         "payload_digest": "0x" + revealed.args["payloadDigest"].hex() if revealed else "",
         "manifest_cid": responded.args["manifestCid"] if responded else "",

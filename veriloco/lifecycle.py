@@ -16,7 +16,7 @@ from typing import Any
 
 from eth_account import Account
 
-from protocol.chain.binding import Chain, MemberInfo
+from protocol.chain.binding import Chain, MemberInfo, Role
 from protocol.errors import VerilocoError
 from protocol.membership import ROLE_NAMES
 from protocol.statedir import check_run
@@ -50,7 +50,7 @@ def _member(chain: Chain, run: int, none: str) -> tuple[MemberInfo, int]:
     """This account's membership and when its stake unbonds (if it left); ``none`` is the refusal for a non-member."""
     assert chain.sender is not None
     m = chain.member(run, chain.sender)
-    if m.role == 0:
+    if m.role == Role.NONE:
         raise LifecycleError(f"{chain.sender} {none}")
     return m, m.left_at + chain.run_info(run).params.unbonding_delay
 
@@ -68,7 +68,7 @@ def cmd_leave(args: argparse.Namespace) -> int:
     role = ROLE_NAMES.get(m.role, str(m.role))
     print(f"left run {args.run} as {role} {chain.sender}: "
           + (f"it takes part in no epoch from {m.leave_epoch} on (a running trainer node stops before training it); "
-             if m.role == 1 else "")
+             if m.role == Role.TRAINER else "")
           + f"the stake of {_eth(m.stake)} unbonds at {_at(available, chain.now())}; "
           f"then `{withdraw_command(args)}`")
     return 0

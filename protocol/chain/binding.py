@@ -75,7 +75,7 @@ from protocol.types import Address, Cid, Digest, RunId, Wei
 __all__ = [
     "ARTIFACT_PATH", "CREDIT_KINDS", "SLASH_REASONS", "Assignment", "AuditResponse", "Chain", "ChainError",
     "ChainEvent", "ChainUnavailable", "ContractRevert", "EpochStatus", "EpochTimes", "EventStream", "MemberInfo",
-    "Phase", "RunInfo", "RunParams", "SubmissionInfo", "TxResult", "artifact", "assigned_verifiers", "audit_seed",
+    "Phase", "Role", "RunInfo", "RunParams", "Sub", "SubmissionInfo", "TxResult", "artifact", "assigned_verifiers", "audit_seed",
     "build_response", "challenged_steps", "commitment", "connect", "decode_revert", "deploy", "final_check",
     "pair_proof", "response_indices", "revert_data", "verify_pair", "verify_response",
 ]
@@ -246,7 +246,7 @@ class EpochTimes:
 
 @dataclass(frozen=True)
 class SubmissionInfo:
-    """state: 0 none, 1 committed, 2 revealed, 3 responded.
+    """A trainer's submission in an epoch (``state``: ``Sub``).
 
     `commitment` is set only while merely committed and `trace_root` only after the reveal (the
     contract keeps one of them); the payload CID and digest are in the Revealed event.
@@ -255,7 +255,7 @@ class SubmissionInfo:
     commitment: Digest
     trace_root: Digest
     leaf_count: int
-    state: int
+    state: Sub
     pass_votes: int
     fail_votes: int
     passed: bool
@@ -281,11 +281,30 @@ class Availability:
     decision: bool | None
 
 
+class Role(IntEnum):
+    """A member's role in a run, as the contract's ROLE_* constants number it."""
+
+    NONE = 0
+    TRAINER = 1
+    VERIFIER = 2
+    COORDINATOR = 3
+
+
+class Sub(IntEnum):
+    """A trainer's submission state in an epoch, as the contract's SUB_* constants number it."""
+
+    NONE = 0
+    COMMITTED = 1
+    REVEALED = 2
+    RESPONDED = 3
+    UNAVAILABLE = 4  # judged unavailable by its committee (docs/protocol.md §10.2)
+
+
 @dataclass(frozen=True)
 class MemberInfo:
-    """role: 0 none, 1 trainer, 2 verifier; leave_epoch is None while active."""
+    """A member of a run; leave_epoch is None while active."""
 
-    role: int
+    role: Role
     stake: Wei
     slot: int
     join_epoch: int
@@ -1004,7 +1023,7 @@ class Chain:
 
     def submission(self, run_id: int, epoch: int, trainer: str) -> SubmissionInfo:
         c, tr, lc, st, pv, fv, ok = self._call("submission", run_id, epoch, to_checksum_address(trainer))
-        return SubmissionInfo(Digest(bytes(c)), Digest(bytes(tr)), lc, st, pv, fv, bool(ok))
+        return SubmissionInfo(Digest(bytes(c)), Digest(bytes(tr)), lc, Sub(st), pv, fv, bool(ok))
 
     def assignment(self, run_id: int, epoch: int, trainer: str) -> Assignment:
         steps, fin, vs = self._call("assignment", run_id, epoch, to_checksum_address(trainer))
@@ -1026,7 +1045,7 @@ class Chain:
 
     def member(self, run_id: int, account: str) -> MemberInfo:
         role, stake, slot, je, le, left = self._call("member", run_id, to_checksum_address(account))
-        return MemberInfo(role, Wei(stake), slot, je, None if le == NEVER_EPOCH else le, left)
+        return MemberInfo(Role(role), Wei(stake), slot, je, None if le == NEVER_EPOCH else le, left)
 
     def participants(self, run_id: int) -> tuple[list[Address], list[Address]]:
         """(active trainers by slot, verifier list in assignment order)."""

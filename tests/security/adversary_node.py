@@ -169,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    default="forge-final")
     p.add_argument("--scale", type=float, help="coordinator: finalize the true aggregate times this factor")
     p.add_argument("--refuse-checkpoint", type=int, metavar="K", help="trainer: honest, but its disk refuses epoch 0's d_K")
+    p.add_argument("--allow-test-run", action="store_true", help="the demo's, for its own runs: this program joins any")
     args = p.parse_args(argv)
     s = resolve(args)
     chain = open_chain(s)

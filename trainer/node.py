@@ -641,9 +641,11 @@ class TrainerNode:
         except ChainUnavailable:
             raise
         except ContractRevert as exc:
+            if what == "commit" and (foreign := self._foreign(d.epoch, d)) is not None:
+                # the same key committed elsewhere first (refused AlreadyCommitted, or WrongPhase when that
+                # commitment closed the phase): stop before anything else
+                raise foreign from None
             if what == "commit" and isinstance(exc, AlreadyCommitted):
-                if (foreign := self._foreign(d.epoch, d)) is not None:
-                    raise foreign from None  # the same key committed elsewhere first: stop before anything else
                 d.update(status=COMMITTED)  # its own commit, sent before and mined after all
                 return None
             if isinstance(exc, NotEligible) and what == "commit":  # it left (or was removed): expected, not an error

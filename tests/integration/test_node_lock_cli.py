@@ -132,21 +132,24 @@ def test_the_same_key_on_two_machines_stops_the_second_before_it_sends_anything(
     r = str(create_run(capsys))
     addr = Account.from_key(devnet.info.accounts[3].key).address
     chain = Chain(devnet.info.rpc_url, devnet.info.contract)
-    procs = []
+    procs, errs = [], []
     for m in ("a", "b"):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "VERILOCO_LOCK_DIR": str(tmp_path / f"locks-{m}")}
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "veriloco.cli", "trainer", "--run", r, "--devnet", str(devnet.config.devnet_file),
-             "--workdir", str(tmp_path / f"machine-{m}"), "--account", "3", "--log-format", "json"],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        errs.append(tmp_path / f"machine-{m}.err")
+        with open(tmp_path / f"machine-{m}.jsonl", "wb") as out, open(errs[-1], "wb") as err_file:  # files: a full
+            procs.append(subprocess.Popen(  # pipe nobody reads would block a node mid-run
+                [sys.executable, "-m", "veriloco.cli", "trainer", "--run", r, "--devnet", str(devnet.config.devnet_file),
+                 "--workdir", str(tmp_path / f"machine-{m}"), "--account", "3", "--log-format", "json"],
+                cwd=ROOT, env=env, stdout=out, stderr=err_file))
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and all(p.poll() is None for p in procs):
             time.sleep(0.5)
-        stopped = [p for p in procs if p.poll() is not None]
-        assert len(stopped) == 1, "neither trainer stopped"
-        err = stopped[0].communicate(timeout=30)[1].decode()
-        assert stopped[0].returncode == 2 and "Traceback" not in err, err
+        stopped = [i for i, p in enumerate(procs) if p.poll() is not None]
+        logs = {m: (tmp_path / f"machine-{m}.jsonl").read_text()[-3000:] for m in ("a", "b")}
+        assert len(stopped) == 1, ("neither trainer stopped", logs)
+        err = errs[stopped[0]].read_text()
+        assert procs[stopped[0]].returncode == 2 and "Traceback" not in err, (err, logs)
         line = err.strip().splitlines()[-1]
         assert f"the chain holds a commitment of {addr} for epoch 0 of run {r}" in line, line
         assert "another instance runs with this key" in line and "stop the other instance" in line, line
@@ -155,4 +158,4 @@ def test_the_same_key_on_two_machines_stops_the_second_before_it_sends_anything(
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
-                p.communicate(timeout=60)
+                p.wait(timeout=60)

@@ -174,9 +174,10 @@ def latest_model(chain: Chain, ctx: RunContext, before_epoch: int) -> tuple[Cid,
     return ctx.info.params.init_model_cid, ctx.info.params.init_model_digest, -1
 
 
-def revealed_payload(store: Store, reveal: Mapping[str, Any]) -> bytes:
-    """The publication a `Revealed` event names, checked against its CID and the revealed digest."""
-    return store.get(reveal["payloadCid"], max_size=MAX_PAYLOAD_BYTES, digest=bytes(reveal["payloadDigest"]))
+def revealed_payload(store: Store, reveal: Mapping[str, Any], *, fresh: bool = False) -> bytes:
+    """The publication a `Revealed` event names, checked against its CID and the revealed digest (``fresh``:
+    from the store itself, as ``Store.get`` says)."""
+    return store.get(reveal["payloadCid"], max_size=MAX_PAYLOAD_BYTES, digest=bytes(reveal["payloadDigest"]), fresh=fresh)
 
 
 def passing_trainers(chain: Chain, run_id: int, epoch: int, quorum: int | None = None) -> list[Address]:

@@ -53,7 +53,6 @@ from protocol.formats.payload import open_publication
 from protocol.leaf import block_count
 from protocol.membership import check_joinable, verifier_shortfall
 from protocol.run import (
-    MAX_PAYLOAD_BYTES,
     RunContext,
     initial_model,
     open_run,
@@ -308,9 +307,7 @@ class VerifierNode:
         """(fetched and kept, why): the reported trainer's revealed payload, as a pass would check it."""
         try:
             reveal = self.chain.revealed(self.run_id, e, t)[0].args
-            # from the store itself, never this node's cache: the vote is on what the store serves
-            data = self.store.get(reveal["payloadCid"], max_size=MAX_PAYLOAD_BYTES, digest=bytes(reveal["payloadDigest"]),
-                                  fresh=True)
+            data = revealed_payload(self.store, reveal, fresh=True)  # the vote is on what the store serves
         except StoreTimeout as exc:  # the trainer's content, not our endpoint: too slow is unavailable
             return False, f"not retrievable in time: {exc}"
         except TRANSIENT:

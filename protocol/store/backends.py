@@ -169,8 +169,11 @@ class Store(ABC):
     def where(self) -> str:
         """A short description of the backend for error messages."""
 
-    def get(self, cid: str, *, max_size: int = DEFAULT_MAX_SIZE, digest: bytes | None = None) -> bytes:
-        """The verified bytes of `cid`; IntegrityError if they do not match it (or `digest`)."""
+    def get(self, cid: str, *, max_size: int = DEFAULT_MAX_SIZE, digest: bytes | None = None,
+            fresh: bool = False) -> bytes:
+        """The verified bytes of `cid`; IntegrityError if they do not match it (or `digest`). ``fresh``: from the
+        backend itself, past any cache in front of it (`Metered`'s): for a read that asks whether the store
+        still serves the content (an availability vote), not for its bytes."""
         c = _cid(cid)
         check = _Check(c, max_size, digest, self.where)
         buf = io.BytesIO()
@@ -273,7 +276,8 @@ class LocalStore(Store):
             while chunk := f.read(READ_SIZE):
                 yield chunk
 
-    def get(self, cid: str, *, max_size: int = DEFAULT_MAX_SIZE, digest: bytes | None = None) -> bytes:
+    def get(self, cid: str, *, max_size: int = DEFAULT_MAX_SIZE, digest: bytes | None = None,
+            fresh: bool = False) -> bytes:
         c = _cid(cid)
         with self._open(c, max_size) as f:
             data = f.read()  # one copy; verified through a view below
@@ -549,8 +553,6 @@ class Metered(Store):
 
     def get(self, cid: str, *, max_size: int = DEFAULT_MAX_SIZE, digest: bytes | None = None,
             fresh: bool = False) -> bytes:
-        """As ``Store.get``; ``fresh`` skips the cache: a read that asks whether the store still serves the
-        content (an availability vote) must cross to the store, not find this node's own copy."""
         c = _cid(cid)
         data = self.cache.get(c) if self.cache is not None and not fresh else None
         if data is not None:
@@ -558,7 +560,7 @@ class Metered(Store):
                 _recheck(c, data, max_size, digest, "this node's cache")
             return data
         with self.cpu.measure():
-            data = self.inner.get(c, max_size=max_size, digest=digest)
+            data = self.inner.get(c, max_size=max_size, digest=digest, fresh=fresh)
         self.received += len(data)
         if self.cache is not None:
             self.cache.keep(c, data)

@@ -66,10 +66,12 @@ def fund(args: argparse.Namespace) -> int:
                           "`veriloco devnet fund ADDRESS [ETH]` funds a key from a running one")
     try:
         to = address(words[1])
+    except argparse.ArgumentTypeError as exc:
+        raise DevnetError(f"devnet fund: {exc}") from None
+    try:
         eth = float(words[2]) if len(words) == 3 else 10.0
-    except (argparse.ArgumentTypeError, ValueError) as exc:
-        raise DevnetError(f"devnet fund: {exc}" if isinstance(exc, argparse.ArgumentTypeError)
-                          else f"devnet fund: {words[2]!r} is not an amount of ETH") from None
+    except ValueError:
+        raise DevnetError(f"devnet fund: {words[2]!r} is not an amount of ETH") from None
     if not 0 < eth <= FUND_MAX_ETH:
         raise DevnetError(f"devnet fund: {eth:g} ETH is outside (0, {FUND_MAX_ETH:g}]")
     path = DevnetConfig(state_dir=args.dir).devnet_file

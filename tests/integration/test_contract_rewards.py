@@ -14,7 +14,8 @@ import pytest
 
 from protocol.chain import errors as ce
 from protocol.chain.binding import Chain
-from tests.fixtures.chain import PyEvmNet, Run, assert_credits_in_events, make_run, params
+from tests.fixtures.chain import PyEvmNet, Run, make_run, params
+from tests.fixtures.chain import assert_books as assert_accounted
 
 pytestmark = pytest.mark.integration
 
@@ -30,12 +31,6 @@ def rewarded_run(net: PyEvmNet, pool: int, **over: Any) -> Run:
     """Quorum 3 with 3 verifiers: every verifier judges every trainer, so the vote counts are fixed."""
     return make_run(net, TRAINERS, VERIFIERS, COORD, reward_pool=pool, quorum=3, trainer_reward=R_T,
                     verifier_reward=R_V, **over)
-
-
-def assert_accounted(c: Chain) -> None:
-    staked, credits = c.totals()
-    assert c.balance() == staked + credits + c.total_burned() + c.total_pools()
-    assert_credits_in_events(c)
 
 
 def credits(r: Run) -> dict[str, int]:

@@ -17,9 +17,10 @@ import pytest
 from eth_abi import encode
 
 from protocol.chain import errors as ce
-from protocol.chain.binding import Chain, assigned_verifiers
+from protocol.chain.binding import assigned_verifiers
 from protocol.digest import keccak
-from tests.fixtures.chain import SALT, PyEvmNet, Run, assert_credits_in_events, make_run
+from tests.fixtures.chain import SALT, PyEvmNet, Run, make_run
+from tests.fixtures.chain import assert_books as books
 
 pytestmark = pytest.mark.integration
 
@@ -32,12 +33,6 @@ def fresh() -> Any:
     net = PyEvmNet(accounts=12)
     yield net
     net.close()
-
-
-def books(c: Chain) -> None:
-    staked, credits = c.totals()
-    assert c.balance() == staked + credits + c.total_burned() + c.total_pools()
-    assert_credits_in_events(c)
 
 
 def audited_run(net: PyEvmNet, verifiers: list[int] = VERIFIERS, **over: Any) -> Run:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from protocol.chain import errors as ce
-from protocol.chain.binding import AuditResponse, Chain, Phase, TxResult
+from protocol.chain.binding import AuditResponse, Phase, TxResult
 from protocol.digest import keccak
 from tests.fixtures.chain import (
     MODEL,
@@ -24,9 +24,9 @@ from tests.fixtures.chain import (
     PyEvmNet,
     Run,
     Trainer,
-    assert_credits_in_events,
     params,
 )
+from tests.fixtures.chain import assert_books as books
 from tests.fixtures.chain import make_run as fixture_run
 
 pytestmark = pytest.mark.integration
@@ -44,13 +44,6 @@ def make_run(net: PyEvmNet, n_trainers: int = 2, n_verifiers: int = 2, **over: A
 def ev(res: TxResult, name: str) -> list[dict[str, Any]]:
     """The args of the `name` events one transaction emitted, in log order."""
     return [e.args for e in res.events if e.name == name]
-
-
-def books(c: Chain) -> None:
-    """Every wei the contract holds is a stake, a claimable credit, a reward pool or burned."""
-    staked, credits = c.totals()
-    assert c.balance() == staked + credits + c.total_burned() + c.total_pools()
-    assert_credits_in_events(c)
 
 
 def until(net: PyEvmNet, t: int) -> None:

@@ -139,6 +139,18 @@ ADAPTIVE = "dilocox_merge_b1_inparams_trimmed"
 TUNING_LRS = ("2.5e-4", "1e-3")
 TUNING = ("allreduce", "diloco", SHIPPED)
 TUNING_OUTER = ("0.7", "0.9")
+# convergence-small-400x-selection.json (issue 49, Stage A): about 400x at the 64-step budget, on the
+# selection seeds and rows, joined onto convergence-small.json (its AllReduce and DiLoCo runs, the same
+# code path): the shipped method at rank 20 (its payload 413x smaller than AllReduce's traffic at K = 4),
+# DeMo-style top-k at that payload's bytes, and SparseLoCo-style at its own operating point (1.56% of
+# each chunk, 2-bit values, its decayed accumulator), the field's two under the plain mean they use.
+RANK_400X = "20"
+STAGE_A = (SHIPPED, "demo_merge", "sparseloco_paper_merge")
+# convergence-small-400x.json (issue 49, Stage A): the arm the selection file ranks first, confirmed on
+# seeds no choice was ever made on (6, 7, 8: 3 to 5 served the merge rule and the held-out file) and on
+# the held-out rows, against AllReduce and DiLoCo run on those seeds.
+STAGE_A_SEEDS = (6, 7, 8)
+STAGE_A_BEST = SHIPPED
 # convergence-tiny.json (`make bench`): the tiny preset at outer 0.7 / 0.5, the outer sweep beside it.
 TINY = ("--preset", "tiny", "--eval-rows", "512", "--outer-lr", "0.7", "--outer-momentum", "0.5",
         "--sweep-outer", "1.0:0.0,1.0:0.3,1.2:0.0")
@@ -180,6 +192,18 @@ HEADLINES: dict[str, Headline] = {
                            "--outer-lr", TUNING_OUTER[0], "--outer-momentum", TUNING_OUTER[1]))
                     for s in (0, 1, 2) for m in TUNING[1:]),
             dilocox=f"{SHIPPED}_r128", keep=("allreduce", "diloco", f"{SHIPPED}_r128"), base=SELECTION,
+        ),
+        Headline(
+            "convergence-small-400x-selection",
+            per_run((0, 1, 2), [(m, with_flag(SMALL, "--rank", RANK_400X)) for m in STAGE_A]),
+            dilocox=f"{SHIPPED}_r{RANK_400X}", base=SELECTION,
+            keep=("allreduce", "diloco", f"{SHIPPED}_r128", *(f"{m}_r{RANK_400X}" for m in STAGE_A)),
+        ),
+        Headline(
+            "convergence-small-400x",
+            per_run(STAGE_A_SEEDS, [("allreduce", HELDOUT), ("diloco", HELDOUT),
+                                    (STAGE_A_BEST, with_flag(HELDOUT, "--rank", RANK_400X))]),
+            dilocox=f"{STAGE_A_BEST}_r{RANK_400X}", selection="benchmarks/results/convergence-small-400x-selection.json",
         ),
         # the outer sweep pairs against AllReduce within a run: one piece per seed, every method in it
         Headline("convergence-tiny",

@@ -13,8 +13,9 @@ budget (every worker runs the same number of inner steps on batches of the same 
   fixed): ``sparseloco_merge`` (SparseLoCo-style top-k of 4096-element chunks, 2-bit values) and
   ``demo_merge`` (DeMo-style top-k of 64 x 64 DCT blocks, 2-bit values: of the DeMo variants the best
   at equal bytes in ``benchmarks/results/codec-baselines.json``), both with error feedback in the
-  state's EF section and k fitted once (``SparseBaseline``). Baselines (``veriloco/sparsecodec.py``),
-  not protocol codecs;
+  state's EF section and k fitted once (``SparseBaseline``), and ``sparseloco_paper_merge``, SparseLoCo
+  at its own operating point (k held at 1.56% of a chunk, whatever the bytes, its accumulator decayed).
+  Baselines (``veriloco/sparsecodec.py``), not protocol codecs;
 - ablations: ``dilocox_blocking`` (no overlap), ``dilocox_eager`` (eager start), ``lowrank_only`` (fp32 factors), ``quant_only``
   (dense int4, no low rank), ``fixed_rank`` (no rank/H adaptation) and ``fixed_rank_blocking`` (the
   same without the delay: with ``fixed_rank`` and ``diloco`` it splits the gap into delay and
@@ -177,6 +178,17 @@ class SparseBaseline:
     transform: str  # SparseCodec.transform: "topk" (SparseLoCo-style) | "dct" (DeMo-style)
     values: str  # SparseCodec.values: "2bit" | "int4" | "int8"
     rank: int  # the byte budget: the shipped low-rank int4 payload at this rank
+    # SparseLoCo's own operating point instead of the budget: k kept per full chunk, held (0: fitted
+    # to the budget), and the error accumulator decayed by ``decay`` before each round's Δ is added
+    # (x = Δ + decay · ef; SparseLoCo's accumulator stands in for outer momentum; 1.0: plain feedback)
+    k: int = 0
+    decay: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.decay <= 1.0:
+            raise ValueError(f"the error feedback decay must be in (0, 1], got {self.decay}")
+        if self.k < 0:
+            raise ValueError(f"k must be 0 (fitted) or positive, got {self.k}")
 
 
 def shipped_budget(shapes: Mapping[str, tuple[int, ...]], rank: int) -> int:
@@ -243,6 +255,11 @@ def from_run_config(cfg: RunConfig, trainers: int, eval_rows: int = 512, eval_sp
         aggregate=o.aggregate, ef_in_params=spec.ef_in_params,
     )
     return sim, method
+
+
+# SparseLoCo's operating point (arXiv 2508.15706: 1-3% density, 2-bit values, decayed error feedback):
+# 64 of each 4,096-element chunk kept (1.56%), the accumulator decayed by 0.95 each round
+SPARSELOCO_K, SPARSELOCO_DECAY = 64, 0.95
 
 
 def methods(h: int = 16, rank: int = 8, merge_step: int = 1) -> dict[str, Method]:
@@ -358,6 +375,17 @@ def methods(h: int = 16, rank: int = 8, merge_step: int = 1) -> dict[str, Method
             StartRule.MERGE,
             SparseBaseline("topk", "2bit", rank),
             f"SparseLoCo-style top-k, 2-bit values, error feedback, at the bytes of low-rank int4 rank {rank}; "
+            f"H={h} fixed, round 1's exchange awaited, later ones merged after step {merge_step}",
+            merge_step=merge_step,
+            first_merge_step=0,
+        ),
+        "sparseloco_paper_merge": Method(
+            "sparseloco_paper_merge",
+            "local",
+            StartRule.MERGE,
+            SparseBaseline("topk", "2bit", rank, k=SPARSELOCO_K, decay=SPARSELOCO_DECAY),
+            f"SparseLoCo-style at its own operating point: top-{SPARSELOCO_K} of 4096 ({SPARSELOCO_K / 4096:.2%}), "
+            f"2-bit values, error accumulator decayed by {SPARSELOCO_DECAY}; "
             f"H={h} fixed, round 1's exchange awaited, later ones merged after step {merge_step}",
             merge_step=merge_step,
             first_merge_step=0,
@@ -819,18 +847,22 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
             elif sparse is not None:
                 ef = section(s, EF)
                 x = {n: delta[n].detach().to("cpu", torch.float32)
-                     + (0.0 if method.ef_in_params else ef[n].detach().to("cpu", torch.float32)) for n in delta}
+                     + (0.0 if method.ef_in_params else sparse.decay * ef[n].detach().to("cpu", torch.float32)) for n in delta}
                 if not all(bool(torch.isfinite(t).all()) for t in x.values()):
                     raise SimulationError(f"method {method.name}: the pseudo-gradient has NaN/Inf values; lower the learning rate")
+                if codec is None and sparse.k:  # its own operating point: k held, the bytes are what they are
+                    codec = SparseCodec(sparse.transform, sparse.k, sparse.values)
+                    codec_info = {"transform": codec.transform, "values": codec.values, "k": codec.k, "chunk": codec.full,
+                                  "decay": sparse.decay, "budget_rank": None, "budget_bytes": None}
                 if codec is None:
                     kept = largest_k(x, budget, sparse.transform, sparse.values)
                     if kept == 0:
                         raise SimulationError(f"method {method.name}: not even k = 1 fits the {budget}-byte budget of rank {sparse.rank}")
                     codec = SparseCodec(sparse.transform, kept, sparse.values)
                     codec_info = {"transform": codec.transform, "values": codec.values, "k": codec.k, "chunk": codec.full,
-                                  "budget_rank": sparse.rank, "budget_bytes": budget}
+                                  "decay": sparse.decay, "budget_rank": sparse.rank, "budget_bytes": budget}
                 payload, _ = baseline_encode(x, codec)
-                if len(payload) > budget:  # the coded indices came out a few bytes larger: keep fewer this time
+                if not sparse.k and len(payload) > budget:  # the coded indices came out a few bytes larger: keep fewer this time
                     fewer = largest_k(x, budget, codec.transform, codec.values, hi=codec.k - 1)
                     if fewer == 0:
                         raise SimulationError(f"method {method.name}: not even k = 1 fits the {budget}-byte budget")

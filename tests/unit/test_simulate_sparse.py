@@ -146,3 +146,33 @@ def test_the_convergence_benchmark_takes_them_and_records_the_codec(tmp_path: Pa
         assert all(p <= c["budget_bytes"] for p in rec["payload_bytes_per_round"])
         assert c["max_payload_bytes"] <= c["budget_bytes"]
     assert "outer aggregate trimmed" in got["demo_merge_trimmed"]["description"]
+
+
+def test_sparseloco_at_its_own_operating_point_holds_k_and_decays_its_accumulator(
+    corpus: Corpus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = "sparseloco_paper_merge"
+    m = sim.methods(16, 8, 1)[name]
+    assert m.compression == sim.SparseBaseline("topk", "2bit", 8, k=sim.SPARSELOCO_K, decay=sim.SPARSELOCO_DECAY)
+    assert sim.SPARSELOCO_K / sc.BASELINE_CHUNK == pytest.approx(0.015625) and 0 < sim.SPARSELOCO_DECAY < 1
+    r, seen = _run_observed(name, corpus, monkeypatch)
+    info = r.codec
+    assert info is not None and info["k"] == sim.SPARSELOCO_K and info["decay"] == sim.SPARSELOCO_DECAY
+    assert info["budget_bytes"] is None and info["lowered_k"] == []  # no budget: k is never lowered
+    codec = sc.SparseCodec("topk", sim.SPARSELOCO_K, "2bit")
+    shapes, k_ = param_shapes(CFG.model), CFG.trainers
+    for i, (delta, x, p, ef) in enumerate(zip(seen["delta"], seen["x"], seen["payload"], seen["ef"], strict=True)):
+        assert p == sc.baseline_encode(x, codec)[0]
+        dec = sc.baseline_decode(p, shapes, codec)
+        assert all(torch.equal(ef[n], x[n] - dec[n]) for n in x)
+        prev = seen["ef"][i - k_] if i >= k_ else {n: torch.zeros_like(t) for n, t in x.items()}
+        # e <- decay * e + Δ: the decay is applied (round 2 differs from plain feedback where e is non-zero)
+        assert all(torch.equal(x[n], delta[n].float() + sim.SPARSELOCO_DECAY * prev[n]) for n in x)
+    assert any(not torch.equal(seen["x"][k_][n], seen["delta"][k_][n].float() + seen["ef"][0][n]) for n in shapes)
+    assert math.isfinite(r.final_eval_loss) and r.final_eval_loss < r.curve[0][1]
+
+
+@pytest.mark.parametrize("bad", [{"decay": 0.0}, {"decay": 1.5}, {"k": -1}])
+def test_a_baseline_with_a_decay_outside_0_1_or_a_negative_k_is_refused(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="decay|k must"):
+        sim.SparseBaseline("topk", "2bit", 8, **bad)

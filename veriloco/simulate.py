@@ -634,22 +634,6 @@ def round_timings(rows: Sequence[Mapping[str, Any]]) -> list[RoundTiming]:
     return [RoundTiming(**{**r, "buckets": tuple((float(a), float(b)) for a, b in r["buckets"])}) for r in rows]
 
 
-def loss_at_time(
-    result: MethodResult, budget_s: float, step_seconds: float | None = None
-) -> tuple[int, float]:
-    """(inner steps done, eval loss) of the last evaluated global model available by ``budget_s``."""
-    return last_by(result.curve, curve_times(result, step_seconds), budget_s)
-
-
-def last_by(curve: Sequence[Sequence[float]], times: Sequence[float], budget_s: float) -> tuple[int, float]:
-    """The last (steps, loss) point of ``curve`` whose time in ``times`` is within ``budget_s``."""
-    best = curve[0]
-    for point, t in zip(curve, times):
-        if t <= budget_s * (1 + 1e-12):
-            best = point
-    return int(best[0]), float(best[1])
-
-
 def normalise_times(results: dict[str, MethodResult]) -> float:
     """Recompute every result's simulated time with one per-step training time (the median step).
 

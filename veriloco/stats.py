@@ -95,3 +95,54 @@ def relative_gaps(losses: Sequence[float], baseline: Sequence[float]) -> list[fl
     if len(losses) != len(baseline):
         raise StatsError(f"{len(losses)} losses against {len(baseline)} baselines: pair by seed")
     return [a / b - 1.0 for a, b in zip(losses, baseline)]
+
+
+def t_cdf(t: float, df: int) -> float:
+    """P(T <= t) for Student's t with integer ``df`` degrees of freedom."""
+    half = 0.5 * t_abs_cdf(abs(t), df)
+    return 0.5 + half if t >= 0 else 0.5 - half
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """A two one-sided t-test (TOST) that the mean of paired differences lies within ±``margin``:
+    equivalent when both one-sided nulls (mean <= -margin, mean >= +margin) are rejected at ``alpha``,
+    i.e. when the (1 - 2 alpha) interval lies inside the margins. A wide interval is *not* equivalence."""
+
+    margin: float
+    alpha: float
+    p_lower: float  # H0: mean <= -margin
+    p_upper: float  # H0: mean >= +margin
+    interval: tuple[float, float]  # the (1 - 2 alpha) t interval
+    n: int
+
+    @property
+    def p(self) -> float:
+        return max(self.p_lower, self.p_upper)
+
+    @property
+    def equivalent(self) -> bool:
+        return self.p < self.alpha
+
+    def to_json(self) -> dict[str, object]:
+        return {"test": "TOST", "margin": self.margin, "alpha": self.alpha, "p_lower": self.p_lower,
+                "p_upper": self.p_upper, "p": self.p, "interval": list(self.interval),
+                "interval_level": 1 - 2 * self.alpha, "n": self.n, "equivalent": self.equivalent}
+
+
+def tost(values: Sequence[float], margin: float, alpha: float = 0.05) -> Equivalence:
+    """Equivalence of paired differences to 0 within ±``margin`` (see ``Equivalence``); needs 2 values."""
+    if margin <= 0:
+        raise StatsError(f"the equivalence margin must be positive, got {margin}")
+    if not 0 < alpha < 0.5:
+        raise StatsError(f"alpha must be in (0, 0.5), got {alpha}")
+    p = paired(values, 1 - 2 * alpha)
+    if p.sd is None or p.ci95 is None:
+        raise StatsError("an equivalence test needs at least 2 seeds")
+    n, se = len(p.per_seed), p.sd / math.sqrt(len(p.per_seed))
+    if se == 0:  # no spread: the mean is the answer
+        p_lo, p_hi = (0.0 if p.mean > -margin else 1.0), (0.0 if p.mean < margin else 1.0)
+    else:
+        p_lo = 1 - t_cdf((p.mean + margin) / se, n - 1)
+        p_hi = t_cdf((p.mean - margin) / se, n - 1)
+    return Equivalence(margin, alpha, p_lo, p_hi, p.ci95, n)

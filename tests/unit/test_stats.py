@@ -56,3 +56,23 @@ def test_relative_gaps_pair_by_seed() -> None:
     assert relative_gaps([3.3, 2.2], [3.0, 2.0]) == pytest.approx([0.1, 0.1])
     with pytest.raises(StatsError, match="pair by seed"):
         relative_gaps([1.0], [1.0, 2.0])
+
+
+def test_tost_is_equivalence_only_when_the_90_interval_lies_inside_the_margins() -> None:
+    """issue 49: an interval containing 0 is not equivalence; a tight one inside the margins is."""
+    from veriloco.stats import t_cdf, tost
+
+    assert t_cdf(0.0, 2) == 0.5 and t_cdf(2.919985580, 2) == pytest.approx(0.95, abs=1e-6)
+    assert t_cdf(-2.919985580, 2) == pytest.approx(0.05, abs=1e-6)
+    tight = tost([0.001, 0.002, 0.0015], 0.003)
+    assert tight.equivalent and -0.003 < tight.interval[0] < tight.interval[1] < 0.003 and tight.p < 0.05
+    wide = tost([0.001, 0.006, -0.002], 0.003)  # its 95% interval contains 0, yet it is not equivalent
+    assert wide.interval[0] < 0 < wide.interval[1] and not wide.equivalent and wide.p > 0.05
+    # at the margin's edge the p is exactly one half; one-sided nulls mirror each other
+    edge = tost([0.002, 0.004], 0.003)
+    assert edge.p_upper == pytest.approx(0.5) and not edge.equivalent
+    assert tost([-0.001, -0.002, -0.0015], 0.003).p_lower == pytest.approx(tight.p_upper)
+    assert tost([0.001, 0.001], 0.003).equivalent and not tost([0.004, 0.004], 0.003).equivalent  # no spread
+    for bad in (([0.001], 0.003), ([0.001, 0.002], 0.0), ([0.001, 0.002], -1.0)):
+        with pytest.raises(StatsError):
+            tost(*bad)

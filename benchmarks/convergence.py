@@ -56,7 +56,15 @@ from dilocox.compress import CompressionConfig
 from dilocox.device import device_class, resolve_device
 from dilocox.inner import InnerConfig, configure_determinism, init_state, train_step
 from dilocox.outer import OuterConfig
-from protocol.data import EVAL_SPLITS, Corpus, batch, default_corpus
+from protocol.data import (
+    EVAL_SPLITS,
+    META_FILE,
+    Corpus,
+    DataError,
+    batch,
+    default_corpus,
+    load_corpus,
+)
 from protocol.digest import state_digest
 from protocol.errors import VerilocoError
 from protocol.model import PRECISIONS, PRESETS, n_params
@@ -391,26 +399,46 @@ def plan(
     return units
 
 
-def run_unit(unit: Unit, corpus_bytes: int, verbose: bool) -> MethodResult:
-    """One unit, in this process (the corpus is built once per process and size)."""
+_LOADED: dict[str, Corpus] = {}
+
+
+def get_corpus(spec: int | str) -> Corpus:
+    """The runs' corpus: the built-in one at ``spec`` bytes, or the corpus folder ``spec`` (``--corpus``:
+    ``tokens.bin`` checked against the digest its ``corpus.json`` records), once per process."""
+    if isinstance(spec, int):
+        return default_corpus(spec)
+    if spec not in _LOADED:
+        folder = Path(spec)
+        try:
+            meta = json.loads((folder / META_FILE).read_text())
+            digest = bytes.fromhex(str(meta["digest"]).removeprefix("0x"))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"--corpus {spec}: no readable {META_FILE} with its digest ({exc}); build the folder with "
+                            "`benchmarks/long_budget.py --build-corpus`") from exc
+        _LOADED[spec] = load_corpus(folder, digest)
+    return _LOADED[spec]
+
+
+def run_unit(unit: Unit, corpus: int | str, verbose: bool) -> MethodResult:
+    """One unit, in this process (the corpus is built or loaded once per process: ``get_corpus``)."""
     say = (lambda s: print(s, flush=True)) if verbose else (lambda _: None)
     t0 = time.perf_counter()
-    r = run_method(unit.name, unit.cfg, default_corpus(corpus_bytes), say)
+    r = run_method(unit.name, unit.cfg, get_corpus(corpus), say)
     say(f"== {unit.label()}: final eval {r.final_eval_loss:.4f} in {time.perf_counter() - t0:.0f} s")
     return r
 
 
-def execute(units: list[Unit], corpus_bytes: int, jobs: int, threads: int, device: str, verbose: bool) -> list[MethodResult]:
+def execute(units: list[Unit], corpus: int | str, jobs: int, threads: int, device: str, verbose: bool) -> list[MethodResult]:
     """Run the units, ``jobs`` at a time in fresh processes of ``threads`` threads each (jobs = 1: here,
     in order). Each unit is deterministic on its own, so the results do not depend on ``jobs``."""
     if jobs == 1:
-        return [run_unit(u, corpus_bytes, verbose) for u in units]
+        return [run_unit(u, corpus, verbose) for u in units]
     pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                                initializer=configure_determinism, initargs=(threads, device))
     # SIGTERM would end this process without its finally, leaving the workers training for hours
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        return [f.result() for f in [pool.submit(run_unit, u, corpus_bytes, verbose) for u in units]]
+        return [f.result() for f in [pool.submit(run_unit, u, corpus, verbose) for u in units]]
     except BaseException:
         for worker in multiprocessing.active_children():  # the pool's, still running their units
             worker.terminate()
@@ -561,6 +589,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the *_merge methods: inner steps into a round at which the previous round's global model is folded in")
     ap.add_argument("--warmup", type=int, help="override the preset's inner warmup steps")
     ap.add_argument("--corpus-bytes", type=int, help="override the preset's corpus size (same size, same data)")
+    ap.add_argument("--corpus", metavar="DIR", help="train and evaluate on this corpus folder (tokens.bin + corpus.json, "
+                    "its digest checked) instead of the built-in one: `benchmarks/long_budget.py --build-corpus`")
     ap.add_argument("--threads", type=int, default=1, help="threads per run (default 1: bitwise-stable losses)")
     ap.add_argument("--jobs", type=int, default=1,
                     help="runs (a method at a seed and setting) trained at once, each in its own process (default 1); "
@@ -643,7 +673,11 @@ def main(argv: list[str] | None = None) -> int:
         resolve_device(a.device)
     except VerilocoError as exc:
         ap.error(str(exc))
-    corpus = default_corpus(p.corpus_bytes)
+    source: int | str = a.corpus or p.corpus_bytes
+    try:
+        corpus = get_corpus(source)
+    except VerilocoError as exc:
+        ap.error(str(exc))
     model = replace(PRESETS[p.model], precision=a.precision)
     cfg = SimConfig(
         model=model,
@@ -665,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
     info = {**machine(), "device": device_class(resolve_device(a.device)), "jobs": a.jobs}
     t_start = time.perf_counter()
     units = plan(seeds, cfg, names, sweep, lr_sweep)
-    results = execute(units, p.corpus_bytes, a.jobs, a.threads, a.device, not a.quiet)
+    results = execute(units, source, a.jobs, a.threads, a.device, not a.quiet)
     per_seed = [seed_record(seed, [(u, r) for u, r in zip(units, results) if u.seed == seed]) for seed in seeds]
     out: dict[str, Any] = {
         "benchmark": "convergence",
@@ -818,11 +852,17 @@ def join_methods(paths: list[Path], parts: list[dict[str, Any]]) -> tuple[list[P
 
 def _method_name(part: dict[str, Any], base: dict[str, Any]) -> Callable[[str], str]:
     """How ``part``'s methods are named once joined to ``base``: a compressed method run at another
-    initial rank carries it (``fixed_rank_merge_r128``); the others, which do not read the rank, keep theirs."""
-    rank = part["config"].get("rank_initial")
-    if rank == base["config"].get("rank_initial"):
-        return lambda n: n
-    return lambda n: f"{n}_r{rank}" if _compressed(n) else n
+    initial rank carries it (``fixed_rank_merge_r128``), a local method run at another H carries that
+    (``diloco_h64``, ``fixed_rank_merge_r128_h64``); the others, which do not read them, keep theirs."""
+    rank, h = part["config"].get("rank_initial"), part["config"].get("h_initial")
+    other_rank, other_h = rank != base["config"].get("rank_initial"), h != base["config"].get("h_initial")
+
+    def name(n: str) -> str:
+        m = resolve_method(n, methods())
+        return (n + (f"_r{rank}" if other_rank and _compressed(n) else "")
+                + (f"_h{h}" if other_h and m is not None and m.kind == "local" else ""))
+
+    return name
 
 
 def _compressed(name: str) -> bool:
@@ -1050,10 +1090,10 @@ def _join_outer(by_seed: dict[int, dict[str, Any]], part: dict[str, Any], path: 
 
 
 def _joinable(cfg: dict[str, Any]) -> dict[str, Any]:
-    """What runs joined by their methods share: the config but the merge step and the initial rank,
-    which name their methods apart, and the inner lr, by which ``join_methods`` groups them (runs at
+    """What runs joined by their methods share: the config but the merge step, the initial rank and
+    H, which name their methods apart, and the inner lr, by which ``join_methods`` groups them (runs at
     other lrs then join the sweep of the main lr's)."""
-    return {k: v for k, v in _but_lr(cfg).items() if k != "rank_initial"}
+    return {k: v for k, v in _but_lr(cfg).items() if k not in ("rank_initial", "h_initial")}
 
 
 def _but_lr(cfg: dict[str, Any]) -> dict[str, Any]:

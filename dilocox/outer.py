@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from protocol.config import OuterSection
 from protocol.errors import VerilocoError
 
 PARAM, MOM = "param/", "outer.mom/"
@@ -41,6 +42,12 @@ class OuterConfig:
             raise OuterError(f"invalid outer settings {self}: need lr>0, 0<=momentum<1 and clip 0 (off) or >=1")
         if self.aggregate not in AGGREGATES or self.trim < 1:
             raise OuterError(f"invalid outer settings {self}: need aggregate one of {AGGREGATES} and trim >= 1")
+
+
+def from_section(o: OuterSection) -> OuterConfig:
+    """The outer optimizer a run config's ``[outer]`` section sets: one construction for the nodes'
+    aggregation and the simulation of a run config, so the two cannot drift apart."""
+    return OuterConfig(lr=o.lr, momentum=o.momentum, clip=o.clip, aggregate=o.aggregate, trim=o.trim)
 
 
 def init_global(params: Mapping[str, Tensor]) -> GlobalState:

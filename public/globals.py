@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dilocox.aggregate import aggregate
-from dilocox.outer import MOM, GlobalState, OuterConfig, global_params, init_global
+from dilocox.outer import MOM, GlobalState, from_section, global_params, init_global
 from protocol.chain.binding import Chain, Phase
 from protocol.digest import state_digest
 from protocol.errors import VerilocoError
@@ -62,9 +62,7 @@ def epoch_update(chain: Chain, store: Store, ctx: RunContext, epoch: int, g: Glo
         except PayloadError:
             continue  # verifiers decode every payload before passing it; skip rather than poison the model
     if deltas:
-        o = ctx.config.outer
-        g = aggregate(g, deltas, OuterConfig(lr=o.lr, momentum=o.momentum, clip=o.clip,
-                                          aggregate=o.aggregate, trim=o.trim))
+        g = aggregate(g, deltas, from_section(ctx.config.outer))
     return g, included
 
 

@@ -69,7 +69,7 @@ from dilocox.inner import (
     section,
     train_step,
 )
-from dilocox.outer import GlobalState, OuterConfig, global_params, init_global
+from dilocox.outer import GlobalState, OuterConfig, from_section, global_params, init_global
 from protocol.config import RunConfig, merge_step_for
 from protocol.data import Corpus, batch, eval_loss, val_batches
 from protocol.errors import VerilocoError
@@ -244,7 +244,7 @@ def from_run_config(cfg: RunConfig, trainers: int, eval_rows: int = 512, eval_sp
     sim = SimConfig(
         model=spec.model, trainers=trainers, steps=sch.epochs * sch.h_initial, batch_size=spec.batch_size,
         seq_len=spec.seq_len, h=sch.h_initial, rank=spec.compression.rank_initial, merge_step=sch.merge_step,
-        inner=spec.inner, outer=OuterConfig(lr=o.lr, momentum=o.momentum, clip=o.clip, aggregate=o.aggregate, trim=o.trim),
+        inner=spec.inner, outer=from_section(o),
         run_seed=spec.run_seed, init_seed=cfg.model.init_seed, eval_rows=eval_rows, eval_split=eval_split,
         microbatches=spec.microbatches if spec.shard else 0, epochs=sch.epochs,
     )

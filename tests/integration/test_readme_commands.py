@@ -67,6 +67,7 @@ COVERED: dict[str, list[str]] = {
     "make demo": ["tests/integration/test_wheel.py::test_wheel_installs_in_a_fresh_venv_and_runs_the_demo",
                   "tests/e2e/test_demo.py::test_the_readme_adversary_demo_prints_its_summary_and_slashes_every_cheater_once"],
     "make test": [".ci/run"],
+    "make test-fast": ["tests/unit/test_make_targets.py::test_make_test_fast_runs_the_unit_tier_and_make_test_runs_every_tier"],
     # the demo's summary: the lines it tells you to copy
     "veriloco store get --store-dir -o": ["tests/integration/test_store.py::test_cli_put_and_get_local",
                                           "tests/e2e/test_demo.py::test_the_readme_adversary_demo_prints_its_summary_and_slashes_every_cheater_once"],

@@ -203,6 +203,11 @@ abstract contract VerilocoBase is VerilocoAudit {
 
     uint256 private locked = 1;
 
+    /// @dev Per run and member, the latest epoch (plus one) it reported a payload of as unavailable: its
+    ///      stake stays bonded until that epoch and the one before are settled, so a false report is
+    ///      judged before its reporter can withdraw, however late it joined (docs/security.md §18).
+    mapping(uint256 => mapping(address => uint256)) internal reportedEpoch;
+
     // ------------------------------------------------------------------ errors
 
     /// @notice The run id does not exist.

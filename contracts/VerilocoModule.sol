@@ -179,6 +179,12 @@ contract VerilocoModule is VerilocoBase {
             if (_auditRunning(runId, r)) revert EpochNotSettled(runId, r.nextEpoch == 0 ? 0 : r.nextEpoch - 1);
             if (m.pendingRemoval) _removeVerifier(runId, msg.sender);
         }
+        // a report it made is judged first: reports are made while an epoch audits, at most two at once
+        uint256 rp = reportedEpoch[runId][msg.sender];
+        for (uint256 k = 1; k <= 2 && k <= rp; k++) {
+            if (!_settled(runId, r, rp - k)) revert EpochNotSettled(runId, rp - k);
+        }
+        delete reportedEpoch[runId][msg.sender];
         // a fully slashed member withdraws nothing, but its record is cleared all the same
         uint256 amount = m.stake;
         if (m.role == ROLE_TRAINER) {
@@ -339,6 +345,7 @@ contract VerilocoModule is VerilocoBase {
         uint256 need = 2 * r.p.quorum + (m.role == ROLE_VERIFIER ? 1 : 0);
         if (n < need) revert TooFewVerifiers(runId, epoch, n, need);
         challenges[runId][epoch][trainer] = (block.number << 200) | uint160(msg.sender);
+        if (epoch + 1 > reportedEpoch[runId][msg.sender]) reportedEpoch[runId][msg.sender] = epoch + 1;
         emit AvailabilityReported(runId, epoch, trainer, msg.sender);
     }
 

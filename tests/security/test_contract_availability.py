@@ -234,3 +234,33 @@ def test_a_pending_verdict_reveal_survives_an_unavailable_decision(fresh: PyEvmN
     slashed = r.finalize(0, [])
     assert slashed == {x.address: 3}  # the cheater is still slashed (SLASH_FAILED_AUDIT)
     books(c)
+
+
+def test_a_late_joined_reporter_cannot_withdraw_before_its_report_is_judged(fresh: PyEvmNet) -> None:
+    """Issue 46 item 9: a member that joined after an epoch (so no epoch it trained in holds its stake)
+    reports a payload of that epoch falsely, leaves and waits out the unbonding: its withdrawal waits for
+    the epoch to settle, the committee's "available" slashes it first, and it leaves with the rest."""
+    r = audited_run(fresh)
+    c, rid = r.coord, r.run_id
+    late = fresh.chain(11)
+    late.join_trainer(rid)  # joins while epoch 0 audits: its first epoch is 1
+    assert c.member(rid, late.sender).join_epoch == 1
+    t = r.trainers[0]
+    late.report_unavailable(rid, 0, t.address)
+    fresh.advance(1)
+    late.leave(rid)
+    fresh.advance(51)  # past the unbonding delay
+    with pytest.raises(ce.EpochNotSettled) as ns:  # before the fix: paid out in full, the report never judged
+        late.withdraw(rid)
+    assert ns.value.epoch == 0
+    a = c.availability(rid, 0, t.address)
+    before = c.member(rid, late.sender).stake
+    for v in a.committee[:2]:
+        res = r.verifier(v).vote_availability(rid, 0, t.address, True)
+    assert [(e.args["trainer"], e.args["reason"]) for e in res.events if e.name == "Slashed"] == [(late.sender, FALSE_REPORT)]
+    left = c.member(rid, late.sender).stake
+    assert 0 < left < before
+    r.finalize(0, r.trainers)
+    res = late.withdraw(rid)
+    assert [e.args["amount"] for e in res.events if e.name == "Withdrawn"] == [left]
+    books(c)

@@ -31,21 +31,59 @@ Gather = Callable[[], dict[str, Any]]
 
 class View:
     """The newest gathered view, refreshed at most every `max_age` seconds (one gatherer at a time), and
-    an account's earnings in the run on request (`earnings_fn`; under the same lock: one chain client)."""
+    an account's earnings in the run on request (`earnings_fn`; under the same lock: one chain client).
+
+    `get` waits for a fresh view (the JSON API: a client wants data); `peek` never waits, so the page
+    is served from the first second and fills in once the run's history is read (a long run's first
+    gather reads every epoch's events and files: minutes)."""
 
     def __init__(self, gather_fn: Gather, max_age: float,
                  earnings_fn: Callable[[str], dict[str, Any]] | None = None) -> None:
         self.gather_fn, self.max_age, self.earnings_fn = gather_fn, max_age, earnings_fn
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one chain client: gathers and earnings one at a time
+        self._state = threading.Lock()  # guards the fields below
         self._data: dict[str, Any] | None = None
         self._at = 0.0
+        self._error: VerilocoError | None = None  # the last gather's, while it left no view
+        self._busy = False  # a background gather is running
+
+    def _stale(self) -> bool:
+        return self._data is None or time.monotonic() - self._at >= self.max_age
+
+    def _gather(self) -> dict[str, Any]:  # under self._lock
+        if self._stale():
+            data = self.gather_fn()
+            with self._state:
+                self._data, self._at, self._error = data, time.monotonic(), None
+        assert self._data is not None
+        return self._data
 
     def get(self) -> dict[str, Any]:
         with self._lock:
-            if self._data is None or time.monotonic() - self._at >= self.max_age:
-                self._data = self.gather_fn()
-                self._at = time.monotonic()
-            return self._data
+            return self._gather()
+
+    def peek(self) -> dict[str, Any] | None:
+        """The newest view without waiting (None before the first); a missing or stale one is gathered in
+        the background. Raises the last gather's error while there is no view to show."""
+        with self._state:
+            data, error, start = self._data, self._error, self._stale() and not self._busy
+            self._busy = self._busy or start
+        if start:
+            threading.Thread(target=self._background, name="dashboard-gather", daemon=True).start()
+        if data is None and error is not None:
+            raise error
+        return data
+
+    def _background(self) -> None:
+        try:
+            with self._lock:
+                self._gather()
+        except VerilocoError as exc:  # the chain or the store is unreachable: the page says so
+            with self._state:
+                self._error = exc
+        finally:
+            with self._state:
+                self._busy = False
 
     def earnings(self, account: str) -> dict[str, Any] | None:
         """`veriloco earnings --run ID --address ACCOUNT`'s report, or None if this view has no chain for it."""
@@ -167,6 +205,14 @@ def _epoch_html(r: dict[str, Any]) -> str:
     )
 
 
+def loading_page(refresh_s: int = 5) -> str:
+    """What the page shows until the run's history is read (it reloads itself until then)."""
+    return (f'<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="{int(refresh_s)}">'
+            "<title>veriloco: reading the run</title></head><body><h1>Reading the run</h1><p>The dashboard is reading "
+            "the run's events and files from the chain and the store; this page fills in when it has them "
+            f"(it reloads every {int(refresh_s)} s).</p></body></html>")
+
+
 def render(d: dict[str, Any], refresh_s: int = 5) -> str:
     """The dashboard page for `gather`'s data; it reloads itself every `refresh_s` seconds."""
     t, run = d["totals"], d["run"]
@@ -246,7 +292,9 @@ def make_handler(view: View, store: Any, refresh_s: int) -> type[BaseHTTPRequest
             path = self.path.split("?", 1)[0]
             try:
                 if path == "/":
-                    self._send(200, render(view.get(), refresh_s).encode(), "text/html; charset=utf-8")
+                    d = view.peek()
+                    self._send(200, (render(d, refresh_s) if d is not None else loading_page(refresh_s)).encode(),
+                               "text/html; charset=utf-8")
                 elif path == "/api/run.json":
                     self._send(200, json.dumps(view.get(), indent=1).encode(), "application/json")
                 elif path.startswith("/cid/"):
@@ -309,11 +357,11 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     check_run(chain, args.run)
     store = open_store(s)
     view = run_view(chain, store, args.run, args.refresh / 2, args.eval_rows)
-    view.get()  # a run that cannot be read fails here, with one line, rather than on the first request
     try:
         server = serve(view, store, args.port, args.refresh)
     except OSError as exc:
         raise DashboardError(f"cannot listen on 127.0.0.1:{args.port}: {exc.strerror or exc}; pick another --port") from None
+    view.peek()  # the first gather starts now, in the background: the port is open meanwhile
     port = server.server_address[1]
     print(f"dashboard of run {args.run}: http://127.0.0.1:{port}/  (JSON: http://127.0.0.1:{port}/api/run.json; Ctrl-C stops)",
           flush=True)

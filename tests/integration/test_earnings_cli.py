@@ -166,6 +166,8 @@ def test_the_dashboard_links_every_member_to_its_earnings(played: tuple[DevnetNe
         return urllib.request.urlopen(base + path, timeout=60).read().decode()
 
     try:
+        assert "Reading the run" in get("/")  # served at once, the run still being read
+        json.loads(get("/api/run.json"))  # the API waits for the first gather; the page then has it
         page = get("/")
         for account in [net.accounts[COORD], *(net.accounts[i] for i in TRAINERS + VERIFIERS)]:
             assert f'href="/earnings/{account}"' in page, account

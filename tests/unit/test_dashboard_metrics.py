@@ -5,6 +5,10 @@ The whole path (a devnet run, scrapes of live nodes, the page in Chromium) is te
 
 from __future__ import annotations
 
+import json
+import threading
+import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -123,3 +127,40 @@ def test_the_loss_chart_and_the_view_cache() -> None:
     calls: list[int] = []
     view = View(lambda: {"n": len(calls) + (calls.append(1) or 0)}, max_age=3600)
     assert view.get() == view.get() == {"n": 0} and len(calls) == 1
+
+
+def test_the_page_is_served_at_once_and_fills_in_when_the_run_is_read() -> None:
+    """Issue 46 item 9: the dashboard gathered the whole run before it opened its port (minutes of
+    silence on a long run). The page now answers from the first request and shows the run once read;
+    a gather that fails leaves the page saying why; the JSON API still waits for data."""
+    from protocol.errors import VerilocoError
+    from veriloco.dashweb import serve
+
+    release, calls = threading.Event(), []
+
+    def slow() -> dict[str, Any]:
+        calls.append(1)
+        release.wait(30)
+        if len(calls) == 1:
+            raise VerilocoError("chain unreachable at 127.0.0.1:1")
+        return {"n": len(calls)}
+
+    view = View(slow, max_age=3600)
+    server = serve(view, store=None, refresh_s=3)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    try:
+        page = urllib.request.urlopen(url, timeout=5).read().decode()  # at once, the first gather still running
+        assert "Reading the run" in page and 'content="3"' in page and len(calls) == 1
+        release.set()
+        deadline = time.monotonic() + 10
+        while view._busy and time.monotonic() < deadline:  # the failed gather ends
+            time.sleep(0.05)
+        with pytest.raises(urllib.error.HTTPError) as e:  # it failed: the page says why (and tries again)
+            urllib.request.urlopen(url, timeout=5)
+        assert e.value.code == 503 and "chain unreachable" in e.value.read().decode()
+        assert json.loads(urllib.request.urlopen(url + "api/run.json", timeout=30).read()) == {"n": 2}
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()

@@ -60,6 +60,7 @@ from trainer.shard_response import shard_response
 from verifier.shard import Chained, audit_findings
 
 TRAINER = Address("0x" + "ab" * 20)
+WINDOW = 256  # steps of a trainer's work over which the per-step policy is priced (docs/security.md §1)
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 # ---------------------------------------------------------------- the protocol's own draw
@@ -129,6 +130,38 @@ def expected(h: int, s: int, r: int, micro: int) -> dict[str, float]:
 
     return {"copy group 0 into the others (rows)": 1 - miss((micro - 1) / micro),
             "one group's targets replaced": 1 - miss(1 / micro), "whole batch on own labels": 1.0}
+
+
+def sampled_rate(h: int, rate_ppm: int, cap: int, blocks: int, micro: int, seeds: int,
+                 window: int) -> dict[str, dict[str, float]]:
+    """The shipped per-step draw (audit.rate, issue 47): each transition challenged on its own, every
+    draw replaying the data ends on its step's opened group. Per epoch, and per ``window`` steps of work
+    (window / H independent epochs), is some drawn step's opened group a substituted one?"""
+    rng = random.Random(f"data-binding-rate-{h}-{rate_ppm}-{cap}-{blocks}-{micro}")
+    epochs = window // h
+    opened_runs = []  # per seed: per epoch, the opened groups of the drawn steps
+    for _ in range(seeds):
+        run = []
+        for _ in range(epochs):
+            seed = rng.randbytes(32)
+            chals = shard_challenges(seed, TRAINER, challenged_steps(seed, TRAINER, cap, h + 1, rate_ppm), h + 1, 1, blocks)
+            run.append({drawn_group(seed, TRAINER, k, micro) for lo, hi, _ in chals for k in range(lo, hi)})
+        opened_runs.append(run)
+    out = {}
+    for name, (forged, _) in CHEATS.items():
+        bad = forged(micro)
+        hits = [[bool(groups & bad) for groups in run] for run in opened_runs]
+        out[name] = {"per_epoch": sum(run[0] for run in hits) / seeds, f"per_{window}_steps": sum(any(run) for run in hits) / seeds}
+    return out
+
+
+def expected_rate(h: int, rate_ppm: int, micro: int, window: int) -> dict[str, dict[str, float]]:
+    """Closed forms: a step is drawn with probability rho and opens a substituted group with f = |forged| / M,
+    so the miss is (1 − rho·f)^n over n steps (the cap on an epoch's draws binds with p < 1e-6)."""
+    rho = rate_ppm / 1_000_000
+    return {name: {"per_epoch": 1 - (1 - rho * len(forged(micro)) / micro) ** h,
+                   f"per_{window}_steps": 1 - (1 - rho * len(forged(micro)) / micro) ** window}
+            for name, (forged, _) in CHEATS.items()}
 
 
 # ---------------------------------------------------------------- real answers
@@ -214,6 +247,16 @@ def render(res: dict[str, Any]) -> str:
         for cheat, v in rows["sampled"].items():
             lines.append(f"| {shape} | {cheat} | {v['with_data_ends']:.1%} | {rows['closed'][cheat]:.1%} | "
                          f"{v['drawn_block_only']:.1%} |")
+    ps = res["per_step"]
+    lines += ["", (f"The shipped policy (`{ps['config']}`: each step challenged on its own with probability {ps['rate']}, "
+                   f"H = {ps['H']}, M = {ps['M']}, B = {ps['blocks']}; {ps['seeds']:,} runs of {ps['window']} steps of the "
+                   "protocol's own draw, closed form 1 − (1 − rate·f)^n beside, f the substituted share of the groups):"), "",
+              f"| cheat | caught per epoch | closed form | caught within {ps['window']} steps of work | closed form |",
+              "|---|---:|---:|---:|---:|"]
+    key = f"per_{ps['window']}_steps"
+    for cheat, v in ps["sampled"].items():
+        c = ps["closed"][cheat]
+        lines.append(f"| {cheat} | {v['per_epoch']:.1%} | {c['per_epoch']:.1%} | {v[key]:.1%} | {c[key]:.1%} |")
     lines += ["", "Real answers on `tiny` (B = 6, H = 6, s = 3, r = 2, 8 rows), judged by the verifier's checks:", "",
               ("Challenges failed / run, by block, among those whose steps open a substituted group, and among those "
                "that open honest groups only."), "",
@@ -233,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draw-seeds", type=int, default=20_000)
     ap.add_argument("--seeds", type=int, default=40, help="seeds per cheat and M for the real answers")
     ap.add_argument("--honest-seeds", type=int, default=100, help="seeds per M for the honest trainer")
+    ap.add_argument("--rate-seeds", type=int, default=5_000, help=f"runs of {WINDOW} steps for the per-step draw")
     a = ap.parse_args(argv)
     t0 = time.time()
     shapes = {"small.toml (B = 14, H = 8, s = 4, r = 1, M = 4)": (8, 4, 1, 14, 4),
@@ -243,6 +287,16 @@ def main(argv: list[str] | None = None) -> int:
                                 "sampled": sampled(h, s, r, blocks, micro, a.draw_seeds),
                                 "closed": expected(h, s, r, micro), "formula": closed(h, s, r, micro)}
         print(f"draw {name}: {draw['shapes'][name]['sampled']}", file=sys.stderr, flush=True)
+    # the shipped policy, read from examples/small.toml: audits priced per step of work (issue 47)
+    from protocol.config import load_toml
+
+    cfg = load_toml(Path(__file__).resolve().parents[1] / "examples" / "small.toml")
+    h, micro, blocks = cfg.schedule.h_initial, cfg.inner.microbatches, block_count(cfg.model_config())
+    per_step = {"config": "examples/small.toml", "H": h, "rate": cfg.audit.rate, "cap": cfg.audit.steps, "M": micro,
+                "blocks": blocks, "window": WINDOW, "seeds": a.rate_seeds,
+                "sampled": sampled_rate(h, cfg.audit.rate_ppm, cfg.audit.steps, blocks, micro, a.rate_seeds, WINDOW),
+                "closed": expected_rate(h, cfg.audit.rate_ppm, micro, WINDOW)}
+    print(f"per-step draw: {per_step['sampled']}", file=sys.stderr, flush=True)
     out_real: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for micro in (2, 4):
@@ -254,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     res = {"benchmark": "data_binding",
            "command": "benchmarks/data_binding.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "python": platform.python_version(), "torch": torch.__version__, "host": platform.machine(),
-           "seconds": round(time.time() - t0, 1), "draw": draw, "real": out_real}
+           "seconds": round(time.time() - t0, 1), "draw": draw, "per_step": per_step, "real": out_real}
     a.out.write_text(json.dumps(res, indent=1) + "\n")
     md = render(res)
     if a.md:

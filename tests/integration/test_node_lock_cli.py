@@ -159,3 +159,32 @@ def test_the_same_key_on_two_machines_stops_the_second_before_it_sends_anything(
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 p.wait(timeout=60)
+
+
+def test_a_verifier_stops_on_a_verdict_commitment_of_its_key_it_did_not_make(tmp_path: Path) -> None:
+    """Issue 46 item 1, for verifiers: another instance with this key (another machine's folder) committed
+    epoch 0's verdicts with its own salt. This node used to take any commitment of its key as its own,
+    sent before a crash, and then failed to reveal it, leaving the other one's reveal as the only one and
+    this node's ledger unusable; where the other stopped first, the commitment went unrevealed and the key
+    was slashed. It now stops before sending anything, naming the other instance; its own commitment,
+    sent before a crash, is still recognised as its own."""
+    from tests.fixtures.chain import SALT, PyEvmNet, make_run
+    from verifier.node import ForeignInstance, VerifierNode
+
+    net = PyEvmNet(accounts=8)
+    try:
+        r = make_run(net, [1, 2], [3, 4, 5], 0, quorum=2)
+        r.open_epoch(0)
+        v = net.chain(3)
+        mine = [(t.address, True, r.witness(0, t)) for t in r.trainers if v.sender in {x.sender for x in r.assigned(0, t)}]
+        node = VerifierNode.__new__(VerifierNode)  # the real method, against the real contract
+        node.chain, node.run_id, node.me, node.ledger = v, r.run_id, v.sender, tmp_path / "verdicts.json"
+        node._check_own_commitment(0, mine, SALT)  # nothing on chain: nothing to stop for
+        other_salt = bytes(31) + b"\x07"
+        v.commit_verdicts(r.run_id, 0, mine, other_salt)  # the other instance: same verdicts, its own salt
+        with pytest.raises(ForeignInstance, match="another instance runs with this key") as e:
+            node._check_own_commitment(0, mine, SALT)
+        assert f"epoch 0 of run {r.run_id}" in str(e.value) and str(tmp_path) in str(e.value)
+        node._check_own_commitment(0, mine, other_salt)  # the same commitment is this folder's own (a crash)
+    finally:
+        net.close()

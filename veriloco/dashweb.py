@@ -78,9 +78,9 @@ class View:
         try:
             with self._lock:
                 self._gather()
-        except VerilocoError as exc:  # the chain or the store is unreachable: the page says so
+        except (VerilocoError, OSError) as exc:  # the chain or the store is unreachable: the page says so
             with self._state:
-                self._error = exc
+                self._error = exc if isinstance(exc, VerilocoError) else VerilocoError(f"{type(exc).__name__}: {exc}")
         finally:
             with self._state:
                 self._busy = False

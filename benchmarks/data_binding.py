@@ -240,7 +240,8 @@ def real(root: Path, micro: int, seeds: int, cheat: str) -> dict[str, Any]:
 
 
 def render(res: dict[str, Any]) -> str:
-    lines = [(f"Per epoch, the protocol's own draw (sampled over {res['draw']['seeds']:,} seeds; closed form beside). "
+    lines = [(f"Per epoch, the protocol's own draw under the per-epoch policy (s draws an epoch, whatever H: what shipped "
+              f"before audits were priced per step; sampled over {res['draw']['seeds']:,} seeds; closed form beside). "
               f"Command: `{res['command']}`."), "",
              "| shape | cheat | with data ends | closed form | drawn block only (before) |", "|---|---|---:|---:|---:|"]
     for shape, rows in res["draw"]["shapes"].items():
@@ -279,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate-seeds", type=int, default=5_000, help=f"runs of {WINDOW} steps for the per-step draw")
     a = ap.parse_args(argv)
     t0 = time.time()
-    shapes = {"small.toml (B = 14, H = 8, s = 4, r = 1, M = 4)": (8, 4, 1, 14, 4),
+    shapes = {"small.toml's shape, per-epoch policy (B = 14, H = 8, s = 4, r = 1, M = 4)": (8, 4, 1, 14, 4),
               "26 blocks (gpt2-124m), same policy": (8, 4, 1, 26, 4)}
     draw = {"seeds": a.draw_seeds, "shapes": {}}
     for name, (h, s, r, blocks, micro) in shapes.items():

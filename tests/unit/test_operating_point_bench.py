@@ -38,7 +38,7 @@ def test_committed_detection_and_held_out_gaps_are_read_for_their_own_settings()
     assert sampled_detection(ROOT / AUDIT_RATE, 8, 1, 0.02) is None  # another rate: not this config's figure
     assert sampled_detection(ROOT / "missing.json", 8, 1, 0.0165) is None
     h = heldout_gaps(ROOT / HELDOUT)
-    assert h is not None and h["seeds"] == [3, 4, 5] and h["gap_vs_allreduce"]["mean"] > 0
+    assert h is not None and h["seeds"] == [3, 4, 5] and h["held_out_seeds"] == [5] and h["gap_vs_allreduce"]["mean"] > 0
 
 
 def test_the_table_says_whether_the_models_matched() -> None:

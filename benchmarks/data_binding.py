@@ -44,7 +44,7 @@ from dilocox.delay import StartRule
 from dilocox.inner import InnerConfig, configure_determinism
 from dilocox.round import RoundSpec, compress_seed, epoch_batch
 from protocol import merkle
-from protocol.chain.audit import challenged_steps
+from protocol.chain.audit import RATE_ONE, challenged_steps
 from protocol.data import Corpus
 from protocol.digest import keccak
 from protocol.formats.codec import load_state
@@ -158,7 +158,7 @@ def sampled_rate(h: int, rate_ppm: int, cap: int, blocks: int, micro: int, seeds
 def expected_rate(h: int, rate_ppm: int, micro: int, window: int) -> dict[str, dict[str, float]]:
     """Closed forms: a step is drawn with probability rho and opens a substituted group with f = |forged| / M,
     so the miss is (1 − rho·f)^n over n steps (the cap on an epoch's draws binds with p < 1e-6)."""
-    rho = rate_ppm / 1_000_000
+    rho = rate_ppm / RATE_ONE
     return {name: {"per_epoch": 1 - (1 - rho * len(forged(micro)) / micro) ** h,
                    f"per_{window}_steps": 1 - (1 - rho * len(forged(micro)) / micro) ** window}
             for name, (forged, _) in CHEATS.items()}

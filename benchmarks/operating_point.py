@@ -248,12 +248,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def render(r: dict[str, Any]) -> str:
     h = r.get("engine_heldout")
-    held = "none benchmarked"
-    if h:
-        out = h.get("held_out_seeds")  # files before issue 49 did not say which seeds were held out
-        held = (f"{h['gap_vs_allreduce']['mean']:+.2%} vs AllReduce, {h['gap_vs_diloco_points']['mean'] * 100:+.2f} points "
-                f"vs DiLoCo (seeds {', '.join(map(str, h['seeds']))}"
-                + (f", held out {', '.join(map(str, out)) or 'none'}" if out is not None else "") + f", `{h['file']}`)")
+    held = (f"{h['gap_vs_allreduce']['mean']:+.2%} vs AllReduce, {h['gap_vs_diloco_points']['mean'] * 100:+.2f} points vs DiLoCo "
+            f"(seeds {', '.join(map(str, h['seeds']))}, held out {', '.join(map(str, h['held_out_seeds'])) or 'none'}, "
+            f"`{h['file']}`)") if h else "none benchmarked"
     det = r["skip10_detection_within_256_steps"]
     rows = [
         ("traffic vs AllReduce, every byte each byte once", f"{r['traffic_reduction_vs_allreduce']:.1f}x"),

@@ -347,14 +347,13 @@ class VerifierNode:
         verdicts = [(t, bool(p), bytes.fromhex(w)) for t, p, w, _ in batch["verdicts"]]
         salt = bytes.fromhex(batch["salt"])
         if not batch.get("committed"):
-            self._check_own_commitment(e, verdicts, salt)  # sent before a crash and not recorded is ours; else stop
-            if not self._committed_on_chain(e):
+            if not self._own_commitment(e, verdicts, salt):  # one sent before a crash, not yet recorded, is ours
                 try:
                     tx = self.chain.commit_verdicts(self.run_id, e, verdicts, salt)
                 except ChainUnavailable:
                     raise
                 except ChainError as exc:  # too late (reveals open without us): nothing more to do
-                    self._check_own_commitment(e, verdicts, salt)  # or AlreadyCommitted by another instance
+                    self._own_commitment(e, verdicts, salt)  # or AlreadyCommitted by another instance: stop
                     self._once(f"commit:{e}", "verdict-commit-failed", epoch=e, error=str(exc))
                     return
                 self.log("verdicts-committed", epoch=e, count=len(verdicts), gas=tx.gas_used)
@@ -381,23 +380,21 @@ class VerifierNode:
         self.log("verdicts", epoch=e, count=len(verdicts), gas=tx.gas_used)
         self._publish_evidence(e, batch)
 
-    def _committed_on_chain(self, e: int) -> list[bytes]:
-        """The verdict commitments of this key for epoch e that the chain holds (events)."""
-        return [bytes(ev.args["commitment"]) for ev in self.chain.events(["VerdictsCommitted"], run_id=self.run_id, epoch=e)
-                if ev.args["verifier"] == self.me]
-
-    def _check_own_commitment(self, e: int, verdicts: list[tuple[str, bool, bytes]], salt: bytes) -> None:
-        """Stop when the chain holds a verdict commitment of this key for epoch e that is not the one this
-        folder's ledger would send (its verdicts and salt): another instance with this key (another machine,
-        or another --workdir past the per-user lock) committed it, and only that instance can reveal it;
-        an unrevealed commitment is slashed, so the other one must keep running (issue 46 item 1)."""
+    def _own_commitment(self, e: int, verdicts: list[tuple[str, bool, bytes]], salt: bytes) -> bool:
+        """Whether the chain holds this key's verdict commitment for epoch e, which must be the one this
+        folder's ledger would send (its verdicts and salt). Another one stops the node: another instance with
+        this key (another machine, or another --workdir past the per-user lock) committed it, and only that
+        instance can reveal it; an unrevealed commitment is slashed, so that one must keep running (issue 46)."""
         ours = bytes(self.chain.verdict_commitment_for(self.run_id, e, verdicts, salt))
-        if any(c != ours for c in self._committed_on_chain(e)):
+        held = [bytes(ev.args["commitment"]) for ev in self.chain.events(["VerdictsCommitted"], run_id=self.run_id, epoch=e)
+                if ev.args["verifier"] == self.me]
+        if any(c != ours for c in held):
             raise ForeignInstance(
                 f"the chain holds a verdict commitment of {self.me} for epoch {e} of run {self.run_id} that this state "
                 f"folder ({self.ledger.parent}) did not make: another instance runs with this key (on another machine, or "
                 "from another --workdir). Stopped before sending anything: keep the other instance running (only it can "
                 "reveal that commitment, and an unrevealed one is slashed), or stop it and restart this one from its folder")
+        return bool(held)
 
     def _publish_evidence(self, e: int, batch: dict[str, Any]) -> None:
         """Publish the evidence document of a revealed batch (once; a ledger from before issue 30 has

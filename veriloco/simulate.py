@@ -766,7 +766,8 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
     evaluate = _Evaluator(cfg, corpus)
     shapes = param_shapes(m)
     sparse = ccfg if isinstance(ccfg, SparseBaseline) else None
-    budget = shipped_budget(shapes, sparse.rank) if sparse is not None else 0
+    # the byte budget k is fitted to (0: none, a baseline at its own operating point holds its k)
+    budget = shipped_budget(shapes, sparse.rank) if sparse is not None and not sparse.k else 0
     codec: SparseCodec | None = None  # fitted on the first payload, then held
     codec_info: dict[str, object] | None = None
     max_sent = 0  # the largest baseline payload of the run
@@ -834,19 +835,16 @@ def run_local(method: Method, cfg: SimConfig, corpus: Corpus, progress: Progress
                      + (0.0 if method.ef_in_params else sparse.decay * ef[n].detach().to("cpu", torch.float32)) for n in delta}
                 if not all(bool(torch.isfinite(t).all()) for t in x.values()):
                     raise SimulationError(f"method {method.name}: the pseudo-gradient has NaN/Inf values; lower the learning rate")
-                if codec is None and sparse.k:  # its own operating point: k held, the bytes are what they are
-                    codec = SparseCodec(sparse.transform, sparse.k, sparse.values)
-                    codec_info = {"transform": codec.transform, "values": codec.values, "k": codec.k, "chunk": codec.full,
-                                  "decay": sparse.decay, "budget_rank": None, "budget_bytes": None}
                 if codec is None:
-                    kept = largest_k(x, budget, sparse.transform, sparse.values)
+                    kept = sparse.k or largest_k(x, budget, sparse.transform, sparse.values)
                     if kept == 0:
                         raise SimulationError(f"method {method.name}: not even k = 1 fits the {budget}-byte budget of rank {sparse.rank}")
                     codec = SparseCodec(sparse.transform, kept, sparse.values)
                     codec_info = {"transform": codec.transform, "values": codec.values, "k": codec.k, "chunk": codec.full,
-                                  "decay": sparse.decay, "budget_rank": sparse.rank, "budget_bytes": budget}
+                                  "decay": sparse.decay, "budget_rank": sparse.rank if budget else None,
+                                  "budget_bytes": budget or None}
                 payload, _ = baseline_encode(x, codec)
-                if not sparse.k and len(payload) > budget:  # the coded indices came out a few bytes larger: keep fewer this time
+                if budget and len(payload) > budget:  # the coded indices came out a few bytes larger: keep fewer this time
                     fewer = largest_k(x, budget, codec.transform, codec.values, hi=codec.k - 1)
                     if fewer == 0:
                         raise SimulationError(f"method {method.name}: not even k = 1 fits the {budget}-byte budget")

@@ -179,12 +179,12 @@ def test_a_verifier_stops_on_a_verdict_commitment_of_its_key_it_did_not_make(tmp
         mine = [(t.address, True, r.witness(0, t)) for t in r.trainers if v.sender in {x.sender for x in r.assigned(0, t)}]
         node = VerifierNode.__new__(VerifierNode)  # the real method, against the real contract
         node.chain, node.run_id, node.me, node.ledger = v, r.run_id, v.sender, tmp_path / "verdicts.json"
-        node._check_own_commitment(0, mine, SALT)  # nothing on chain: nothing to stop for
+        assert not node._own_commitment(0, mine, SALT)  # nothing on chain: nothing to stop for, commit
         other_salt = bytes(31) + b"\x07"
         v.commit_verdicts(r.run_id, 0, mine, other_salt)  # the other instance: same verdicts, its own salt
         with pytest.raises(ForeignInstance, match="another instance runs with this key") as e:
-            node._check_own_commitment(0, mine, SALT)
+            node._own_commitment(0, mine, SALT)
         assert f"epoch 0 of run {r.run_id}" in str(e.value) and str(tmp_path) in str(e.value)
-        node._check_own_commitment(0, mine, other_salt)  # the same commitment is this folder's own (a crash)
+        assert node._own_commitment(0, mine, other_salt)  # the same commitment is this folder's own (a crash): no resend
     finally:
         net.close()

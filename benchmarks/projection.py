@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from dilocox.compress import CompressionConfig, payload_size
+from protocol import windows
 from protocol.formats.codec import TensorSpec, state_file_size
 from protocol.leaf import BlockEntry, GroupLeaf, StepLeaf, block_count, block_names, group_root
 from protocol.model import PRESETS, GPTConfig, param_shapes
@@ -117,6 +118,12 @@ class Setting:
     group_size: int = 64
     element_bytes: int = 4  # 2: every tensor file in bf16 (the 107B row; the code writes fp32 today)
     group_tokens: int = 4096  # U: tokens per group (inner.microbatches = rows · seq_len / U)
+    # windowed challenges (issue 48, protocol/windows.py): the gas a trainer allows its windows' posts an
+    # epoch (0: challenges drawn after the epoch, as today), what one aggregated post costs (assumed:
+    # the contract's post is not built yet) and the steps trained between a window's end and its safe seed
+    window_gas: int = 0
+    window_post_gas: int = 35_000
+    seed_lag_steps: int = 1
 
     @property
     def tokens(self) -> int:
@@ -271,8 +278,20 @@ def project(st: Setting) -> dict[str, Any]:
     # per step: every block's boundaries (whole batch), M − 1 running sums of every block, and the
     # state (parameters, moments) at every r-th leaf
     hashed = 2 * (B - 1) * st.tokens * cfg.d_model * w + (M - 1) * P * w + 3 * P * w / seg
+    windowed: dict[str, Any] = {}
+    if st.window_gas:
+        W = windows.width_rule(st.H, st.K, st.window_post_gas, st.window_gas)
+        n_windows = windows.window_count(st.H + 1, W)
+        logged = windows.peak_log_steps(st.H, W, st.seed_lag_steps) * min(log_step, w * P)  # the smaller log
+        # one checkpoint at the oldest pending window (parameters and moments, and the error buffer where one
+        # is carried), the log since, and the epoch's built answers until the verifiers fetch them
+        checkpoint = (3 if params else 4) * w * P
+        windowed = {"W": W, "windows_per_epoch": n_windows,
+                    "window_gas_per_trainer_per_epoch": round(n_windows * st.window_post_gas / st.K),
+                    "answer_memory_windowed_fraction_of_state": round((checkpoint + logged + answer) / state, 3)}
     return {
         "setting": asdict(st),
+        **windowed,
         "tokens_per_step": st.tokens,
         "K": st.K,
         "segment": seg,
@@ -498,6 +517,23 @@ def rate_grid() -> list[Setting]:
     return rows
 
 
+# issue 48's rows: the shipped per-step policy with windows. Gas allowances per trainer and epoch: the issue's
+# targets at K = 64 and 1,024; at K = 4 (a devnet or a rollup, four payers) 150k. Seed lag: assumed one step
+# for the large models (a step takes minutes, a post and two confirmations seconds), four for `small` on a CPU.
+WINDOW_ROWS = [("small", 8, 128, 4, 150_000, 4), ("llama-1b", 0, 0, 64, 10_000, 1), ("llama-1b", 0, 0, 1024, 2_500, 1),
+               ("qwen-107b", 0, 0, 64, 10_000, 1), ("qwen-107b", 0, 0, 1024, 2_500, 1)]
+
+
+def window_grid() -> list[Setting]:
+    rows = []
+    for model, n_rows, seq, K, gas, lag in WINDOW_ROWS:
+        seq = seq or min(SHAPES[model].seq_len, 4096)
+        for H in ((256,) if model == "small" else (256, 500)):
+            rows.append(Setting(model, n_rows or HALF_M // seq, seq, H, K, element_bytes=2 if model == "qwen-107b" else 4,
+                                window_gas=gas, seed_lag_steps=lag, **SHIPPED_RATE))  # type: ignore[arg-type]
+    return rows
+
+
 def _gb(x: float) -> str:
     return "none" if x == 0 else f"{x / 1e9:,.2f} GB" if x >= 1e8 else f"{x / 1e6:,.1f} MB"
 
@@ -573,6 +609,20 @@ def render(doc: dict[str, Any]) -> str:
              f"| {r['skip10_detection_within_256_steps']:.1%} "
              f"| {LOSS_MEASURED.get((r['setting']['model'], r['tokens_per_step'], r['setting']['H']), 'not measured')} |"
              for r in doc["rate_rows"]])
+    if doc.get("window_rows"):
+        lines += _table(
+            [("Windowed challenges (issue 48, `protocol/windows.py`; the trainer, relay and contract are not built yet, "
+              "so this is the rule's arithmetic): the shipped per-step policy drawn per window of W steps, W the "
+              "narrowest window whose aggregated posts fit the gas allowance per trainer and epoch (one post assumed "
+              f"at {Setting.window_post_gas:,} gas). Answer memory: one checkpoint at the oldest pending window, the smaller "
+              "log over that window and the steps trained until its seed is safe (the seed lag, assumed), and the "
+              "epoch's built answers until fetched; today's: checkpoints and the gradient log over the epoch.")],
+            ["model", "tokens / step", "H", "K", "gas allowance", "seed lag (steps)", "W", "window gas / trainer / epoch",
+             "answer memory / state, windowed", "today (gradient log)"],
+            [f"| {r['setting']['model']}{' (bf16)' if r['setting']['element_bytes'] == 2 else ''} | {r['tokens_per_step']:,} "
+             f"| {r['setting']['H']} | {r['K']} | {r['setting']['window_gas']:,} | {r['setting']['seed_lag_steps']} | {r['W']} "
+             f"| {r['window_gas_per_trainer_per_epoch']:,} | {r['answer_memory_windowed_fraction_of_state']:,.1f} "
+             f"| {r['answer_memory_gradient_log_fraction_of_state']:,.1f} |" for r in doc["window_rows"]])
     if doc.get("validation"):
         lines += _table(
             ["Validation against measured network runs (`benchmarks/protocol.py --keep`): every audit answer the",
@@ -621,10 +671,16 @@ def main(argv: list[str] | None = None) -> int:
         for st in rate_grid():
             print(f"projecting {st.model} at {st.tokens:,} tokens, H {st.H}, K {st.K}, rate {st.rate}", file=sys.stderr)
             rate_rows.append(project(st))
+        window_rows = []
+        for st in window_grid():
+            print(f"projecting {st.model} at {st.tokens:,} tokens, H {st.H}, K {st.K}, windows at {st.window_gas:,} gas",
+                  file=sys.stderr)
+            window_rows.append(project(st))
         validation = json.loads(a.validated.read_text())["validation"] if a.validated else []
         validation += [validate(d) for d in a.validate]
         doc = {"benchmark": "projection", "command": " ".join(["benchmarks/projection.py", *(argv if argv is not None else sys.argv[1:])]),
                "python": platform.python_version(), "torch": torch.__version__, "rows": rows, "rate_rows": rate_rows,
+               "window_rows": window_rows,
                "validation": validation, "compute_validation": compute_check(validation)}
         a.out.write_text(json.dumps(doc, indent=1) + "\n")
     md = render(doc)

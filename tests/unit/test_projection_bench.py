@@ -111,3 +111,18 @@ def test_a_per_step_rate_prices_verification_per_step_of_work() -> None:
     count = project(Setting("small", 128, 64, 8, 4, group_tokens=2048))
     assert count["challenges_per_epoch"] == 4 and count["traffic_reduction_vs_allreduce"] < rows[8]["traffic_reduction_vs_allreduce"] / 5
     assert rows[8]["answer_flops_fraction"] < count["answer_flops_fraction"] / 25
+
+
+def test_windows_keep_a_few_states_where_the_post_hoc_draw_keeps_an_epoch() -> None:
+    """Issue 48's rows: the narrowest W the gas allowance buys, memory from the retention rule; an
+    allowance too small for more than one window buys nothing (W spans the trace)."""
+    st = Setting("llama-1b", 128, 4096, 256, 64, rate=0.0165, s=8, final_check=0.125, window_gas=10_000)
+    r = project(st)
+    assert r["W"] == 16 and r["window_gas_per_trainer_per_epoch"] <= 10_000
+    assert r["answer_memory_windowed_fraction_of_state"] < r["answer_memory_gradient_log_fraction_of_state"] / 10
+    wider = project(replace(st, seed_lag_steps=32))
+    assert wider["answer_memory_windowed_fraction_of_state"] > r["answer_memory_windowed_fraction_of_state"] + 10
+    one = project(replace(st, K=1, window_gas=1_000))
+    assert one["windows_per_epoch"] == 1
+    assert "W" not in project(replace(st, window_gas=0))
+    assert "Windowed challenges" in render({"command": "x", "rows": [r], "window_rows": [r]})

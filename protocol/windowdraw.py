@@ -1,0 +1,75 @@
+"""Per-window challenge draws and the randomness behind them (issue 48).
+
+A window's seed comes from the block *after* the one that holds its post: when the post is signed,
+that hash does not exist, so neither the trainer nor the relay can pick which steps get drawn by
+choosing what to post (a block producer can still grind its own block: the same trust the epoch's
+audit seed already places in chain ordering, docs/security.md). Each transition of the window is
+drawn on its own at the run's per-step rate (`protocol.chain.audit.rate_draw`, keyed by the step), so
+draws are independent across steps and windows, and a step's chance is the same at every H and W.
+
+The seed is only used once it is `depth` blocks deep (a reorg before that changes it; the trainer
+keeps the window until then). `RandomnessSource` is the one interface the trainer and verifiers read:
+a beacon with witness receipts can replace chain ordering on a chain whose finality is slow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from eth_abi import encode
+from eth_utils import to_checksum_address
+
+from protocol import windows
+from protocol.chain.audit import rate_draw
+from protocol.digest import keccak
+from protocol.relay import Domain
+from protocol.types import Digest
+
+WINDOW_SEED_TAG = keccak(b"veriloco.window.seed.v1")
+
+
+def window_seed(block_hash: bytes, domain: Domain, window: int) -> Digest:
+    """keccak(abi.encode(WINDOW_SEED_TAG, chainId, contract, runId, epoch, window, blockhash))."""
+    if len(block_hash) != 32:
+        raise ValueError(f"a block hash is 32 bytes, got {len(block_hash)}")
+    return keccak(encode(["bytes32", "uint256", "address", "uint256", "uint256", "uint256", "bytes32"],
+                         [WINDOW_SEED_TAG, domain.chain_id, to_checksum_address(domain.contract), domain.run_id,
+                          domain.epoch, window, bytes(block_hash)]))
+
+
+def window_challenges(seed: bytes, trainer: str, rate: int, W: int, window: int, leaf_count: int) -> list[int]:
+    """Transitions k -> k + 1 of `window` drawn for `trainer`, ascending: each on its own at rate / 10^6."""
+    return [k for k in windows.transitions(window, windows.width(W, leaf_count), leaf_count)
+            if rate_draw(seed, trainer, k) < rate]
+
+
+class RandomnessSource(Protocol):
+    """Where a window's seed comes from. None until it is safe to act on (never a guess)."""
+
+    def seed(self, window: int) -> Digest | None: ...
+
+
+@dataclass(frozen=True)
+class ChainOrdering:
+    """The seed of a window is the hash of the block after its post, once `depth` blocks cover it.
+
+    Edges injected: `posted_block(w)` (the block holding window w's aggregate or direct post, None
+    while there is none), `block_hash(n)` and `head()`."""
+
+    domain: Domain
+    posted_block: Callable[[int], int | None]
+    block_hash: Callable[[int], bytes | None]
+    head: Callable[[], int]
+    depth: int = 2
+
+    def seed(self, window: int) -> Digest | None:
+        posted = self.posted_block(window)
+        if posted is None:
+            return None
+        seed_block = posted + 1
+        if self.head() < seed_block + self.depth:
+            return None
+        h = self.block_hash(seed_block)
+        return None if h is None else window_seed(h, self.domain, window)

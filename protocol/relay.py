@@ -39,6 +39,14 @@ class RelayError(VerilocoError):
     """A window-root message or aggregate that is malformed, unsigned, out of its domain or over a bound."""
 
 
+class RateLimited(RelayError):
+    """A trainer sent more than its message budget: retry later."""
+
+
+class Equivocated(RelayError):
+    """A trainer signed a second, different root for a window: kept as evidence, refused."""
+
+
 @dataclass(frozen=True)
 class Domain:
     """Where a window root belongs: a message signed for one domain is worthless in any other."""
@@ -185,7 +193,7 @@ class WindowBook:
         tokens, last = self._bucket.get(who, (float(self.burst), now))
         tokens = min(float(self.burst), tokens + (now - last) * self.per_second)
         if tokens < 1:
-            raise RelayError(f"{who} sends window roots faster than {self.per_second}/s: slow down and retry")
+            raise RateLimited(f"{who} sends window roots faster than {self.per_second}/s: slow down and retry")
         self._bucket[who] = (tokens - 1, now)
 
     def accept(self, msg: SignedRoot, window_count: int) -> bool:
@@ -203,7 +211,7 @@ class WindowBook:
             if held.root == msg.root:
                 return False  # a retry of the same root: harmless
             self.equivocations.append(Equivocation(held, msg))
-            raise RelayError(f"{msg.trainer} signed two roots for window {msg.window}: kept as evidence, the first stands")
+            raise Equivocated(f"{msg.trainer} signed two roots for window {msg.window}: kept as evidence, the first stands")
         self.roots[(msg.window, msg.trainer)] = msg
         return True
 

@@ -72,6 +72,20 @@ def no_spare_verifier(info: RunInfo) -> str | None:
             f"audit until another joins; a spare costs one more `veriloco verifier --run {info.run_id}`")
 
 
+def no_availability_committee(info: RunInfo) -> str | None:
+    """A warning while a run audits but cannot judge a withheld payload, or None: a report's committee is q
+    verifiers outside the trainer's q and the reporter (docs/protocol.md §10.2), so below 2q verifiers
+    (2q + 1 when a verifier reports) the contract refuses every report, and a trainer that passes and then
+    withholds its payload makes its epoch abort at the finalize deadline, nobody slashed (issue 46, item 5).
+    Not said of a test run, nor below the quorum (nothing is audited then: `verifier_shortfall`)."""
+    have, q = info.verifier_count, info.params.quorum
+    if have < q or have >= 2 * q + 1 or info.params.test_run:
+        return None
+    return (f"run {info.run_id} cannot judge a withheld payload ({have} verifier(s); a report's committee needs "
+            f"{2 * q + 1}): a passing trainer that withholds its payload makes its epoch abort, nobody slashed; "
+            f"{2 * q + 1 - have} more `veriloco verifier --run {info.run_id}` make it reportable")
+
+
 def trainer_shortfall(info: RunInfo) -> str | None:
     """What a run with no active trainer means once it has begun, or None: nobody can commit, so no
     epoch opens (and a waiting coordinator waits for good) until a trainer joins."""

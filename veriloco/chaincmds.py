@@ -35,6 +35,7 @@ from protocol.chain.binding import (
 from protocol.config import ScheduleSection, from_json
 from protocol.errors import VerilocoError
 from protocol.membership import (
+    no_availability_committee,
     no_spare_verifier,
     silent_coordinator,
     trainer_shortfall,
@@ -210,7 +211,7 @@ def run_state(chain: Chain, info: RunInfo, schedule: ScheduleSection | None) -> 
                     "text": f"finished: {done}{of} epochs finalized, {epochs - done} aborted"}
     if (short := trainer_shortfall(info) or verifier_shortfall(info)) is not None:
         return {"state": "stalled", "epoch": max(0, nxt - 1), "text": short}
-    spare = no_spare_verifier(info)
+    spare = "; ".join(n for n in (no_spare_verifier(info), no_availability_committee(info)) if n) or None
     if nxt == 0:
         return {"state": "waiting", "epoch": 0, "text": f"waiting for epoch 0{of} (the first trainer's commitment "
                                                         f"opens it{f'; {spare}' if spare else ''})"}

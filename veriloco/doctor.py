@@ -257,7 +257,7 @@ def check_run(ctx: Context) -> Result:
         return skip("no --run given: pass --run ID to check the run, its stake, store and device pin")
     if ctx.chain is None:
         return skip("no contract")
-    from protocol.membership import no_spare_verifier, verifier_shortfall
+    from protocol.membership import no_availability_committee, no_spare_verifier, verifier_shortfall
     from protocol.statedir import check_run as exists
 
     exists(ctx.chain, run)
@@ -267,7 +267,7 @@ def check_run(ctx: Context) -> Result:
               f"{info.verifier_count} verifier(s), quorum {info.params.quorum}")
     if short:
         return ok(f"{detail} (stalled: {short})")
-    spare = no_spare_verifier(info)
+    spare = "; ".join(n for n in (no_spare_verifier(info), no_availability_committee(info)) if n)
     return ok(f"{detail} (warning: {spare})" if spare else detail)
 
 

@@ -217,6 +217,25 @@ def test_a_run_at_exactly_its_quorum_of_verifiers_is_named_at_risk_and_a_spare_c
     assert no_spare_verifier(full) is None  # no place for a spare: nothing an operator can do (a test run)
 
 
+def test_a_run_too_small_to_judge_a_withheld_payload_is_named_until_2q_plus_1_verifiers() -> None:
+    """Issue 46 item 5: below 2q + 1 verifiers the contract refuses every availability report, so a payload
+    withheld after its pass aborts the epoch; status and doctor say so while the run audits."""
+    from protocol.chain.binding import RunInfo
+    from protocol.membership import no_availability_committee
+    from veriloco.chaincmds import run_state
+
+    p = RunParams(config_cid="bafyc", config_digest=keccak(b"c"), init_model_cid="bafym",
+                  init_model_digest=keccak(b"m"), coordinator=ADDR[0], quorum=3, max_verifiers=16)
+    demo = RunInfo(run_id=5, params=p, creator=ADDR[0], next_epoch=0, active_trainers=4, trainer_slots=4, verifier_count=4)
+    said = no_availability_committee(demo)
+    assert said is not None and "needs 7" in said and "3 more" in said and "--run 5" in said
+    assert "cannot judge a withheld payload" in run_state(object(), demo, None)["text"]  # type: ignore[arg-type]
+    assert no_availability_committee(RunInfo(**{**demo.__dict__, "verifier_count": 7})) is None
+    assert no_availability_committee(RunInfo(**{**demo.__dict__, "verifier_count": 2})) is None  # stalled instead
+    test = RunInfo(**{**demo.__dict__, "params": RunParams(**{**p.__dict__, "test_run": True})})
+    assert no_availability_committee(test) is None
+
+
 def test_status_names_the_audit_policy_per_epoch_or_per_step() -> None:
     from veriloco.chaincmds import _audit_policy
 

@@ -520,6 +520,18 @@ def rate_grid() -> list[Setting]:
 # issue 48's rows: the shipped per-step policy with windows. Gas allowances per trainer and epoch: the issue's
 # targets at K = 64 and 1,024; at K = 4 (a devnet or a rollup, four payers) 150k. Seed lag: assumed one step
 # for the large models (a step takes minutes, a post and two confirmations seconds), four for `small` on a CPU.
+WINDOW_GAS = Path(__file__).resolve().parent / "results" / "window-gas.json"  # benchmarks/window_gas.py
+
+
+def measured_post_gas(K: int) -> int | None:
+    """The relay's post measured for the nearest bitmap size at or above K (None before window_gas.py ran)."""
+    if not WINDOW_GAS.exists():
+        return None
+    relay = {int(k): max(v) for k, v in json.loads(WINDOW_GAS.read_text())["relay"].items()}
+    fits = [k for k in relay if k >= K]
+    return relay[min(fits)] if fits else None
+
+
 WINDOW_ROWS = [("small", 8, 128, 4, 150_000, 4), ("llama-1b", 0, 0, 64, 10_000, 1), ("llama-1b", 0, 0, 1024, 2_500, 1),
                ("qwen-107b", 0, 0, 64, 10_000, 1), ("qwen-107b", 0, 0, 1024, 2_500, 1)]
 
@@ -529,8 +541,9 @@ def window_grid() -> list[Setting]:
     for model, n_rows, seq, K, gas, lag in WINDOW_ROWS:
         seq = seq or min(SHAPES[model].seq_len, 4096)
         for H in ((256,) if model == "small" else (256, 500)):
+            post = measured_post_gas(K) or Setting.window_post_gas
             rows.append(Setting(model, n_rows or HALF_M // seq, seq, H, K, element_bytes=2 if model == "qwen-107b" else 4,
-                                window_gas=gas, seed_lag_steps=lag, **SHIPPED_RATE))  # type: ignore[arg-type]
+                                window_gas=gas, window_post_gas=post, seed_lag_steps=lag, **SHIPPED_RATE))  # type: ignore[arg-type]
     return rows
 
 
@@ -611,16 +624,18 @@ def render(doc: dict[str, Any]) -> str:
              for r in doc["rate_rows"]])
     if doc.get("window_rows"):
         lines += _table(
-            [("Windowed challenges (issue 48, `protocol/windows.py`; the trainer, relay and contract are not built yet, "
+            [("Windowed challenges (issue 48, `protocol/windows.py`; the trainer's retention is not wired in yet, "
               "so this is the rule's arithmetic): the shipped per-step policy drawn per window of W steps, W the "
-              "narrowest window whose aggregated posts fit the gas allowance per trainer and epoch (one post assumed "
-              f"at {Setting.window_post_gas:,} gas). Answer memory: one checkpoint at the oldest pending window, the smaller "
+              "narrowest window whose aggregated posts fit the gas allowance per trainer and epoch (one post's gas "
+              "measured for a bitmap of K positions, `benchmarks/results/window-gas.json`, where that file exists; "
+              f"else assumed at {Setting.window_post_gas:,}). Answer memory: one checkpoint at the oldest pending window, the smaller "
               "log over that window and the steps trained until its seed is safe (the seed lag, assumed), and the "
               "epoch's built answers until fetched; today's: checkpoints and the gradient log over the epoch.")],
-            ["model", "tokens / step", "H", "K", "gas allowance", "seed lag (steps)", "W", "window gas / trainer / epoch",
+            ["model", "tokens / step", "H", "K", "gas allowance", "post gas", "seed lag (steps)", "W", "window gas / trainer / epoch",
              "answer memory / state, windowed", "today (gradient log)"],
             [f"| {r['setting']['model']}{' (bf16)' if r['setting']['element_bytes'] == 2 else ''} | {r['tokens_per_step']:,} "
-             f"| {r['setting']['H']} | {r['K']} | {r['setting']['window_gas']:,} | {r['setting']['seed_lag_steps']} | {r['W']} "
+             f"| {r['setting']['H']} | {r['K']} | {r['setting']['window_gas']:,} | {r['setting']['window_post_gas']:,} "
+             f"| {r['setting']['seed_lag_steps']} | {r['W']} "
              f"| {r['window_gas_per_trainer_per_epoch']:,} | {r['answer_memory_windowed_fraction_of_state']:,.1f} "
              f"| {r['answer_memory_gradient_log_fraction_of_state']:,.1f} |" for r in doc["window_rows"]])
     if doc.get("validation"):

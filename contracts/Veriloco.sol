@@ -211,4 +211,29 @@ contract Veriloco is VerilocoBase {
         }
         _settle(runId, r, epoch, ep);
     }
+
+    /// @notice The relay's post of window `window`'s aggregate root (docs/protocol.md §5.4): the run's
+    ///         coordinator only. Emits, stores nothing: readers take the first post of a window. Here, not
+    ///         in a companion: a post is paid every window, and two delegatecalls would add about 5k gas.
+    function postWindow(uint256 runId, uint256 epoch, uint256 window, bytes32 root, bytes calldata bitmap) external {
+        Run storage r = _run(runId);
+        if (msg.sender != r.p.coordinator) revert NotCoordinator(runId, msg.sender, r.p.coordinator);
+        _windowOpen(runId, r, epoch, window);
+        emit WindowPosted(runId, epoch, window, root, bitmap);
+    }
+
+    /// @notice A trainer's own window root, where the relay's aggregate left it out (or no relay posted).
+    function postOwnWindow(uint256 runId, uint256 epoch, uint256 window, bytes32 root) external {
+        Run storage r = _run(runId);
+        Member storage m = members[runId][msg.sender];
+        if (m.role != ROLE_TRAINER) revert NotTrainer(runId, msg.sender);
+        if (epoch < m.joinEpoch || epoch >= m.leaveEpoch) revert NotEligible(runId, epoch, msg.sender, m.joinEpoch, m.leaveEpoch);
+        _windowOpen(runId, r, epoch, window);
+        emit OwnWindowPosted(runId, epoch, window, msg.sender, root);
+    }
+
+    /// @dev Windows are posted while their epoch trains: the next epoch, or the newest opened one.
+    function _windowOpen(uint256 runId, Run storage r, uint256 epoch, uint256 window) private view {
+        if (epoch > r.nextEpoch || epoch + 1 < r.nextEpoch || window >= 4096) revert WindowClosed(runId, epoch, window, r.nextEpoch);
+    }
 }

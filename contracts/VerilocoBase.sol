@@ -304,6 +304,8 @@ abstract contract VerilocoBase is VerilocoAudit {
     /// @notice Only `have` verifiers can take part where `need` are required: an audit waits for verifiers
     ///         to join (the quorum); an availability challenge cannot be judged by a full committee.
     error TooFewVerifiers(uint256 runId, uint256 epoch, uint256 have, uint256 need);
+    /// @notice A window post for an epoch that is over or not next (or a window past RATE_SCAN's 4,096).
+    error WindowClosed(uint256 runId, uint256 epoch, uint256 window, uint256 nextEpoch);
 
     // ------------------------------------------------------------------ events
 
@@ -342,6 +344,12 @@ abstract contract VerilocoBase is VerilocoAudit {
     event EpochFinalized(uint256 indexed runId, uint256 indexed epoch, string modelCid, bytes32 modelDigest, uint256 included);
     /// @notice The run's coordinator staked; its stake answers for the models it finalizes.
     /// @notice A staked member reported a passing trainer's payload as unavailable: its availability committee votes.
+    /// @notice A window's roots (docs/protocol.md §5.4): the relay's aggregate over the epoch's trainer
+    ///         positions with its inclusion bitmap (the coordinator posts it), or one trainer's own root.
+    ///         Nothing is stored: the first post that holds a trainer's root is the one that counts, and
+    ///         its seed is the hash of the next block.
+    event WindowPosted(uint256 indexed runId, uint256 indexed epoch, uint256 indexed window, bytes32 root, bytes bitmap);
+    event OwnWindowPosted(uint256 indexed runId, uint256 indexed epoch, uint256 indexed window, address trainer, bytes32 root);
     event AvailabilityReported(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, address reporter);
     event AvailabilityVoted(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, address verifier, bool available);
     /// @notice The committee's majority: unavailable (the trainer and its pass voters slashed, left out) or available (the reporter slashed).

@@ -14,7 +14,7 @@ a beacon with witness receipts can replace chain ordering on a chain whose final
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,6 +43,31 @@ def window_challenges(seed: bytes, trainer: str, rate: int, W: int, window: int,
     """Transitions k -> k + 1 of `window` drawn for `trainer`, ascending: each on its own at rate / 10^6."""
     return [k for k in windows.transitions(window, windows.width(W, leaf_count), leaf_count)
             if rate_draw(seed, trainer, k) < rate]
+
+
+@dataclass(frozen=True)
+class WindowPost:
+    """One `WindowPosted` event: a relay's aggregate (poster the coordinator, with a bitmap) or a trainer's
+    own root (poster the trainer, bitmap 0)."""
+
+    window: int
+    poster: str
+    root: bytes
+    bitmap: int
+    block: int
+    log_index: int
+
+
+def first_post(posts: Sequence[WindowPost], window: int, trainer: str, position: int, relay: str) -> WindowPost | None:
+    """The post that fixes `trainer`'s root of `window`: the first in chain order that is the relay's
+    aggregate with its bit set, or its own. Later ones never count: posting again (directly, after
+    seeing a seed) cannot re-roll the draw, and a different root posted later is equivocation."""
+    for p in sorted(posts, key=lambda p: (p.block, p.log_index)):
+        if p.window != window:
+            continue
+        if (p.poster == relay and p.bitmap >> position & 1) or p.poster == trainer:
+            return p
+    return None
 
 
 class RandomnessSource(Protocol):

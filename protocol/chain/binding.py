@@ -71,6 +71,7 @@ from protocol.chain.fees import from_history as fees_from_history
 from protocol.chain.fees import replacement as fee_replacement
 from protocol.cpumeter import RPC
 from protocol.types import Address, Cid, Digest, RunId, Wei
+from protocol.windowdraw import WindowPost
 
 __all__ = [
     "ARTIFACT_PATH", "CREDIT_KINDS", "SLASH_REASONS", "Assignment", "AuditResponse", "Chain", "ChainError",
@@ -984,6 +985,29 @@ class Chain:
         """Report a passing trainer's payload as unfetchable (staked members; a rejected report is slashed)."""
         return self._transact("reportUnavailable", run_id, epoch, to_checksum_address(trainer))
 
+    def post_window(self, run_id: int, epoch: int, window: int, root: bytes, bitmap: int, positions: int) -> TxResult:
+        """The relay's aggregate root of a window (the run's coordinator; docs/protocol.md §5.4): the
+        bitmap travels as ceil(positions / 8) bytes, position 0 in the lowest bit of the last byte."""
+        return self._transact("postWindow", run_id, epoch, window, bytes(root), bitmap_bytes(bitmap, positions))
+
+    def post_own_window(self, run_id: int, epoch: int, window: int, root: bytes) -> TxResult:
+        """A trainer's own window root, where the relay left it out."""
+        return self._transact("postOwnWindow", run_id, epoch, window, bytes(root))
+
+    def window_posts(self, run_id: int, epoch: int) -> list[WindowPost]:
+        """Every window post of an epoch in chain order (`protocol.windowdraw.first_post` says which counts):
+        the relay's aggregates (poster the run's coordinator) and trainers' own roots (bitmap 0)."""
+        coordinator = None
+        out = []
+        for e in self.events(["WindowPosted", "OwnWindowPosted"], run_id=run_id, epoch=epoch):
+            if e.name == "WindowPosted":
+                coordinator = coordinator or self.run_info(run_id).params.coordinator
+                poster, bitmap = coordinator, int.from_bytes(e.args["bitmap"], "big")
+            else:
+                poster, bitmap = e.args["trainer"], 0
+            out.append(WindowPost(e.args["window"], poster, bytes(e.args["root"]), bitmap, e.block_number, e.log_index))
+        return out
+
     def vote_availability(self, run_id: int, epoch: int, trainer: str, available: bool) -> TxResult:
         """Vote on a reported payload (its availability committee only): available = fetched, checked, kept."""
         return self._transact("voteAvailability", run_id, epoch, to_checksum_address(trainer), bool(available))
@@ -1095,6 +1119,12 @@ class Chain:
 
     def stream(self, names: Sequence[str] | None = None, *, run_id: int | None = None, from_block: int = 0) -> EventStream:
         return EventStream(self, names, run_id=run_id, from_block=from_block)
+
+
+def bitmap_bytes(bitmap: int, positions: int) -> bytes:
+    if bitmap < 0 or bitmap >> positions:
+        raise ChainError(f"an inclusion bitmap over {positions} positions has bits past them: {bitmap:#x}")
+    return bitmap.to_bytes((positions + 7) // 8, "big")
 
 
 def _event_signature(e: dict[str, Any]) -> str:

@@ -219,7 +219,7 @@ class AlreadyVoted(ContractRevert):
 
 
 class NotCoordinator(ContractRevert):
-    """Only the run's coordinator may finalize; use the coordinator's key."""
+    """Only the run's coordinator may finalize (or post a window's aggregate); use the coordinator's key."""
 
     fields = ("run_id", "caller", "coordinator")
 
@@ -336,6 +336,12 @@ class TooFewVerifiers(ContractRevert):
     """Fewer verifiers than needed: the audit waits until the run has a quorum of verifiers (join more), or an availability committee of q cannot be formed (nobody is judged)."""
 
     fields = ("run_id", "epoch", "have", "need")
+
+
+class WindowClosed(ContractRevert):
+    """Window roots are posted while their epoch trains (the next epoch or the newest opened one), windows 0..4095."""
+
+    fields = ("run_id", "epoch", "window", "next_epoch")
 
 
 REVERT_CLASSES: dict[str, type[ContractRevert]] = {

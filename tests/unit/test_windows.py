@@ -204,3 +204,16 @@ def test_chain_ordering_waits_for_depth_uses_the_block_after_the_post_and_a_reor
     assert src.seed(0) not in (None, before)
     posted[0] = 12  # the post itself re-included later: the seed moves to the block after it
     assert src.seed(0) is None
+
+
+def test_the_window_gas_benchmark_derives_w_and_each_trainers_share_from_measured_posts() -> None:
+    from benchmarks.window_gas import derive, render
+
+    gas = {"relay": {4: [31_000], 64: [31_000], 1024: [33_600], 4096: [44_600]}, "own": [29_900]}
+    rows = {(r["K"], r["H"]): r for r in derive(gas)}
+    r = rows[(64, 256)]
+    assert (r["W"], r["windows"]) == (16, 17) and r["window_gas_per_trainer_per_epoch"] == round(17 * 31_000 / 64)
+    assert rows[(1024, 256)]["W"] == 4 and rows[(1024, 256)]["window_gas_per_trainer_per_epoch"] <= 2_500
+    md = render({"command": "benchmarks/window_gas.py --out x", "versions": {"anvil": "t"}, "own": gas["own"],
+                 "rows": list(rows.values())})
+    assert "| 64 | 31,000 | 256 |" in md and "29,900 gas" in md

@@ -4,7 +4,7 @@
 
 Measured (each from its receipt, 21k intrinsic gas and calldata included): the relay's `postWindow`
 with an inclusion bitmap over K = 4, 64, 1,024 and 4,096 trainer positions (every bit set: the most
-calldata), and a trainer's own `postOwnWindow` (the direct fallback). Derived from them with the code's
+calldata) and its evidence's CID (59 characters), and a trainer's own `postOwnWindow` (the direct fallback). Derived from them with the code's
 own rule (`protocol.windows.width_rule`): the window W a gas allowance per trainer and epoch buys at
 H = 256 and 500, and the window gas each trainer then pays an epoch, (H + 1) / W posts shared by K.
 Targets (issue 48): at most 10k a trainer and epoch at K = 64, 2.5k at K = 1,024; a direct post at
@@ -36,6 +36,7 @@ ALLOWANCES = {4: 150_000, 64: 10_000, 1024: 2_500, 4096: 2_500}  # gas per train
 TARGETS = {64: 10_000, 1024: 2_500}
 DIRECT_TARGET = 30_000
 HS = (256, 500)
+EVIDENCE_CID = "bafkreibm6jg3ux5qumhcn2b3flc3tyu6dmlb4xa7u5bf44yegnrjhc4yeq"  # a realistic 59-character CIDv1
 
 
 def measure(url: str, address: str) -> dict[str, Any]:
@@ -46,7 +47,8 @@ def measure(url: str, address: str) -> dict[str, Any]:
     coord.stake_coordinator(run_id)
     relay: dict[int, list[int]] = {}
     for k in POSITIONS:
-        relay[k] = [coord.post_window(run_id, 0, w, keccak(b"agg%d" % w), (1 << k) - 1, k).gas_used for w in range(3)]
+        relay[k] = [coord.post_window(run_id, 0, w, keccak(b"agg%d" % w), (1 << k) - 1, k, EVIDENCE_CID).gas_used
+                    for w in range(3)]
     own = [trainer.post_own_window(run_id, 0, w, keccak(b"own%d" % w)).gas_used for w in range(3)]
     return {"relay": relay, "own": own}
 

@@ -215,11 +215,13 @@ contract Veriloco is VerilocoBase {
     /// @notice The relay's post of window `window`'s aggregate root (docs/protocol.md §5.4): the run's
     ///         coordinator only. Emits, stores nothing: readers take the first post of a window. Here, not
     ///         in a companion: a post is paid every window, and two delegatecalls would add about 5k gas.
-    function postWindow(uint256 runId, uint256 epoch, uint256 window, bytes32 root, bytes calldata bitmap) external {
+    function postWindow(uint256 runId, uint256 epoch, uint256 window, bytes32 root, bytes calldata bitmap, string calldata evidenceCid)
+        external
+    {
         Run storage r = _run(runId);
         if (msg.sender != r.p.coordinator) revert NotCoordinator(runId, msg.sender, r.p.coordinator);
         _windowOpen(runId, r, epoch, window);
-        emit WindowPosted(runId, epoch, window, root, bitmap);
+        emit WindowPosted(runId, epoch, window, root, bitmap, evidenceCid);
     }
 
     /// @notice A trainer's own window root, where the relay's aggregate left it out (or no relay posted).

@@ -345,10 +345,11 @@ abstract contract VerilocoBase is VerilocoAudit {
     /// @notice The run's coordinator staked; its stake answers for the models it finalizes.
     /// @notice A staked member reported a passing trainer's payload as unavailable: its availability committee votes.
     /// @notice A window's roots (docs/protocol.md §5.4): the relay's aggregate over the epoch's trainer
-    ///         positions with its inclusion bitmap (the coordinator posts it), or one trainer's own root.
-    ///         Nothing is stored: the first post that holds a trainer's root is the one that counts, and
-    ///         its seed is the hash of the next block.
-    event WindowPosted(uint256 indexed runId, uint256 indexed epoch, uint256 indexed window, bytes32 root, bytes bitmap);
+    ///         positions with its inclusion bitmap and the CID of its evidence (every signed root it
+    ///         aggregated; the coordinator posts it), or one trainer's own root. Nothing is stored: the
+    ///         first post that holds a trainer's signed root is the one that counts, and its seed is the
+    ///         hash of the next block.
+    event WindowPosted(uint256 indexed runId, uint256 indexed epoch, uint256 indexed window, bytes32 root, bytes bitmap, string evidenceCid);
     event OwnWindowPosted(uint256 indexed runId, uint256 indexed epoch, uint256 indexed window, address trainer, bytes32 root);
     event AvailabilityReported(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, address reporter);
     event AvailabilityVoted(uint256 indexed runId, uint256 indexed epoch, address indexed trainer, address verifier, bool available);

@@ -9,7 +9,11 @@ root is equivocation, kept as evidence (both signatures), never a replacement.
 
 The aggregate is a Merkle tree over the epoch's trainer positions (leaf = keccak(trainer, root),
 padding where a trainer sent nothing) with an inclusion bitmap, so one post covers every trainer and
-each trainer gets a proof of its own leaf. Pure: the transport and the clock are injected.
+each trainer gets a proof of its own leaf. With each post the relay publishes the window's *evidence*:
+every signed message it aggregated, by position. A leaf counts for a trainer only where the evidence
+holds that trainer's signature over its root (`read_evidence`): a relay cannot bind a trainer to a
+root it never signed, and a trainer whose signed root the relay did aggregate cannot disown it later
+(to re-roll its draw by posting another root itself). Pure: the transport and the clock are injected.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ WINDOW_TAG = keccak(b"veriloco.window.v1")
 LEAF_TAG = keccak(b"veriloco.window.leaf.v1")
 MAX_MESSAGE_BYTES = 1024  # a signed window root is about 400 bytes of JSON: anything larger is refused unread
 MAX_TRAINERS = 4096  # positions an aggregate covers (the bitmap is one bit each)
+EVIDENCE_FORMAT = "veriloco.window-evidence.v1"
+MAX_EVIDENCE_BYTES = MAX_TRAINERS * (MAX_MESSAGE_BYTES + 8) + 4096
 
 
 class RelayError(VerilocoError):
@@ -222,3 +228,45 @@ class WindowBook:
             leaves.append(leaf(m.trainer, m.root) if m else merkle.EMPTY)
             bitmap |= (m is not None) << i
         return Aggregate(window, merkle.root(leaves) if leaves else merkle.EMPTY, bitmap, tuple(leaves))
+
+    def evidence(self, window: int) -> bytes:
+        """The document published with window's aggregate: each position's signed message (or null)."""
+        msgs = [self.roots.get((window, to_checksum_address(t))) for t in self.positions]
+        return json.dumps({"format": EVIDENCE_FORMAT, "window": window,
+                           "messages": [m.to_wire().decode() if m else None for m in msgs]},
+                          separators=(",", ":")).encode()
+
+
+def read_evidence(raw: bytes, domain: Domain, window: int, positions: Sequence[str], root: bytes,
+                  bitmap: int) -> dict[str, SignedRoot]:
+    """The roots an aggregate post binds, by trainer: only those whose signed message is in the window's
+    evidence at the trainer's own position, and only when the evidence rebuilds the posted root and
+    bitmap exactly. Anything else (a forged leaf, a message of another domain, window or signer, a root
+    or bitmap that does not match) is a RelayError: then the post binds nobody."""
+    if len(raw) > MAX_EVIDENCE_BYTES:
+        raise RelayError(f"window evidence is at most {MAX_EVIDENCE_BYTES} bytes, got {len(raw)}")
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RelayError(f"window evidence is one JSON object: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("format") != EVIDENCE_FORMAT or doc.get("window") != window:
+        raise RelayError(f"not the {EVIDENCE_FORMAT} document of window {window}")
+    msgs = doc.get("messages")
+    if not isinstance(msgs, list) or len(msgs) != len(positions):
+        raise RelayError(f"window evidence must hold one entry per trainer position ({len(positions)})")
+    leaves, bits, bound = [], 0, {}
+    for i, (m, t) in enumerate(zip(msgs, positions)):
+        if m is None:
+            leaves.append(merkle.EMPTY)
+            continue
+        if not isinstance(m, str):
+            raise RelayError(f"evidence entry {i} is not a message")
+        sr = from_wire(m.encode())
+        if sr.domain != domain or sr.window != window or sr.trainer != to_checksum_address(t):
+            raise RelayError(f"evidence entry {i} is not {t}'s root of window {window} in this epoch")
+        leaves.append(leaf(sr.trainer, sr.root))
+        bits |= 1 << i
+        bound[sr.trainer] = sr
+    if bits != bitmap or (merkle.root(leaves) if leaves else merkle.EMPTY) != bytes(root):
+        raise RelayError(f"window {window}'s evidence does not rebuild the posted root and bitmap")
+    return bound

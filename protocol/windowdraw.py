@@ -47,8 +47,8 @@ def window_challenges(seed: bytes, trainer: str, rate: int, W: int, window: int,
 
 @dataclass(frozen=True)
 class WindowPost:
-    """One `WindowPosted` event: a relay's aggregate (poster the coordinator, with a bitmap) or a trainer's
-    own root (poster the trainer, bitmap 0)."""
+    """One window post: a relay's aggregate (poster the coordinator, with a bitmap and its evidence's CID)
+    or a trainer's own root (poster the trainer, bitmap 0, no evidence)."""
 
     window: int
     poster: str
@@ -56,17 +56,22 @@ class WindowPost:
     bitmap: int
     block: int
     log_index: int
+    evidence: str = ""
 
 
-def first_post(posts: Sequence[WindowPost], window: int, trainer: str, position: int, relay: str) -> WindowPost | None:
-    """The post that fixes `trainer`'s root of `window`: the first in chain order that is the relay's
-    aggregate with its bit set, or its own. Later ones never count: posting again (directly, after
-    seeing a seed) cannot re-roll the draw, and a different root posted later is equivocation."""
+def first_post(posts: Sequence[WindowPost], window: int, trainer: str, position: int, relay: str,
+               holds: Callable[[WindowPost], bytes | None]) -> tuple[WindowPost, bytes] | None:
+    """The post that fixes `trainer`'s root of `window`, and that root: the first in chain order that is
+    either the relay's aggregate whose evidence holds the trainer's signed root (`holds` returns it, or
+    None: `protocol.relay.read_evidence`) or the trainer's own. Later ones never count: posting again
+    (directly, after seeing a seed) cannot re-roll the draw, and a different root later is equivocation."""
     for p in sorted(posts, key=lambda p: (p.block, p.log_index)):
         if p.window != window:
             continue
-        if (p.poster == relay and p.bitmap >> position & 1) or p.poster == trainer:
-            return p
+        if p.poster == trainer and not p.bitmap:
+            return p, p.root
+        if p.poster == relay and p.bitmap >> position & 1 and (root := holds(p)) is not None:
+            return p, root
     return None
 
 

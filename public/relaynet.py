@@ -55,6 +55,8 @@ class Relay:
     def __init__(self, facts: Callable[[Domain], EpochFacts | None], clock: Callable[[], float] = time.monotonic) -> None:
         self._facts, self._clock = facts, clock
         self._books: dict[Domain, tuple[WindowBook, int]] = {}
+        self._first: dict[tuple[Domain, int], float] = {}  # when each window's first root arrived
+        self._posted: set[tuple[Domain, int]] = set()
         self._lock = threading.Lock()
 
     def _book(self, domain: Domain) -> tuple[WindowBook, int]:
@@ -70,7 +72,30 @@ class Relay:
         msg = relay.from_wire(raw)
         with self._lock:
             book, n = self._book(msg.domain)
-            return msg, book.accept(msg, n)
+            new = book.accept(msg, n)
+            if (msg.domain, msg.window) not in self._posted:
+                self._first.setdefault((msg.domain, msg.window), self._clock())
+            return msg, new
+
+    def ready(self, wait_s: float) -> list[tuple[Domain, int]]:
+        """Windows to post now: every trainer's root is in, or the first arrived `wait_s` ago."""
+        now, out = self._clock(), []
+        with self._lock:
+            for (domain, w), first in sorted(self._first.items(), key=lambda kv: kv[1]):
+                book = self._books[domain][0]
+                if now - first >= wait_s or all((w, to_checksum_address(t)) in book.roots for t in book.positions):
+                    out.append((domain, w))
+        return out
+
+    def evidence(self, domain: Domain, window: int) -> bytes:
+        with self._lock:
+            return self._book(domain)[0].evidence(window)
+
+    def forget(self, domain: Domain, window: int) -> None:
+        """A posted window: later roots for it are still kept (as evidence) but never posted again."""
+        with self._lock:
+            self._first.pop((domain, window), None)
+            self._posted.add((domain, window))
 
     def aggregate(self, domain: Domain, window: int) -> Aggregate:
         with self._lock:
@@ -86,6 +111,30 @@ class Relay:
     def positions(self, domain: Domain) -> list[str]:
         with self._lock:
             return [to_checksum_address(t) for t in self._book(domain)[0].positions]
+
+
+class RelayPoster:
+    """The relay's chain side: each window's aggregate posted once (with its evidence published to the
+    store first), when every trainer's root is in or `wait_s` after the first arrived. Late roots are
+    not posted again: their trainers post their own (`trainer/windowpost.py`)."""
+
+    def __init__(self, r: Relay, chain: Any, store: Any, wait_s: float, log: Callable[..., None] | None = None) -> None:
+        self.relay, self.chain, self.store, self.wait_s = r, chain, store, wait_s
+        self.log = log or (lambda event, **kv: None)
+        self.posted: dict[tuple[Domain, int], str] = {}  # -> transaction hash
+
+    def poll(self) -> list[tuple[Domain, int]]:
+        done = []
+        for domain, w in self.relay.ready(self.wait_s):
+            agg = self.relay.aggregate(domain, w)
+            cid = self.store.put(self.relay.evidence(domain, w))
+            tx = self.chain.post_window(domain.run_id, domain.epoch, w, agg.root, agg.bitmap, len(agg.leaves), cid)
+            self.relay.forget(domain, w)
+            self.posted[(domain, w)] = tx.tx_hash
+            self.log("window-posted", epoch=domain.epoch, window=w, included=agg.bitmap.bit_count(),
+                     of=len(agg.leaves), gas=tx.gas_used)
+            done.append((domain, w))
+        return done
 
 
 def _domain(parts: Sequence[str]) -> Domain:

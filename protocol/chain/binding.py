@@ -985,10 +985,11 @@ class Chain:
         """Report a passing trainer's payload as unfetchable (staked members; a rejected report is slashed)."""
         return self._transact("reportUnavailable", run_id, epoch, to_checksum_address(trainer))
 
-    def post_window(self, run_id: int, epoch: int, window: int, root: bytes, bitmap: int, positions: int) -> TxResult:
-        """The relay's aggregate root of a window (the run's coordinator; docs/protocol.md §5.4): the
-        bitmap travels as ceil(positions / 8) bytes, position 0 in the lowest bit of the last byte."""
-        return self._transact("postWindow", run_id, epoch, window, bytes(root), bitmap_bytes(bitmap, positions))
+    def post_window(self, run_id: int, epoch: int, window: int, root: bytes, bitmap: int, positions: int,
+                    evidence_cid: str) -> TxResult:
+        """The relay's aggregate root of a window (the run's coordinator; docs/protocol.md §5.4) and the CID of
+        its evidence: the bitmap travels as ceil(positions / 8) bytes, position 0 in the lowest bit of the last byte."""
+        return self._transact("postWindow", run_id, epoch, window, bytes(root), bitmap_bytes(bitmap, positions), evidence_cid)
 
     def post_own_window(self, run_id: int, epoch: int, window: int, root: bytes) -> TxResult:
         """A trainer's own window root, where the relay left it out."""
@@ -1002,10 +1003,11 @@ class Chain:
         for e in self.events(["WindowPosted", "OwnWindowPosted"], run_id=run_id, epoch=epoch):
             if e.name == "WindowPosted":
                 coordinator = coordinator or self.run_info(run_id).params.coordinator
-                poster, bitmap = coordinator, int.from_bytes(e.args["bitmap"], "big")
+                poster, bitmap, evidence = coordinator, int.from_bytes(e.args["bitmap"], "big"), e.args["evidenceCid"]
             else:
-                poster, bitmap = e.args["trainer"], 0
-            out.append(WindowPost(e.args["window"], poster, bytes(e.args["root"]), bitmap, e.block_number, e.log_index))
+                poster, bitmap, evidence = e.args["trainer"], 0, ""
+            out.append(WindowPost(e.args["window"], poster, bytes(e.args["root"]), bitmap, e.block_number, e.log_index,
+                                  evidence))
         return out
 
     def vote_availability(self, run_id: int, epoch: int, trainer: str, available: bool) -> TxResult:

@@ -4,6 +4,7 @@ which post fixes a trainer's root and seed. py-evm only: the function emits, it 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,8 +12,11 @@ import pytest
 from protocol import relay, windowdraw
 from protocol.chain import errors as ce
 from protocol.digest import keccak
+from protocol.store.backends import LocalStore
+from public import relaynet
 from tests.fixtures.chain import PyEvmNet, Run
 from tests.fixtures.chain import make_run as fixture_run
+from trainer.windowpost import WindowSender
 
 pytestmark = pytest.mark.integration
 
@@ -38,12 +42,12 @@ def run(net: Any) -> Iterator[Run]:
 def test_the_relay_posts_aggregates_trainers_post_their_own_and_nobody_else_posts(run: Run) -> None:
     rid, c = run.run_id, run.coord
     t0, t1 = run.trainers[0].chain, run.trainers[1].chain
-    c.post_window(rid, 0, 0, keccak(b"agg0"), 0b101, 3)
+    c.post_window(rid, 0, 0, keccak(b"agg0"), 0b101, 3, "bafyevidence")
     t1.post_own_window(rid, 0, 0, keccak(b"own"))
     posts = c.window_posts(rid, 0)
-    assert [(p.poster, p.bitmap) for p in posts] == [(c.sender, 0b101), (t1.sender, 0)]
+    assert [(p.poster, p.bitmap, p.evidence) for p in posts] == [(c.sender, 0b101, "bafyevidence"), (t1.sender, 0, "")]
     with pytest.raises(ce.NotCoordinator):
-        t0.post_window(rid, 0, 1, keccak(b"x"), 1, 3)
+        t0.post_window(rid, 0, 1, keccak(b"x"), 1, 3, "bafyevidence")
     with pytest.raises(ce.NotTrainer):
         run.verifiers[0].post_own_window(rid, 0, 1, keccak(b"x"))
     with pytest.raises(ce.WindowClosed):
@@ -52,21 +56,37 @@ def test_the_relay_posts_aggregates_trainers_post_their_own_and_nobody_else_post
         t0.post_own_window(rid, 0, 4096, keccak(b"x"))
 
 
-def test_the_first_post_fixes_a_trainers_root_and_a_later_one_cannot_re_roll_its_seed(run: Run) -> None:
+def key(i: int) -> bytes:
+    return (i + 1).to_bytes(32, "big")  # eth-tester's account i
+
+
+def test_the_first_post_fixes_a_trainers_root_and_a_later_one_cannot_re_roll_its_seed(run: Run, tmp_path: Path) -> None:
     rid, c = run.run_id, run.coord
     ts = [t.chain for t in run.trainers]
     dom = relay.Domain(c.chain_id, c.address, rid, 0)
-    c.post_window(rid, 0, 3, keccak(b"agg"), 0b011, 3)  # trainers 0 and 1 in the aggregate, 2 left out
+    positions = [t.sender for t in ts]
+    book = relay.WindowBook(dom, positions, clock=lambda: 0.0)
+    for i in (0, 1):  # trainers 0 and 1 in the aggregate, 2 left out
+        book.accept(relay.sign_root(key(i + 1), dom, 3, keccak(b"root%d" % i)), 8)
+    agg, store = book.aggregate(3), LocalStore(tmp_path / "store")
+    c.post_window(rid, 0, 3, agg.root, agg.bitmap, 3, store.put(book.evidence(3)))
     ts[2].post_own_window(rid, 0, 3, keccak(b"own2"))
     ts[0].post_own_window(rid, 0, 3, keccak(b"again0"))  # after the aggregate: a re-roll attempt, ignored
     posts = c.window_posts(rid, 0)
+
+    def holds(who: str) -> Any:
+        return lambda p: (m.root if (m := relay.read_evidence(store.get(p.evidence), dom, p.window, positions, p.root,
+                                                            p.bitmap).get(who)) else None)
+
     for i, t in enumerate(ts):
-        first = windowdraw.first_post(posts, 3, t.sender, i, c.sender)
+        first = windowdraw.first_post(posts, 3, t.sender, i, c.sender, holds(t.sender))
         assert first is not None
-        assert first.poster == (t.sender if i == 2 else c.sender)
+        assert first[0].poster == (t.sender if i == 2 else c.sender)
+        assert first[1] == (keccak(b"own2") if i == 2 else keccak(b"root%d" % i))
     head = c.block_number()
     src = windowdraw.ChainOrdering(
-        dom, lambda w: (p.block if (p := windowdraw.first_post(c.window_posts(rid, 0), w, ts[0].sender, 0, c.sender)) else None),
+        dom, lambda w: (f[0].block if (f := windowdraw.first_post(c.window_posts(rid, 0), w, ts[0].sender, 0, c.sender,
+                                                                   holds(ts[0].sender))) else None),
         c.block_hash, c.block_number, depth=1)
     agg_block = posts[0].block
     if head < agg_block + 2:  # the seed block (the one after the post) must be covered by one more
@@ -89,3 +109,65 @@ def test_windows_are_posted_for_the_epoch_in_training_and_refused_once_it_is_ove
     with pytest.raises(ce.WindowClosed):
         t.chain.post_own_window(rid, 0, 2, keccak(b"too late"))
     assert [p.root for p in run.coord.window_posts(rid, 1)] == [keccak(b"e1")]
+
+
+class Relayed:
+    """The relay as the coordinator would run it: HTTP on loopback, posting on the chain, evidence in the store."""
+
+    def __init__(self, run: Run, store: LocalStore, wait_s: float = 0.0, **over: Any) -> None:
+        c = run.coord
+        self.dom = relay.Domain(c.chain_id, c.address, run.run_id, 0)
+        self.positions = [t.chain.sender for t in run.trainers]
+        self.relay = relaynet.Relay(lambda d: relaynet.EpochFacts(self.positions, 17) if d == self.dom else None)
+        self.poster = relaynet.RelayPoster(self.relay, c, store, wait_s=wait_s)
+        self.server = relaynet.start(self.relay)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def sender(self, run: Run, i: int, store: LocalStore, url: str | None = "", wait_s: float = 0.0) -> WindowSender:
+        client = None if url is None else relaynet.RelayClient(url or self.url, timeout_s=5)
+        return WindowSender(run.trainers[i].chain, key(i + 1), self.dom, self.positions, run.coord.sender, store, client,
+                            wait_s=wait_s)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_roots_travel_through_the_relay_and_a_left_out_trainer_posts_its_own(run: Run, tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    r = Relayed(run, store)
+    try:
+        senders = [r.sender(run, i, store) for i in range(3)]
+        for i in (0, 1):
+            senders[i].send(0, keccak(b"w0-%d" % i))
+        assert r.poster.poll() == [(r.dom, 0)]  # the relay waits no longer (wait 0): trainer 2 is left out
+        senders[2].send(0, keccak(b"w0-2"))  # late: the relay keeps it, never posts the window again
+        assert r.poster.poll() == []
+        fixed = [s.settle() for s in senders]
+        assert fixed[0][0].poster == fixed[1][0].poster == run.coord.sender
+        assert 0 not in fixed[2] and 0 in senders[2].own_posted  # its own post, at once (wait_s 0)
+        assert senders[2].settle()[0].poster == senders[2].me
+        assert all(0 not in s.own_posted for s in senders[:2])
+    finally:
+        r.close()
+
+
+def test_an_offline_relay_or_one_that_forges_a_leaf_binds_nobody_and_the_trainer_posts_itself(run: Run, tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    r = Relayed(run, store)
+    try:
+        offline = r.sender(run, 0, store, url="http://127.0.0.1:9")
+        offline.send(1, keccak(b"w1-0"))
+        assert 1 in offline.own_posted and offline.settle()[1].poster == offline.me
+        # a relay that sets trainer 1's bit with a root it never signed: the evidence does not bind it
+        forged = relay.WindowBook(r.dom, r.positions, clock=lambda: 0.0)
+        forged.accept(relay.sign_root(key(3), r.dom, 2, keccak(b"w2-2")), 17)
+        forged.roots[(2, r.positions[1])] = relay.SignedRoot(r.dom, 2, keccak(b"not mine"), bytes(65), r.positions[1])
+        agg = forged.aggregate(2)
+        run.coord.post_window(run.run_id, 0, 2, agg.root, agg.bitmap, 3, store.put(forged.evidence(2)))
+        victim = r.sender(run, 1, store, url=None)  # no relay of its own: posts directly at once
+        victim.sent[2] = (relay.sign_root(key(2), r.dom, 2, keccak(b"w2-1")), 0.0)
+        assert victim.settle() == {} and 2 in victim.own_posted  # the forged leaf bound nothing
+        assert victim.settle()[2].poster == victim.me
+    finally:
+        r.close()

@@ -217,3 +217,27 @@ def test_the_window_gas_benchmark_derives_w_and_each_trainers_share_from_measure
     md = render({"command": "benchmarks/window_gas.py --out x", "versions": {"anvil": "t"}, "own": gas["own"],
                  "rows": list(rows.values())})
     assert "| 64 | 31,000 | 256 |" in md and "29,900 gas" in md
+
+
+def test_evidence_binds_only_signed_roots_at_their_positions_and_must_rebuild_the_post() -> None:
+    b = book()
+    for i in (0, 2):
+        b.accept(relay.sign_root(KEYS[i], DOMAIN, 5, keccak(b"e%d" % i)), 8)
+    agg, raw = b.aggregate(5), b.evidence(5)
+    bound = relay.read_evidence(raw, DOMAIN, 5, TRAINERS, agg.root, agg.bitmap)
+    assert {t: m.root for t, m in bound.items()} == {TRAINERS[0]: keccak(b"e0"), TRAINERS[2]: keccak(b"e2")}
+    doc = json.loads(raw)
+    cases = {
+        "bitmap": (raw, agg.root, agg.bitmap | 0b10),  # a bit set for a trainer the evidence does not hold
+        "rebuild": (raw, keccak(b"other root"), agg.bitmap),
+        "position": (json.dumps({**doc, "messages": [doc["messages"][2], None, doc["messages"][0], None]}).encode(),
+                     agg.root, agg.bitmap),  # messages moved to other trainers' positions
+        "entry": (json.dumps({**doc, "messages": doc["messages"][:3]}).encode(), agg.root, agg.bitmap),
+        "window 5": (json.dumps({**doc, "window": 6}).encode(), agg.root, agg.bitmap),
+    }
+    for (r, root, bits) in cases.values():
+        with pytest.raises(relay.RelayError):
+            relay.read_evidence(r, DOMAIN, 5, TRAINERS, root, bits)
+    other = relay.Domain(DOMAIN.chain_id, DOMAIN.contract, DOMAIN.run_id, DOMAIN.epoch + 1)
+    with pytest.raises(relay.RelayError, match="not .* root of window"):
+        relay.read_evidence(raw, other, 5, TRAINERS, agg.root, agg.bitmap)

@@ -1,0 +1,100 @@
+"""A trainer's window roots onto the chain (issue 48, docs/protocol.md §5.4).
+
+Each window's root goes to the relay, signed; the relay posts one aggregate per window with the
+signed roots as evidence. The trainer then reads the chain: the first post that holds its signed root
+fixes that root and its seed (`protocol.windowdraw.first_post`). Where the relay is unreachable or
+refuses, the trainer posts its root itself at once; where no post holds its root `wait_s` after
+sending (the relay left it out, forged its leaf, or withheld its evidence), likewise. Never twice:
+one own post per window, so a trainer cannot re-roll its seed even by mistake.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from eth_account import Account
+from eth_utils import to_checksum_address
+
+from protocol import relay
+from protocol.chain.binding import Chain
+from protocol.errors import VerilocoError
+from protocol.relay import Domain, SignedRoot
+from protocol.windowdraw import WindowPost, first_post
+from public.relaynet import RelayClient, RelayUnavailable
+
+Log = Callable[..., None]
+
+
+class WindowRootConflict(VerilocoError):
+    """A post fixes a root for this trainer that it did not send: another instance with its key."""
+
+
+class WindowSender:
+    """Sends a trainer's window roots and learns which post fixed each. `positions` is the epoch's
+    trainer order (the relay's and the verifiers'); `relay_address` the account whose aggregates count
+    (the run's coordinator)."""
+
+    def __init__(self, chain: Chain, key: bytes | str, domain: Domain, positions: Sequence[str], relay_address: str,
+                 store: Any, client: RelayClient | None, *, wait_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic, log: Log | None = None) -> None:
+        self.chain, self.key, self.domain, self.store, self.client = chain, key, domain, store, client
+        self.me = to_checksum_address(Account.from_key(key).address)
+        self.positions = [to_checksum_address(t) for t in positions]
+        if self.me not in self.positions:
+            raise VerilocoError(f"{self.me} is not a trainer position of run {domain.run_id} epoch {domain.epoch}")
+        self.position = self.positions.index(self.me)
+        self.relay_address = to_checksum_address(relay_address)
+        self.wait_s, self.clock = wait_s, clock
+        self.log: Log = log or (lambda event, **kv: None)
+        self.sent: dict[int, tuple[SignedRoot, float]] = {}
+        self.own_posted: set[int] = set()
+        self.fixed: dict[int, WindowPost] = {}
+
+    def send(self, window: int, root: bytes) -> None:
+        msg = relay.sign_root(self.key, self.domain, window, root)
+        self.sent[window] = (msg, self.clock())
+        if self.client is None:
+            self._own(window, "no relay")
+            return
+        try:
+            self.client.send(msg)
+        except (RelayUnavailable, relay.RelayError) as exc:
+            self._own(window, str(exc))
+
+    def _own(self, window: int, why: str) -> None:
+        if window in self.own_posted:
+            return
+        tx = self.chain.post_own_window(self.domain.run_id, self.domain.epoch, window, self.sent[window][0].root)
+        self.own_posted.add(window)
+        self.log("window-posted-own", epoch=self.domain.epoch, window=window, gas=tx.gas_used, why=why)
+
+    def _holds(self, post: WindowPost) -> bytes | None:
+        """The root of ours that an aggregate's evidence binds, or None (evidence missing or not binding)."""
+        try:
+            raw = self.store.get(post.evidence, max_size=relay.MAX_EVIDENCE_BYTES)
+            bound = relay.read_evidence(raw, self.domain, post.window, self.positions, post.root, post.bitmap)
+        except VerilocoError as exc:
+            self.log("window-evidence-refused", epoch=self.domain.epoch, window=post.window, error=str(exc))
+            return None
+        m = bound.get(self.me)
+        return bytes(m.root) if m else None
+
+    def settle(self) -> dict[int, WindowPost]:
+        """Read the posts; a window whose root no post holds `wait_s` after sending gets our own post."""
+        posts = self.chain.window_posts(self.domain.run_id, self.domain.epoch)
+        for w, (msg, at) in sorted(self.sent.items()):
+            if w in self.fixed:
+                continue
+            got = first_post(posts, w, self.me, self.position, self.relay_address, self._holds)
+            if got is not None:
+                post, root = got
+                if root != msg.root:
+                    raise WindowRootConflict(
+                        f"window {w} of epoch {self.domain.epoch} is fixed to a root this node did not send: another "
+                        "instance runs with this key; stop one of them")
+                self.fixed[w] = post
+            elif self.clock() - at >= self.wait_s:
+                self._own(w, f"no post holds the root {self.wait_s:.0f} s after sending")
+        return dict(self.fixed)

@@ -292,9 +292,12 @@ def markdown(result: dict[str, Any]) -> str:
             f"({big['epoch_total_gas'] / BLOCK_GAS:.2f} × a 30M block); largest single transaction "
             f"{big['largest_tx_gas']:,} gas ({big['largest_tx_gas'] / BLOCK_GAS:.1%} of a 30M block).")
     slope = result.get("finalize_slope_per_trainer")
+    win = result.get("window_gas_per_trainer_per_epoch")
+    windows = (f"Window posts (issue 48, not yet sent by the nodes): {', '.join(f'{v:,} gas a trainer and epoch at K = {k}' for k, v in win.items())}"
+               f" (H = 256); a trainer's own post {result['window_direct_post_gas']:,} gas." if win else "")
     return "\n".join([
         "Gas per trainer per epoch (steady state: epoch 3 of a run, batched verdicts):", "", *rows, "",
-        fits, f"finalize slope: {slope:,.0f} gas per additional trainer." if slope else "", "",
+        fits, f"finalize slope: {slope:,.0f} gas per additional trainer." if slope else "", windows, "",
         "Gas per call:", "", *calls,
     ])
 
@@ -324,6 +327,10 @@ def main() -> int:
             per_count[str(n)] = bench_count(node.url, address, ledger, n, args.rewards)
             print(f"  {n} trainers: {per_count[str(n)]['batched']['total']:,.0f} gas/trainer/epoch", file=sys.stderr)
         extra_calls(node.url, address, ledger)
+        from benchmarks.window_gas import derive
+        from benchmarks.window_gas import measure as measure_windows
+
+        windows = measure_windows(node.url, address)  # issue 48's posts, on the same chain and build
     fin = {int(k.split("(")[1].split()[0]): v["mean"] for k, v in summarize(ledger).items() if k.startswith("finalize (")}
     slope = None
     if len(fin) >= 2:
@@ -340,6 +347,10 @@ def main() -> int:
         "gas_per_trainer_per_epoch": {k: round(v["batched"]["total"]) for k, v in per_count.items()},
         "finalize_slope_per_trainer": slope,
         "per_count": per_count,
+        # the relay's aggregate post per window shared by K trainers at H = 256, W by protocol.windows.width_rule
+        "window_gas_per_trainer_per_epoch": {str(r["K"]): r["window_gas_per_trainer_per_epoch"]
+                                             for r in derive(windows) if r["H"] == 256 and r["K"] in (64, 1024)},
+        "window_direct_post_gas": max(windows["own"]),
         "wall_s": round(time.time() - t0, 1),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

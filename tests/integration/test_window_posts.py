@@ -171,3 +171,42 @@ def test_an_offline_relay_or_one_that_forges_a_leaf_binds_nobody_and_the_trainer
         assert victim.settle()[2].poster == victim.me
     finally:
         r.close()
+
+
+def test_a_verifier_derives_each_windows_post_its_draws_and_a_trace_changed_after_posting(run: Run, tmp_path: Path) -> None:
+    from protocol import merkle, windows
+    from protocol.chain.audit import RATE_ONE
+    from public.windowaudit import audit_windows
+
+    store = LocalStore(tmp_path / "store")
+    r = Relayed(run, store)
+    try:
+        W, n = 8, 33
+        digests = [keccak(b"leaf%d" % i) for i in range(n)]
+        roots = windows.window_roots(digests, W)
+        s = r.sender(run, 0, store)
+        for w in range(4):  # window 4 (the last leaf) is never posted: drawn after the epoch
+            s.send(w, roots[w])
+        r.poster.poll()
+        assert set(s.settle()) == {0, 1, 2, 3}
+        for _ in range(3):
+            run.net.advance(1)
+        c = run.coord
+
+        def audit(claimed: list[bytes], trace_root: bytes) -> Any:
+            return audit_windows(posts=c.window_posts(run.run_id, 0), evidence=store.get, domain=r.dom,
+                                 positions=r.positions, relay_address=c.sender, trainer=s.me, claimed=claimed,
+                                 trace_root=trace_root, leaf_count=n, W=W, rate=RATE_ONE // 2,
+                                 audit_seed=keccak(b"audit seed"), block_hash=c.block_hash, head=c.block_number(), depth=1)
+
+        honest = audit(roots, merkle.root(digests))
+        assert honest.findings == [] and sorted(honest.fixed) == [0, 1, 2, 3] and honest.post_hoc == [4]
+        assert honest.pending == [] and set(honest.drawn) <= set(range(n - 1)) and honest.drawn
+        assert honest.drawn == audit(roots, merkle.root(digests)).drawn  # every verifier draws the same
+        changed = list(digests)
+        changed[9] = keccak(b"after posting")  # window 1 changed after its root was posted
+        moved = windows.window_roots(changed, W)
+        assert "window 1's posted root" in audit(moved, merkle.root(changed)).findings[0]
+        assert "do not rebuild" in audit(roots, merkle.root(changed)).findings[0]
+    finally:
+        r.close()

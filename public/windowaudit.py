@@ -1,0 +1,79 @@
+"""What a verifier derives about a trainer's windows (issue 48, docs/protocol.md §5.4): which post fixed
+each window's root, whether the revealed trace is the one those roots make, and which transitions are
+challenged. Pure over injected reads (the chain's posts and block hashes, the store's evidence).
+
+The trainer's manifest names all of its window roots; each root a post fixed must be that one, and
+together they must rebuild the revealed trace root (so a trace cannot differ from its posted windows,
+across a boundary or anywhere). A window with a fixed root and a safe seed is drawn from its own seed;
+a window nobody posted (a stalled chain, a relay and a trainer both offline) is drawn after the epoch
+from the audit seed, at the same per-step rate: it costs that trainer the memory it kept, not a
+slashing, and buys no escape, since each step's chance is the same either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from protocol import relay, windows
+from protocol.chain.audit import rate_draw
+from protocol.errors import VerilocoError
+from protocol.relay import Domain
+from protocol.windowdraw import WindowPost, first_post, window_challenges, window_seed
+
+
+@dataclass
+class WindowedAudit:
+    """The outcome for one trainer-epoch. `findings` empty: its windows agree with its trace."""
+
+    drawn: list[int] = field(default_factory=list)  # challenged transitions k -> k + 1, ascending
+    fixed: dict[int, WindowPost] = field(default_factory=dict)  # window -> the post that fixed its root
+    post_hoc: list[int] = field(default_factory=list)  # windows drawn from the audit seed (never posted)
+    pending: list[int] = field(default_factory=list)  # windows posted whose seed is not yet deep enough
+    findings: list[str] = field(default_factory=list)
+
+
+def audit_windows(
+    *, posts: Sequence[WindowPost], evidence: Callable[[str], bytes], domain: Domain, positions: Sequence[str],
+    relay_address: str, trainer: str, claimed: Sequence[bytes], trace_root: bytes, leaf_count: int, W: int,
+    rate: int, audit_seed: bytes, block_hash: Callable[[int], bytes | None], head: int, depth: int,
+) -> WindowedAudit:
+    """`claimed`: the window roots the trainer's manifest names, in window order."""
+    out = WindowedAudit()
+    W = windows.width(W, leaf_count)
+    try:
+        rebuilt = windows.root_from_windows(claimed, leaf_count, W)
+    except windows.WindowError as exc:
+        out.findings.append(f"the manifest's window roots do not fit the trace: {exc}")
+        return out
+    if rebuilt != bytes(trace_root):
+        out.findings.append("the manifest's window roots do not rebuild the revealed trace root")
+        return out
+    position = list(positions).index(trainer)
+
+    def holds(p: WindowPost) -> bytes | None:
+        try:
+            bound = relay.read_evidence(evidence(p.evidence), domain, p.window, positions, p.root, p.bitmap)
+        except VerilocoError:
+            return None
+        m = bound.get(trainer)
+        return bytes(m.root) if m else None
+
+    for w in range(windows.window_count(leaf_count, W)):
+        got = first_post(posts, w, trainer, position, relay_address, holds)
+        if got is None:
+            out.post_hoc.append(w)
+            out.drawn += [k for k in windows.transitions(w, W, leaf_count) if rate_draw(audit_seed, trainer, k) < rate]
+            continue
+        post, root = got
+        out.fixed[w] = post
+        if root != bytes(claimed[w]):
+            out.findings.append(f"window {w}'s posted root is not the one the manifest names (the trace changed after posting)")
+            continue
+        h = block_hash(post.block + 1) if head >= post.block + 1 + depth else None
+        if h is None:
+            out.pending.append(w)
+            continue
+        out.drawn += window_challenges(window_seed(h, domain, w), trainer, rate, W, w, leaf_count)
+    out.drawn.sort()
+    return out

@@ -63,13 +63,31 @@ class Domain:
     epoch: int
 
 
-def root_digest(domain: Domain, window: int, root: bytes) -> Digest:
-    """keccak(abi.encode(WINDOW_TAG, chainId, contract, runId, epoch, window, root)): what a trainer signs."""
-    if len(root) != 32:
-        raise RelayError(f"a window root is 32 bytes, got {len(root)}")
+def window_digest(tag: bytes, domain: Domain, window: int, word: bytes) -> Digest:
+    """keccak(abi.encode(tag, chainId, contract, runId, epoch, window, word)): a window's hashes, domain first."""
+    if len(word) != 32:
+        raise RelayError(f"a window's hashed word is 32 bytes, got {len(word)}")
     return keccak(encode(["bytes32", "uint256", "address", "uint256", "uint256", "uint256", "bytes32"],
-                         [WINDOW_TAG, domain.chain_id, to_checksum_address(domain.contract), domain.run_id,
-                          domain.epoch, window, bytes(root)]))
+                         [tag, domain.chain_id, to_checksum_address(domain.contract), domain.run_id, domain.epoch,
+                          window, bytes(word)]))
+
+
+def root_digest(domain: Domain, window: int, root: bytes) -> Digest:
+    """What a trainer signs: `window_digest(WINDOW_TAG, domain, window, root)`."""
+    return window_digest(WINDOW_TAG, domain, window, root)
+
+
+def _json_object(raw: bytes, limit: int, what: str) -> dict:
+    """One JSON object of at most `limit` bytes (refused unread past it)."""
+    if len(raw) > limit:
+        raise RelayError(f"{what} is at most {limit} bytes, got {len(raw)}")
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RelayError(f"{what} is one JSON object: {exc}") from None
+    if not isinstance(doc, dict):
+        raise RelayError(f"{what} is one JSON object")
+    return doc
 
 
 @dataclass(frozen=True)
@@ -115,14 +133,7 @@ def _hex(doc: dict, name: str, size: int) -> bytes:
 
 def from_wire(raw: bytes) -> SignedRoot:
     """Parse and authenticate a message: bounded size, every field typed, the signer recovered."""
-    if len(raw) > MAX_MESSAGE_BYTES:
-        raise RelayError(f"a window-root message is at most {MAX_MESSAGE_BYTES} bytes, got {len(raw)}")
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RelayError(f"a window-root message is one JSON object: {exc}") from None
-    if not isinstance(doc, dict):
-        raise RelayError("a window-root message is one JSON object")
+    doc = _json_object(raw, MAX_MESSAGE_BYTES, "a window-root message")
     contract = doc.get("contract")
     try:
         contract = to_checksum_address(contract)
@@ -243,13 +254,8 @@ def read_evidence(raw: bytes, domain: Domain, window: int, positions: Sequence[s
     evidence at the trainer's own position, and only when the evidence rebuilds the posted root and
     bitmap exactly. Anything else (a forged leaf, a message of another domain, window or signer, a root
     or bitmap that does not match) is a RelayError: then the post binds nobody."""
-    if len(raw) > MAX_EVIDENCE_BYTES:
-        raise RelayError(f"window evidence is at most {MAX_EVIDENCE_BYTES} bytes, got {len(raw)}")
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RelayError(f"window evidence is one JSON object: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("format") != EVIDENCE_FORMAT or doc.get("window") != window:
+    doc = _json_object(raw, MAX_EVIDENCE_BYTES, "window evidence")
+    if doc.get("format") != EVIDENCE_FORMAT or doc.get("window") != window:
         raise RelayError(f"not the {EVIDENCE_FORMAT} document of window {window}")
     msgs = doc.get("messages")
     if not isinstance(msgs, list) or len(msgs) != len(positions):

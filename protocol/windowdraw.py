@@ -18,13 +18,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from eth_abi import encode
-from eth_utils import to_checksum_address
-
 from protocol import windows
 from protocol.chain.audit import rate_draw
 from protocol.digest import keccak
-from protocol.relay import Domain
+from protocol.relay import Domain, window_digest
 from protocol.types import Digest
 
 WINDOW_SEED_TAG = keccak(b"veriloco.window.seed.v1")
@@ -32,11 +29,7 @@ WINDOW_SEED_TAG = keccak(b"veriloco.window.seed.v1")
 
 def window_seed(block_hash: bytes, domain: Domain, window: int) -> Digest:
     """keccak(abi.encode(WINDOW_SEED_TAG, chainId, contract, runId, epoch, window, blockhash))."""
-    if len(block_hash) != 32:
-        raise ValueError(f"a block hash is 32 bytes, got {len(block_hash)}")
-    return keccak(encode(["bytes32", "uint256", "address", "uint256", "uint256", "uint256", "bytes32"],
-                         [WINDOW_SEED_TAG, domain.chain_id, to_checksum_address(domain.contract), domain.run_id,
-                          domain.epoch, window, bytes(block_hash)]))
+    return window_digest(WINDOW_SEED_TAG, domain, window, block_hash)
 
 
 def window_challenges(seed: bytes, trainer: str, rate: int, W: int, window: int, leaf_count: int) -> list[int]:

@@ -133,80 +133,78 @@ class Relayed:
         self.server.server_close()
 
 
-def test_roots_travel_through_the_relay_and_a_left_out_trainer_posts_its_own(run: Run, tmp_path: Path) -> None:
+@pytest.fixture
+def relayed(run: Run, tmp_path: Path) -> Iterator[tuple[Relayed, LocalStore]]:
     store = LocalStore(tmp_path / "store")
     r = Relayed(run, store)
     try:
-        senders = [r.sender(run, i, store) for i in range(3)]
-        for i in (0, 1):
-            senders[i].send(0, keccak(b"w0-%d" % i))
-        assert r.poster.poll() == [(r.dom, 0)]  # the relay waits no longer (wait 0): trainer 2 is left out
-        senders[2].send(0, keccak(b"w0-2"))  # late: the relay keeps it, never posts the window again
-        assert r.poster.poll() == []
-        fixed = [s.settle() for s in senders]
-        assert fixed[0][0].poster == fixed[1][0].poster == run.coord.sender
-        assert 0 not in fixed[2] and 0 in senders[2].own_posted  # its own post, at once (wait_s 0)
-        assert senders[2].settle()[0].poster == senders[2].me
-        assert all(0 not in s.own_posted for s in senders[:2])
+        yield r, store
     finally:
         r.close()
 
 
-def test_an_offline_relay_or_one_that_forges_a_leaf_binds_nobody_and_the_trainer_posts_itself(run: Run, tmp_path: Path) -> None:
-    store = LocalStore(tmp_path / "store")
-    r = Relayed(run, store)
-    try:
-        offline = r.sender(run, 0, store, url="http://127.0.0.1:9")
-        offline.send(1, keccak(b"w1-0"))
-        assert 1 in offline.own_posted and offline.settle()[1].poster == offline.me
-        # a relay that sets trainer 1's bit with a root it never signed: the evidence does not bind it
-        forged = relay.WindowBook(r.dom, r.positions, clock=lambda: 0.0)
-        forged.accept(relay.sign_root(key(3), r.dom, 2, keccak(b"w2-2")), 17)
-        forged.roots[(2, r.positions[1])] = relay.SignedRoot(r.dom, 2, keccak(b"not mine"), bytes(65), r.positions[1])
-        agg = forged.aggregate(2)
-        run.coord.post_window(run.run_id, 0, 2, agg.root, agg.bitmap, 3, store.put(forged.evidence(2)))
-        victim = r.sender(run, 1, store, url=None)  # no relay of its own: posts directly at once
-        victim.sent[2] = (relay.sign_root(key(2), r.dom, 2, keccak(b"w2-1")), 0.0)
-        assert victim.settle() == {} and 2 in victim.own_posted  # the forged leaf bound nothing
-        assert victim.settle()[2].poster == victim.me
-    finally:
-        r.close()
+def test_roots_travel_through_the_relay_and_a_left_out_trainer_posts_its_own(run: Run, relayed: Any) -> None:
+    r, store = relayed
+    senders = [r.sender(run, i, store) for i in range(3)]
+    for i in (0, 1):
+        senders[i].send(0, keccak(b"w0-%d" % i))
+    assert r.poster.poll() == [(r.dom, 0)]  # the relay waits no longer (wait 0): trainer 2 is left out
+    senders[2].send(0, keccak(b"w0-2"))  # late: the relay keeps it, never posts the window again
+    assert r.poster.poll() == []
+    fixed = [s.settle() for s in senders]
+    assert fixed[0][0].poster == fixed[1][0].poster == run.coord.sender
+    assert 0 not in fixed[2] and 0 in senders[2].own_posted  # its own post, at once (wait_s 0)
+    assert senders[2].settle()[0].poster == senders[2].me
+    assert all(0 not in s.own_posted for s in senders[:2])
 
 
-def test_a_verifier_derives_each_windows_post_its_draws_and_a_trace_changed_after_posting(run: Run, tmp_path: Path) -> None:
+def test_an_offline_relay_or_one_that_forges_a_leaf_binds_nobody_and_the_trainer_posts_itself(run: Run, relayed: Any) -> None:
+    r, store = relayed
+    offline = r.sender(run, 0, store, url="http://127.0.0.1:9")
+    offline.send(1, keccak(b"w1-0"))
+    assert 1 in offline.own_posted and offline.settle()[1].poster == offline.me
+    # a relay that sets trainer 1's bit with a root it never signed: the evidence does not bind it
+    forged = relay.WindowBook(r.dom, r.positions, clock=lambda: 0.0)
+    forged.accept(relay.sign_root(key(3), r.dom, 2, keccak(b"w2-2")), 17)
+    forged.roots[(2, r.positions[1])] = relay.SignedRoot(r.dom, 2, keccak(b"not mine"), bytes(65), r.positions[1])
+    agg = forged.aggregate(2)
+    run.coord.post_window(run.run_id, 0, 2, agg.root, agg.bitmap, 3, store.put(forged.evidence(2)))
+    victim = r.sender(run, 1, store, url=None)  # no relay of its own: posts directly at once
+    victim.sent[2] = (relay.sign_root(key(2), r.dom, 2, keccak(b"w2-1")), 0.0)
+    assert victim.settle() == {} and 2 in victim.own_posted  # the forged leaf bound nothing
+    assert victim.settle()[2].poster == victim.me
+
+
+def test_a_verifier_derives_each_windows_post_its_draws_and_a_trace_changed_after_posting(run: Run, relayed: Any) -> None:
     from protocol import merkle, windows
     from protocol.chain.audit import RATE_ONE
     from public.windowaudit import audit_windows
 
-    store = LocalStore(tmp_path / "store")
-    r = Relayed(run, store)
-    try:
-        W, n = 8, 33
-        digests = [keccak(b"leaf%d" % i) for i in range(n)]
-        roots = windows.window_roots(digests, W)
-        s = r.sender(run, 0, store)
-        for w in range(4):  # window 4 (the last leaf) is never posted: drawn after the epoch
-            s.send(w, roots[w])
-        r.poster.poll()
-        assert set(s.settle()) == {0, 1, 2, 3}
-        for _ in range(3):
-            run.net.advance(1)
-        c = run.coord
+    r, store = relayed
+    W, n = 8, 33
+    digests = [keccak(b"leaf%d" % i) for i in range(n)]
+    roots = windows.window_roots(digests, W)
+    s = r.sender(run, 0, store)
+    for w in range(4):  # window 4 (the last leaf) is never posted: drawn after the epoch
+        s.send(w, roots[w])
+    r.poster.poll()
+    assert set(s.settle()) == {0, 1, 2, 3}
+    for _ in range(3):
+        run.net.advance(1)
+    c = run.coord
 
-        def audit(claimed: list[bytes], trace_root: bytes) -> Any:
-            return audit_windows(posts=c.window_posts(run.run_id, 0), evidence=store.get, domain=r.dom,
-                                 positions=r.positions, relay_address=c.sender, trainer=s.me, claimed=claimed,
-                                 trace_root=trace_root, leaf_count=n, W=W, rate=RATE_ONE // 2,
-                                 audit_seed=keccak(b"audit seed"), block_hash=c.block_hash, head=c.block_number(), depth=1)
+    def audit(claimed: list[bytes], trace_root: bytes) -> Any:
+        return audit_windows(posts=c.window_posts(run.run_id, 0), evidence=store.get, domain=r.dom,
+                             positions=r.positions, relay_address=c.sender, trainer=s.me, claimed=claimed,
+                             trace_root=trace_root, leaf_count=n, W=W, rate=RATE_ONE // 2,
+                             audit_seed=keccak(b"audit seed"), block_hash=c.block_hash, head=c.block_number(), depth=1)
 
-        honest = audit(roots, merkle.root(digests))
-        assert honest.findings == [] and sorted(honest.fixed) == [0, 1, 2, 3] and honest.post_hoc == [4]
-        assert honest.pending == [] and set(honest.drawn) <= set(range(n - 1)) and honest.drawn
-        assert honest.drawn == audit(roots, merkle.root(digests)).drawn  # every verifier draws the same
-        changed = list(digests)
-        changed[9] = keccak(b"after posting")  # window 1 changed after its root was posted
-        moved = windows.window_roots(changed, W)
-        assert "window 1's posted root" in audit(moved, merkle.root(changed)).findings[0]
-        assert "do not rebuild" in audit(roots, merkle.root(changed)).findings[0]
-    finally:
-        r.close()
+    honest = audit(roots, merkle.root(digests))
+    assert honest.findings == [] and sorted(honest.fixed) == [0, 1, 2, 3] and honest.post_hoc == [4]
+    assert honest.pending == [] and set(honest.drawn) <= set(range(n - 1)) and honest.drawn
+    assert honest.drawn == audit(roots, merkle.root(digests)).drawn  # every verifier draws the same
+    changed = list(digests)
+    changed[9] = keccak(b"after posting")  # window 1 changed after its root was posted
+    moved = windows.window_roots(changed, W)
+    assert "window 1's posted root" in audit(moved, merkle.root(changed)).findings[0]
+    assert "do not rebuild" in audit(roots, merkle.root(changed)).findings[0]

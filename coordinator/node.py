@@ -162,6 +162,9 @@ class CoordinatorNode:
                 self._reveals_awaited.add(e)
                 self.log("finalize-waiting", epoch=e, detail=str(exc))
             return False
+        except ce.WrongPhase as exc:  # a stand-in (past half the window) or another instance finalized first
+            self.log("finalize-lost", epoch=e, detail=f"another member finalized epoch {e} first: {exc}")
+            return False  # the next poll reads the epoch's phase and moves on
         except ChainError as exc:
             self.log("finalize-failed", epoch=e, error=str(exc))
             return False

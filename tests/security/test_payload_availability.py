@@ -148,6 +148,34 @@ def test_the_verifier_puts_the_payload_back_and_the_epoch_finalizes(tmp_path: Pa
     assert not chain.events(["Slashed"], run_id=run_id)
 
 
+def test_a_coordinator_that_loses_the_finalize_race_says_so_calmly_and_moves_on(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 46 item 9: another instance with the coordinator's key (or a stand-in past half the window)
+    finalizes between this one's phase check and its transaction. The refusal is the race, not an
+    error: one INFO line, no ERROR, and the next polls follow the epoch to its end."""
+    from protocol.chain.binding import Chain
+    from veriloco.logs import level
+
+    w = _passed_and_deleted(tmp_path)
+    coordinator, verifier, net, run_id = w["coordinator"], w["verifier"], w["net"], w["run_id"]
+    verifier._keep()  # the payload is back: both instances can build the model
+    twin = CoordinatorNode(Chain(net.w3, net.address, net.accounts[COORDINATOR]), w["store"], run_id, evaluate=False)
+    twin.ctx, twin.globals = coordinator.ctx, VerifiedGlobals(twin.chain, w["store"], coordinator.ctx)
+    send = coordinator.chain.finalize
+
+    def raced(*args: Any, **kw: Any) -> Any:
+        assert twin._try_finalize(0)  # the other instance's transaction lands first
+        return send(*args, **kw)
+
+    monkeypatch.setattr(coordinator.chain, "finalize", raced)
+    assert not coordinator._try_finalize(0)
+    (lost,) = w["clog"].events("finalize-lost")
+    assert "finalized epoch 0 first" in lost["detail"] and level("finalize-lost", lost) == "INFO"
+    assert not w["clog"].events("finalize-failed")
+    verifier._check_aggregate(0)  # the committee confirms the (identical) model
+    assert coordinator._try_finalize(0) and net.chain(COORDINATOR).epoch_status(run_id, 0).phase is Phase.FINALIZED
+
+
 def test_without_a_keeper_the_coordinator_waits_until_the_deadline_aborts_the_epoch(tmp_path: Path) -> None:
     w = _passed_and_deleted(tmp_path)
     coordinator, chain, run_id = w["coordinator"], w["net"].chain(COORDINATOR), w["run_id"]

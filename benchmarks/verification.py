@@ -64,7 +64,7 @@ from protocol.chain.audit import challenged_steps, final_check
 from protocol.config import RunConfig
 from protocol.data import Corpus, default_corpus
 from protocol.digest import keccak, state_digest
-from protocol.formats.codec import required_leaves, save_state
+from protocol.formats.codec import save_state, state_manifest_leaves
 from protocol.formats.payload import wrap
 from protocol.model import init_params
 from verifier import calibrate as cal
@@ -598,7 +598,7 @@ def run(quick: bool, n_seeds: int, log: Callable[[str], None]) -> dict[str, Any]
         "versions": {"python": info["python"], "torch": info["torch"]},
         "settings": {"quick": quick, "seeds": n_seeds, "fs": FS, "audit_steps": AUDIT_STEPS, "final_check_bps": FINAL_BPS,
                      "threads_for_timing": 1,
-                     "state_files_per_challenged_step": len(required_leaves([5], False, 17)), "batch": [spec.batch_size, spec.seq_len], "corpus_bytes": CORPUS_BYTES},
+                     "state_files_per_challenged_step": len(state_manifest_leaves([5], False, 17)), "batch": [spec.batch_size, spec.seq_len], "corpus_bytes": CORPUS_BYTES},
         "calibration": calib,
         "traces": trace_info,
         "payload_forgery_caught_when_checked": payload_caught,

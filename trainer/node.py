@@ -51,7 +51,7 @@ from protocol.chain.errors import AlreadyCommitted, AlreadyJoined, NotEligible, 
 from protocol.chain.outage import TRANSIENT, through_outages
 from protocol.digest import keccak, state_digest
 from protocol.errors import VerilocoError
-from protocol.formats.codec import build_manifest, encode_manifest, save_state
+from protocol.formats.codec import build_state_manifest, encode_manifest, save_state
 from protocol.formats.payload import open_publication, wrap
 from protocol.leaf import block_count
 from protocol.membership import check_joinable, verifier_shortfall
@@ -741,7 +741,7 @@ class TrainerNode:
         # e-1's first and last states; a fresh one publishes none and is checked against G alone.
         prev = self._dir(e - 1) if e >= 1 else None
         use_prev = bool(d.meta.get("continued")) and prev is not None and "digests" in prev.meta
-        manifest = build_manifest(
+        manifest = build_state_manifest(
             run_id=self.run_id, epoch=e, trainer=self.me, trace=digests, transitions=a.steps, final=a.final_check,
             cid_of_leaf=lambda k: cids.setdefault(k, cid_of(d, k)),
             previous_trace=[bytes.fromhex(x) for x in prev.meta["digests"]] if use_prev and prev else (),

@@ -22,7 +22,7 @@ from torch import Tensor
 from dilocox.inner import PARAM
 from protocol import merkle
 from protocol.errors import VerilocoError
-from protocol.formats.codec import required_leaves
+from protocol.formats.codec import state_manifest_leaves
 from verifier.replay import max_rel_error
 
 # Tolerant-mode bound chosen from benchmarks/results/verification.json (`calibration.tolerance`):
@@ -266,10 +266,10 @@ def min_steps_for_budget(costs: Costs, audit_steps: int, final_prob: float, budg
 
 
 def audit_leaves(transitions: Sequence[int], final: bool, leaf_count: int, previous: bool) -> int:
-    """State files a trainer publishes for an audit in exact mode: protocol.formats.codec.required_leaves,
+    """State files a trainer publishes for an audit in exact mode: protocol.formats.codec.state_manifest_leaves,
     plus the previous epoch's start and end state whenever its start continued that epoch (every
     audit checks the start rule, docs/protocol.md §8; leaf 0 itself is proven by digest only)."""
-    return len(required_leaves(sorted(set(transitions)), final, leaf_count)) + (2 if previous else 0)
+    return len(state_manifest_leaves(sorted(set(transitions)), final, leaf_count)) + (2 if previous else 0)
 
 
 def proof_bytes(leaf_count: int) -> int:

@@ -664,7 +664,7 @@ def segment_end(k: int, segment: int, leaf_count: int) -> int:
     return min(k + segment, leaf_count - 1)
 
 
-def required_leaves(transitions: Sequence[int], final: bool, leaf_count: int) -> list[int]:
+def state_manifest_leaves(transitions: Sequence[int], final: bool, leaf_count: int) -> list[int]:
     """The leaf indices whose state files a manifest must publish for these challenges."""
     need = set(transitions)
     if final:
@@ -695,7 +695,7 @@ def validate_manifest(m: AuditManifest) -> None:
     indices = [s.leaf_index for s in m.states]
     if indices != sorted(set(indices)):
         raise FormatError("audit manifest states must be sorted by leaf index and distinct")
-    need = required_leaves(m.transitions, m.final, m.leaf_count)
+    need = state_manifest_leaves(m.transitions, m.final, m.leaf_count)
     if indices != need:
         raise FormatError(f"audit manifest reveals leaves {indices}, the challenges need exactly {need}")
     depth = merkle.proof_length(m.leaf_count)
@@ -773,7 +773,7 @@ def decode_manifest(data: bytes, *, max_bytes: int = DEFAULT_MAX_JSON_BYTES) -> 
     return m
 
 
-def build_manifest(
+def build_state_manifest(
     *,
     run_id: int,
     epoch: int,
@@ -798,7 +798,7 @@ def build_manifest(
     lookup = cid_of_leaf.__getitem__ if isinstance(cid_of_leaf, Mapping) else cid_of_leaf
     states = tuple(
         ChallengedState(i, lookup(i), Digest(bytes(trace[i])), tuple(merkle.prove(trace, i)))
-        for i in required_leaves(ts, final, leaf_count)
+        for i in state_manifest_leaves(ts, final, leaf_count)
     )
     previous: tuple[ChallengedState, ...] = ()
     prev_root = _ZERO32

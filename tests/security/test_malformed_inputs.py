@@ -19,7 +19,7 @@ from protocol import merkle
 from protocol.digest import keccak
 from protocol.formats.codec import (
     FormatError,
-    build_manifest,
+    build_state_manifest,
     decode_manifest,
     encode_manifest,
     load_state,
@@ -180,7 +180,7 @@ def test_random_corruption_never_escapes_payload_error(payload: bytes, data: st.
 @pytest.fixture(scope="module")
 def manifest_bytes() -> bytes:
     trace = [keccak(bytes([i])) for i in range(9)]
-    m = build_manifest(run_id=1, epoch=0, trainer=TRAINER, trace=trace, transitions=[5, 2], final=True,
+    m = build_state_manifest(run_id=1, epoch=0, trainer=TRAINER, trace=trace, transitions=[5, 2], final=True,
                        cid_of_leaf=lambda i: CID)
     return encode_manifest(m)
 

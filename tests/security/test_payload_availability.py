@@ -22,7 +22,7 @@ from protocol import merkle
 from protocol.chain.binding import Phase, build_response
 from protocol.config import RunConfig
 from protocol.digest import keccak, state_digest
-from protocol.formats.codec import build_manifest, encode_manifest, save_state
+from protocol.formats.codec import build_state_manifest, encode_manifest, save_state
 from protocol.run import initial_model, open_run, params_of, passing_trainers, publish_run
 from protocol.store.backends import LocalStore
 from protocol.types import Cid
@@ -88,7 +88,7 @@ def _passed_and_deleted(tmp_path: Path, verifiers: int = 1, committed: Any = Non
     seed = t.fix_audit_seed(run_id, 0)
     assert seed is not None
     a = t.assignment(run_id, 0, me)
-    m = build_manifest(run_id=run_id, epoch=0, trainer=me, trace=digests, transitions=a.steps,
+    m = build_state_manifest(run_id=run_id, epoch=0, trainer=me, trace=digests, transitions=a.steps,
                        final=a.final_check, cid_of_leaf=lambda k: store.put(save_state(states[k])))
     t.respond(run_id, 0, store.put(encode_manifest(m)), build_response(digests, seed, me, 2, 10_000))
 

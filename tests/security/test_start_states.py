@@ -21,7 +21,7 @@ from protocol import merkle
 from protocol.chain.binding import Phase, build_response
 from protocol.config import RunConfig
 from protocol.digest import keccak, state_digest
-from protocol.formats.codec import build_manifest, encode_manifest, save_state
+from protocol.formats.codec import build_state_manifest, encode_manifest, save_state
 from protocol.run import initial_model, open_run, params_of, publish_run
 from protocol.store.backends import LocalStore
 from protocol.types import Address, Cid
@@ -106,7 +106,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             a = creator.assignment(run_id, e, who[name])
             prev_of = {"continued": name, "planted": name, "borrowed": "continued"}.get(name) if e else None
             prev = traces[prev_of, e - 1] if prev_of else []
-            m = build_manifest(
+            m = build_state_manifest(
                 run_id=run_id, epoch=e, trainer=who[name], trace=digests, transitions=a.steps, final=a.final_check,
                 cid_of_leaf=functools.partial(publish, traces[name, e]),
                 previous_trace=[state_digest(x) for x in prev],

@@ -31,7 +31,7 @@ from protocol.digest import keccak, state_digest
 from protocol.formats.codec import (
     AUDIT_FORMAT,
     FormatError,
-    build_manifest,
+    build_state_manifest,
     decode_manifest,
     encode_dataclass,
     encode_manifest,
@@ -178,7 +178,7 @@ def test_manifest_with_states_that_do_not_match_the_trace(epoch) -> None:
     _, _, states, _, _ = epoch
     digests = [state_digest(s) for s in states]
     cids = {i: "QmYwAPJzv5CZsnA625s3Xf2nemtYgPpHdWEz79ojWnPbdG" for i in range(H + 1)}
-    m = build_manifest(run_id=RUN, epoch=0, trainer=HONEST, trace=digests, transitions=[2], final=True,
+    m = build_state_manifest(run_id=RUN, epoch=0, trainer=HONEST, trace=digests, transitions=[2], final=True,
                        cid_of_leaf=cids)
     assert decode_manifest(encode_manifest(m)) == m
     lie = keccak(os.urandom(8))
@@ -261,7 +261,7 @@ def test_a_planted_start_state_is_caught_in_the_epoch_it_is_planted(epoch) -> No
     towards = sum(float((extra[n] * g0[n]).sum()) for n in shapes)
     assert towards > 0  # the payload moves the model where the planted buffer points (towards zero)
     # epoch 0: the manifest proves leaf 0 by digest in every audit; the verifier recomputes the start
-    m = build_manifest(run_id=RUN, epoch=0, trainer=HONEST, trace=digests, transitions=[1], final=False,
+    m = build_state_manifest(run_id=RUN, epoch=0, trainer=HONEST, trace=digests, transitions=[1], final=False,
                        cid_of_leaf=lambda k: "QmYwAPJzv5CZsnA625s3Xf2nemtYgPpHdWEz79ojWnPbdG")
     assert m.start.digest == digests[0]
     f = check_start(m.start.digest, spec, g0, None, None, RUN, 0, SLOT, HONEST, 0)

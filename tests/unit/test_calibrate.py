@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dilocox.inner import PARAM
-from protocol.formats.codec import required_leaves
+from protocol.formats.codec import state_manifest_leaves
 from verifier import calibrate as cal
 from verifier.replay import max_rel_error
 
@@ -105,9 +105,9 @@ def test_costs_and_smallest_h_for_a_budget() -> None:
 
 
 def test_audit_leaves_and_proof_bytes() -> None:
-    # state files follow protocol.formats.codec.required_leaves; a continued start adds the previous epoch's two, final or not
+    # state files follow protocol.formats.codec.state_manifest_leaves; a continued start adds the previous epoch's two, final or not
     for ts, final in (([3, 3, 4], False), ([3], True), ([0, 15], True)):
-        files = len(required_leaves(sorted(set(ts)), final, 17))
+        files = len(state_manifest_leaves(sorted(set(ts)), final, 17))
         assert cal.audit_leaves(ts, final, 17, previous=False) == files
         assert cal.audit_leaves(ts, final, 17, previous=True) == files + 2
     assert cal.audit_leaves([3], True, 17, previous=False) >= len({3, 0, 16})

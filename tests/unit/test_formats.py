@@ -299,7 +299,7 @@ def _trace(n: int) -> list[bytes]:
 
 def _manifest(n: int = 9, transitions: tuple[int, ...] = (2, 5), final: bool = True) -> AuditManifest:
     trace = _trace(n)
-    return formats.build_manifest(
+    return formats.build_state_manifest(
         run_id=1, epoch=3, trainer=TRAINER, trace=trace, transitions=transitions, final=final,
         cid_of_leaf=lambda i: cid_of(b"state %d" % i),
     )
@@ -321,7 +321,7 @@ def test_manifest_round_trip_and_contents() -> None:
 def test_manifest_previous_epoch_states_are_proven(final: bool) -> None:
     """The start rule is checked in every audit, so the previous epoch's states ride with or without a final check."""
     prev = _trace(5)
-    m = formats.build_manifest(
+    m = formats.build_state_manifest(
         run_id=1, epoch=3, trainer=TRAINER, trace=_trace(9), transitions=(2,), final=final,
         cid_of_leaf=lambda i: cid_of(b"state %d" % i),
         previous_trace=prev, previous_cid_of_leaf=lambda i: cid_of(b"prev %d" % i),
@@ -404,7 +404,7 @@ def test_random_bytes_never_crash_the_manifest_reader(junk: bytes) -> None:
 def test_cids_of_leaves_can_be_a_mapping() -> None:
     trace = _trace(4)
     cids = {i: Cid(cid_of(bytes([i]))) for i in range(4)}
-    m = formats.build_manifest(run_id=0, epoch=0, trainer=TRAINER, trace=trace, transitions=[0],
+    m = formats.build_state_manifest(run_id=0, epoch=0, trainer=TRAINER, trace=trace, transitions=[0],
                                final=False, cid_of_leaf=cids)
     assert [s.cid for s in m.states] == [cids[0]]
     assert isinstance(io.BytesIO(formats.encode_manifest(m)).read(), bytes)
@@ -412,7 +412,7 @@ def test_cids_of_leaves_can_be_a_mapping() -> None:
 
 def test_segment_audits_prove_the_segment_end_and_publish_it_when_tolerant() -> None:
     trace = _trace(9)
-    m = formats.build_manifest(run_id=0, epoch=0, trainer=TRAINER, trace=trace, transitions=[1, 6], final=False,
+    m = formats.build_state_manifest(run_id=0, epoch=0, trainer=TRAINER, trace=trace, transitions=[1, 6], final=False,
                                cid_of_leaf=lambda i: cid_of(b"s%d" % i), segment=4, publish_ends=True)
     assert [s.leaf_index for s in m.states] == [1, 6]
     assert [s.leaf_index for s in m.ends] == [5, 8]  # 6 + 4 is cut at the last leaf

@@ -201,8 +201,8 @@ class Retention:
 
 def peak_log_steps(H: int, W: int, lag_steps: int) -> int:
     """The most steps a windowed trainer logs at once when each window's seed is safe ``lag_steps``
-    after the window's last step: the window being drawn (with the transition into it) plus those
-    trained meanwhile, an epoch at most."""
+    after the window's last leaf: from the leaf before the window (where its first transition starts)
+    through the window and the steps trained meanwhile, W + lag, an epoch at most."""
     if lag_steps < 0:
         raise WindowError(f"a seed lag is >= 0 steps, got {lag_steps}")
-    return min(H, width(W, H + 1) + 1 + lag_steps)
+    return min(H, width(W, H + 1) + lag_steps)

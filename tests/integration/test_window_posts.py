@@ -208,3 +208,30 @@ def test_a_verifier_derives_each_windows_post_its_draws_and_a_trace_changed_afte
     moved = windows.window_roots(changed, W)
     assert "window 1's posted root" in audit(moved, merkle.root(changed)).findings[0]
     assert "do not rebuild" in audit(roots, merkle.root(changed)).findings[0]
+
+
+def test_a_reorg_before_the_seed_is_deep_enough_changes_nothing_a_trainer_acted_on(run: Run) -> None:
+    """A revert of the chain (eth-tester's snapshot, as a reorg would) drops a post whose seed block was
+    only one deep: the seed was never returned, so nothing was built on it; the post re-included later
+    draws from its new block."""
+    rid, c, t = run.run_id, run.coord, run.trainers[0].chain
+    dom = relay.Domain(c.chain_id, c.address, rid, 0)
+
+    def posted(w: int) -> int | None:
+        got = windowdraw.first_post(c.window_posts(rid, 0), w, t.sender, 0, c.sender, lambda p: None)
+        return got[0].block if got else None
+
+    src = windowdraw.ChainOrdering(dom, posted, c.block_hash, c.block_number, depth=2)
+    snap = run.net.snapshot()
+    t.post_own_window(rid, 0, 5, keccak(b"w5"))
+    run.net.advance(1)  # the seed block exists, one deep
+    early = windowdraw.window_seed(c.block_hash(posted(5) + 1), dom, 5)  # what a hasty reader would use
+    assert src.seed(5) is None
+    run.net.revert(snap)  # the reorg: the post and its seed block are gone
+    assert posted(5) is None and src.seed(5) is None
+    run.net.advance(7)  # other blocks take those heights
+    t.post_own_window(rid, 0, 5, keccak(b"w5"))
+    for _ in range(3):
+        run.net.advance(1)
+    seed = src.seed(5)
+    assert seed is not None and seed != early

@@ -6,6 +6,10 @@ fixes that root and its seed (`protocol.windowdraw.first_post`). Where the relay
 refuses, the trainer posts its root itself at once; where no post holds its root `wait_s` after
 sending (the relay left it out, forged its leaf, or withheld its evidence), likewise. Never twice:
 one own post per window, so a trainer cannot re-roll its seed even by mistake.
+
+It keeps nothing on disk: a window's root is recomputed from the trace digests the trainer keeps
+anyway, and what was posted is on chain, so a restarted trainer `resume`s from the two (a pending
+store that could be lost or corrupted does not exist).
 """
 
 from __future__ import annotations
@@ -62,6 +66,25 @@ class WindowSender:
             self.client.send(msg)
         except (RelayUnavailable, relay.RelayError) as exc:
             self._own(window, str(exc))
+
+    def resume(self, roots: dict[int, bytes]) -> None:
+        """After a restart: windows a post already holds are fixed without sending; the others are sent
+        again (a relay that saw them already answers "not new"; an own post is made only where none is)."""
+        posts = self.chain.window_posts(self.domain.run_id, self.domain.epoch)
+        for w, root in sorted(roots.items()):
+            got = first_post(posts, w, self.me, self.position, self.relay_address, self._holds)
+            if got is None:
+                if any(p.window == w and p.poster == self.me for p in posts):
+                    self.own_posted.add(w)  # posted before the restart but not first: never post again
+                self.send(w, root)
+                continue
+            self.sent[w] = (relay.sign_root(self.key, self.domain, w, root), self.clock())
+            self.own_posted.update({w} if got[0].poster == self.me else set())
+            if got[1] != bytes(root):
+                raise WindowRootConflict(
+                    f"window {w} of epoch {self.domain.epoch} is fixed to a root this node's trace does not make: "
+                    "another instance runs with this key, or this folder's trace is not the one it posted")
+            self.fixed[w] = got[0]
 
     def _own(self, window: int, why: str) -> None:
         if window in self.own_posted:

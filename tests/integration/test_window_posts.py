@@ -16,7 +16,7 @@ from protocol.store.backends import LocalStore
 from public import relaynet
 from tests.fixtures.chain import PyEvmNet, Run
 from tests.fixtures.chain import make_run as fixture_run
-from trainer.windowpost import WindowSender
+from trainer.windowpost import WindowRootConflict, WindowSender
 
 pytestmark = pytest.mark.integration
 
@@ -235,3 +235,19 @@ def test_a_reorg_before_the_seed_is_deep_enough_changes_nothing_a_trainer_acted_
         run.net.advance(1)
     seed = src.seed(5)
     assert seed is not None and seed != early
+
+
+def test_a_restarted_trainer_resumes_its_windows_from_the_chain_without_posting_twice(run: Run, relayed: Any) -> None:
+    r, store = relayed
+    roots = {w: keccak(b"restart%d" % w) for w in range(3)}
+    before = r.sender(run, 0, store, url=None)  # no relay: every root its own post
+    for w in (0, 1):
+        before.send(w, roots[w])
+    posts = len(run.coord.window_posts(run.run_id, 0))
+    after = r.sender(run, 0, store, url=None)  # the restart: a fresh sender, nothing kept
+    after.resume(roots)
+    assert sorted(after.fixed) == [0, 1] and len(run.coord.window_posts(run.run_id, 0)) == posts + 1  # only window 2
+    assert sorted(after.settle()) == [0, 1, 2]
+    forged = r.sender(run, 0, store, url=None)
+    with pytest.raises(WindowRootConflict, match="does not make"):
+        forged.resume({0: keccak(b"another trace")})

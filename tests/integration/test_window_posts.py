@@ -251,3 +251,18 @@ def test_a_restarted_trainer_resumes_its_windows_from_the_chain_without_posting_
     forged = r.sender(run, 0, store, url=None)
     with pytest.raises(WindowRootConflict, match="does not make"):
         forged.resume({0: keccak(b"another trace")})
+
+
+def test_a_relay_offline_for_several_windows_costs_own_posts_until_it_returns(run: Run, relayed: Any) -> None:
+    r, store = relayed
+    s = r.sender(run, 0, store)
+    port = r.server.server_address[1]
+    r.close()  # the relay goes down for windows 0-2
+    for w in range(3):
+        s.send(w, keccak(b"down%d" % w))
+    assert s.own_posted == {0, 1, 2}
+    r.server = relaynet.start(r.relay, port)  # back on its port: window 3 travels through it again
+    s.send(3, keccak(b"up3"))
+    r.poster.poll()
+    fixed = s.settle()
+    assert sorted(fixed) == [0, 1, 2, 3] and 3 not in s.own_posted and fixed[3].poster == run.coord.sender

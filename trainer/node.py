@@ -577,7 +577,8 @@ class TrainerNode:
         """None when the chain's submission of epoch e for this key is this folder's (or there is none);
         else the error to stop on: another instance sent it (the same key on another machine, or from
         another folder past the per-user lock), or this folder lost the record of it. Judged by the
-        commitment this folder sent (kept before sending), or the trace root once revealed."""
+        commitment this folder sent (kept before sending): against the chain's while committed, against
+        the Committed event once revealed (the trace root alone is the same for every instance of a key)."""
         sub = self.chain.submission(self.run_id, e, self.me)
         if sub.state == Sub.NONE:
             return None
@@ -587,7 +588,11 @@ class TrainerNode:
             and "salt" in m else None)
         if sent is not None and sub.state == Sub.COMMITTED and sent == bytes(sub.commitment).hex():
             return None
-        if sent is not None and sub.state >= Sub.REVEALED and m.get("trace_root") == bytes(sub.trace_root).hex():
+        # once revealed, the chain holds the trace root, which another instance with this key computes alike
+        # (same slot, data and start): only the salted commitment, kept in the Committed event, tells them apart
+        if (sent is not None and sub.state >= Sub.REVEALED and m.get("trace_root") == bytes(sub.trace_root).hex()
+                and any(bytes(ev.args["commitment"]).hex() == sent
+                        for ev in self.chain.events(["Committed"], run_id=self.run_id, epoch=e, trainer=self.me))):
             return None
         return TrainerError(
             f"the chain holds a commitment of {self.me} for epoch {e} of run {self.run_id} that this state folder "

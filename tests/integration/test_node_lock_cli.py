@@ -188,3 +188,35 @@ def test_a_verifier_stops_on_a_verdict_commitment_of_its_key_it_did_not_make(tmp
         assert node._own_commitment(0, mine, other_salt)  # the same commitment is this folder's own (a crash): no resend
     finally:
         net.close()
+
+
+def test_a_revealed_commitment_of_another_instance_is_told_apart_by_its_salt_not_its_trace(tmp_path: Path) -> None:
+    """Two instances of one key train the same epoch alike (same slot, data, start), so once the first has
+    revealed, the chain's trace root matches the second's too: judged by the trace root, the second took
+    the first's reveal for its own and ran on (seen under load in CI). Only the salted commitment tells
+    them apart: the folder's kept commitment against the Committed event."""
+    from types import SimpleNamespace
+
+    from tests.fixtures.chain import PyEvmNet
+    from tests.fixtures.chain import make_run as fixture_run
+    from trainer.checkpoints import EpochDir
+    from trainer.node import TrainerError, TrainerNode
+
+    net = PyEvmNet()
+    try:
+        run = fixture_run(net, [1], [7, 8, 9], 0)
+        t = run.trainers[0]
+        t.commit(0)
+        t.reveal(0)
+        m = t.material(0)
+        node = SimpleNamespace(chain=t.chain, run_id=run.run_id, me=t.address, rundir=tmp_path, behaviour=None)
+        other = t.chain.commitment_for(run.run_id, 0, m.payload_digest, m.root, len(m.digests), os.urandom(32))
+        twin = EpochDir(tmp_path / "twin", 0)
+        twin.update(commitment=bytes(other).hex(), trace_root=m.root.hex(), status="committing")
+        err = TrainerNode._foreign(node, 0, twin)  # type: ignore[arg-type]
+        assert isinstance(err, TrainerError) and "another instance runs with this key" in str(err)
+        own = EpochDir(tmp_path / "own", 0)
+        own.update(commitment=bytes(t.commitment(0)).hex(), trace_root=m.root.hex(), status="revealed")
+        assert TrainerNode._foreign(node, 0, own) is None  # its own reveal, after a restart
+    finally:
+        net.close()

@@ -18,9 +18,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from protocol import windows
+from protocol import relay, windows
 from protocol.chain.audit import rate_draw
 from protocol.digest import keccak
+from protocol.errors import VerilocoError
 from protocol.relay import Domain, window_digest
 from protocol.types import Digest
 
@@ -66,6 +67,21 @@ def first_post(posts: Sequence[WindowPost], window: int, trainer: str, position:
         if p.poster == relay and p.bitmap >> position & 1 and (root := holds(p)) is not None:
             return p, root
     return None
+
+
+def evidence_root(post: WindowPost, read: Callable[[str], bytes], domain: Domain, positions: Sequence[str],
+                  trainer: str, refused: Callable[[VerilocoError], None] | None = None) -> bytes | None:
+    """The root of `trainer`'s that an aggregate's evidence binds (`first_post`'s `holds`), or None: the
+    evidence is missing, does not rebuild the posted root and bitmap, or has no signature of it at its
+    position. `read(cid)` fetches the evidence; `refused` hears why a document was not taken."""
+    try:
+        bound = relay.read_evidence(read(post.evidence), domain, post.window, positions, post.root, post.bitmap)
+    except VerilocoError as exc:
+        if refused is not None:
+            refused(exc)
+        return None
+    m = bound.get(trainer)
+    return bytes(m.root) if m else None
 
 
 class RandomnessSource(Protocol):

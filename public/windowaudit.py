@@ -15,11 +15,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from protocol import relay, windows
+from protocol import windows
 from protocol.chain.audit import rate_draw
-from protocol.errors import VerilocoError
 from protocol.relay import Domain
-from protocol.windowdraw import WindowPost, first_post, window_challenges, window_seed
+from protocol.windowdraw import (
+    ChainOrdering,
+    WindowPost,
+    evidence_root,
+    first_post,
+    window_challenges,
+)
 
 
 @dataclass
@@ -52,12 +57,7 @@ def audit_windows(
     position = list(positions).index(trainer)
 
     def holds(p: WindowPost) -> bytes | None:
-        try:
-            bound = relay.read_evidence(evidence(p.evidence), domain, p.window, positions, p.root, p.bitmap)
-        except VerilocoError:
-            return None
-        m = bound.get(trainer)
-        return bytes(m.root) if m else None
+        return evidence_root(p, evidence, domain, positions, trainer)
 
     for w in range(windows.window_count(leaf_count, W)):
         got = first_post(posts, w, trainer, position, relay_address, holds)
@@ -70,10 +70,10 @@ def audit_windows(
         if root != bytes(claimed[w]):
             out.findings.append(f"window {w}'s posted root is not the one the manifest names (the trace changed after posting)")
             continue
-        h = block_hash(post.block + 1) if head >= post.block + 1 + depth else None
-        if h is None:
+        seed = ChainOrdering(domain, lambda _w, b=post.block: b, block_hash, lambda: head, depth).seed(w)
+        if seed is None:
             out.pending.append(w)
             continue
-        out.drawn += window_challenges(window_seed(h, domain, w), trainer, rate, W, w, leaf_count)
+        out.drawn += window_challenges(seed, trainer, rate, W, w, leaf_count)
     out.drawn.sort()
     return out

@@ -25,7 +25,7 @@ from protocol import relay
 from protocol.chain.binding import Chain
 from protocol.errors import VerilocoError
 from protocol.relay import Domain, SignedRoot
-from protocol.windowdraw import WindowPost, first_post
+from protocol.windowdraw import WindowPost, evidence_root, first_post
 from public.relaynet import RelayClient, RelayUnavailable
 
 Log = Callable[..., None]
@@ -95,14 +95,10 @@ class WindowSender:
 
     def _holds(self, post: WindowPost) -> bytes | None:
         """The root of ours that an aggregate's evidence binds, or None (evidence missing or not binding)."""
-        try:
-            raw = self.store.get(post.evidence, max_size=relay.MAX_EVIDENCE_BYTES)
-            bound = relay.read_evidence(raw, self.domain, post.window, self.positions, post.root, post.bitmap)
-        except VerilocoError as exc:
-            self.log("window-evidence-refused", epoch=self.domain.epoch, window=post.window, error=str(exc))
-            return None
-        m = bound.get(self.me)
-        return bytes(m.root) if m else None
+        return evidence_root(
+            post, lambda cid: self.store.get(cid, max_size=relay.MAX_EVIDENCE_BYTES), self.domain, self.positions,
+            self.me, lambda exc: self.log("window-evidence-refused", epoch=self.domain.epoch, window=post.window,
+                                          error=str(exc)))
 
     def settle(self) -> dict[int, WindowPost]:
         """Read the posts; a window whose root no post holds `wait_s` after sending gets our own post."""

@@ -75,8 +75,7 @@ def test_the_first_post_fixes_a_trainers_root_and_a_later_one_cannot_re_roll_its
     posts = c.window_posts(rid, 0)
 
     def holds(who: str) -> Any:
-        return lambda p: (m.root if (m := relay.read_evidence(store.get(p.evidence), dom, p.window, positions, p.root,
-                                                            p.bitmap).get(who)) else None)
+        return lambda p: windowdraw.evidence_root(p, store.get, dom, positions, who)
 
     for i, t in enumerate(ts):
         first = windowdraw.first_post(posts, 3, t.sender, i, c.sender, holds(t.sender))

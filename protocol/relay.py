@@ -9,9 +9,10 @@ root is equivocation, kept as evidence (both signatures), never a replacement.
 
 The aggregate is a Merkle tree over the epoch's trainer positions (leaf = keccak(trainer, root),
 padding where a trainer sent nothing) with an inclusion bitmap, so one post covers every trainer and
-each trainer gets a proof of its own leaf. With each post the relay publishes the window's *evidence*:
-every signed message it aggregated, by position. A leaf counts for a trainer only where the evidence
-holds that trainer's signature over its root (`read_evidence`): a relay cannot bind a trainer to a
+each trainer gets a proof of its own leaf; a trainer's position is its slot in the contract. With each
+post the relay publishes the window's *evidence*: every signed message it aggregated, by position. A
+leaf counts for a trainer only where the evidence holds that trainer's signature over its root at its
+own slot (`read_evidence`): a relay cannot bind a trainer to a
 root it never signed, and a trainer whose signed root the relay did aggregate cannot disown it later
 (to re-roll its draw by posting another root itself). Pure: the transport and the clock are injected.
 """
@@ -189,7 +190,8 @@ def verify_inclusion(aggregate_root: bytes, bitmap: int, trainers: int, position
 class WindowBook:
     """What a relay holds for one domain: each trainer's signed root per window, the equivocations it
     saw, and a per-trainer message budget (a token bucket on the injected clock) so that no member
-    can flood it. `positions` is the epoch's trainer order (the contract's), which fixes each leaf."""
+    can flood it. `positions[i]` is the trainer at contract slot i eligible in the epoch ("" for a slot
+    nobody eligible holds): a trainer's position is its slot, which fixes its leaf and its bit."""
 
     domain: Domain
     positions: Sequence[str]
@@ -203,7 +205,8 @@ class WindowBook:
     def __post_init__(self) -> None:
         if len(self.positions) > MAX_TRAINERS:
             raise RelayError(f"an aggregate covers at most {MAX_TRAINERS} trainers, got {len(self.positions)}")
-        self._index = {to_checksum_address(t): i for i, t in enumerate(self.positions)}
+        self._at = [to_checksum_address(t) if t else None for t in self.positions]
+        self._index = {t: i for i, t in enumerate(self._at) if t}
 
     def _spend(self, who: str) -> None:
         now = self.clock()
@@ -234,45 +237,50 @@ class WindowBook:
 
     def aggregate(self, window: int) -> Aggregate:
         leaves, bitmap = [], 0
-        for i, t in enumerate(self.positions):
-            m = self.roots.get((window, to_checksum_address(t)))
+        for i, t in enumerate(self._at):
+            m = self.roots.get((window, t)) if t else None
             leaves.append(leaf(m.trainer, m.root) if m else merkle.EMPTY)
             bitmap |= (m is not None) << i
         return Aggregate(window, merkle.root(leaves) if leaves else merkle.EMPTY, bitmap, tuple(leaves))
 
+    def complete(self, window: int) -> bool:
+        """Every eligible trainer's root of `window` is in."""
+        return all((window, t) in self.roots for t in self._index)
+
     def evidence(self, window: int) -> bytes:
         """The document published with window's aggregate: each position's signed message (or null)."""
-        msgs = [self.roots.get((window, to_checksum_address(t))) for t in self.positions]
+        msgs = [self.roots.get((window, t)) if t else None for t in self._at]
         return json.dumps({"format": EVIDENCE_FORMAT, "window": window,
                            "messages": [m.to_wire().decode() if m else None for m in msgs]},
                           separators=(",", ":")).encode()
 
 
-def read_evidence(raw: bytes, domain: Domain, window: int, positions: Sequence[str], root: bytes,
-                  bitmap: int) -> dict[str, SignedRoot]:
-    """The roots an aggregate post binds, by trainer: only those whose signed message is in the window's
-    evidence at the trainer's own position, and only when the evidence rebuilds the posted root and
-    bitmap exactly. Anything else (a forged leaf, a message of another domain, window or signer, a root
-    or bitmap that does not match) is a RelayError: then the post binds nobody."""
+def read_evidence(raw: bytes, domain: Domain, window: int, root: bytes, bitmap: int) -> dict[int, SignedRoot]:
+    """The roots an aggregate post binds, by position: each entry of the window's evidence is a message
+    its signer signed for this domain and window, and the evidence must rebuild the posted root and
+    bitmap exactly; anything else (a message of another domain, window or signer, a root or bitmap
+    that does not match) is a RelayError, and then the post binds nobody. A reader asks for its own
+    position only (`protocol.windowdraw.evidence_root`): it needs no list of the other trainers, so two
+    readers of one post never disagree about it because they read the membership at different times."""
     doc = _json_object(raw, MAX_EVIDENCE_BYTES, "window evidence")
     if doc.get("format") != EVIDENCE_FORMAT or doc.get("window") != window:
         raise RelayError(f"not the {EVIDENCE_FORMAT} document of window {window}")
     msgs = doc.get("messages")
-    if not isinstance(msgs, list) or len(msgs) != len(positions):
-        raise RelayError(f"window evidence must hold one entry per trainer position ({len(positions)})")
+    if not isinstance(msgs, list) or not 0 < len(msgs) <= MAX_TRAINERS:
+        raise RelayError(f"window evidence must hold one entry per trainer position (1..{MAX_TRAINERS})")
     leaves, bits, bound = [], 0, {}
-    for i, (m, t) in enumerate(zip(msgs, positions)):
+    for i, m in enumerate(msgs):
         if m is None:
             leaves.append(merkle.EMPTY)
             continue
         if not isinstance(m, str):
             raise RelayError(f"evidence entry {i} is not a message")
         sr = from_wire(m.encode())
-        if sr.domain != domain or sr.window != window or sr.trainer != to_checksum_address(t):
-            raise RelayError(f"evidence entry {i} is not {t}'s root of window {window} in this epoch")
+        if sr.domain != domain or sr.window != window:
+            raise RelayError(f"evidence entry {i} is not a root of window {window} in this epoch")
         leaves.append(leaf(sr.trainer, sr.root))
         bits |= 1 << i
-        bound[sr.trainer] = sr
-    if bits != bitmap or (merkle.root(leaves) if leaves else merkle.EMPTY) != bytes(root):
+        bound[i] = sr
+    if bits != bitmap or merkle.root(leaves) != bytes(root):
         raise RelayError(f"window {window}'s evidence does not rebuild the posted root and bitmap")
     return bound

@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from eth_utils import to_checksum_address
+
 from protocol import relay, windows
 from protocol.chain.audit import rate_draw
 from protocol.digest import keccak
@@ -69,19 +71,19 @@ def first_post(posts: Sequence[WindowPost], window: int, trainer: str, position:
     return None
 
 
-def evidence_root(post: WindowPost, read: Callable[[str], bytes], domain: Domain, positions: Sequence[str],
-                  trainer: str, refused: Callable[[VerilocoError], None] | None = None) -> bytes | None:
+def evidence_root(post: WindowPost, read: Callable[[str], bytes], domain: Domain, trainer: str, position: int,
+                  refused: Callable[[VerilocoError], None] | None = None) -> bytes | None:
     """The root of `trainer`'s that an aggregate's evidence binds (`first_post`'s `holds`), or None: the
-    evidence is missing, does not rebuild the posted root and bitmap, or has no signature of it at its
-    position. `read(cid)` fetches the evidence; `refused` hears why a document was not taken."""
+    evidence is missing, does not rebuild the posted root and bitmap, or has no signature of the trainer
+    at its position (its slot). `read(cid)` fetches the evidence; `refused` hears why it was not taken."""
     try:
-        bound = relay.read_evidence(read(post.evidence), domain, post.window, positions, post.root, post.bitmap)
+        bound = relay.read_evidence(read(post.evidence), domain, post.window, post.root, post.bitmap)
     except VerilocoError as exc:
         if refused is not None:
             refused(exc)
         return None
-    m = bound.get(trainer)
-    return bytes(m.root) if m else None
+    m = bound.get(position)
+    return bytes(m.root) if m is not None and m.trainer == to_checksum_address(trainer) else None
 
 
 class RandomnessSource(Protocol):

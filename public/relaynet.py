@@ -41,8 +41,8 @@ class RelayUnavailable(VerilocoError):
 
 @dataclass(frozen=True)
 class EpochFacts:
-    """What a relay needs to collect an epoch's roots: the trainers in the contract's order and the
-    epoch's window count."""
+    """What a relay needs to collect an epoch's roots: the trainer eligible at each contract slot ("" where
+    none is) and the epoch's window count."""
 
     positions: Sequence[str]
     windows: int
@@ -83,7 +83,7 @@ class Relay:
         with self._lock:
             for (domain, w), first in sorted(self._first.items(), key=lambda kv: kv[1]):
                 book = self._books[domain][0]
-                if now - first >= wait_s or all((w, to_checksum_address(t)) in book.roots for t in book.positions):
+                if now - first >= wait_s or book.complete(w):
                     out.append((domain, w))
         return out
 
@@ -110,7 +110,7 @@ class Relay:
 
     def positions(self, domain: Domain) -> list[str]:
         with self._lock:
-            return [to_checksum_address(t) for t in self._book(domain)[0].positions]
+            return [to_checksum_address(t) if t else "" for t in self._book(domain)[0].positions]
 
 
 class RelayPoster:

@@ -35,15 +35,24 @@ class WindowedAudit:
     fixed: dict[int, WindowPost] = field(default_factory=dict)  # window -> the post that fixed its root
     post_hoc: list[int] = field(default_factory=list)  # windows drawn from the audit seed (never posted)
     pending: list[int] = field(default_factory=list)  # windows posted whose seed is not yet deep enough
+    seeds: dict[int, bytes] = field(default_factory=dict)  # window -> the seed its draws came from
     findings: list[str] = field(default_factory=list)
+
+    def seed_of(self, k: int, W: int) -> bytes:
+        """The seed transition k -> k + 1 was drawn from (its block and group come from it too)."""
+        return self.seeds[windows.transition_window(k, W)]
 
 
 def audit_windows(
-    *, posts: Sequence[WindowPost], evidence: Callable[[str], bytes], domain: Domain, positions: Sequence[str],
+    *, posts: Sequence[WindowPost], evidence: Callable[[str], bytes], domain: Domain, position: int,
     relay_address: str, trainer: str, claimed: Sequence[bytes], trace_root: bytes, leaf_count: int, W: int,
     rate: int, audit_seed: bytes, block_hash: Callable[[int], bytes | None], head: int, depth: int,
+    before: tuple[int, int] | None = None,
 ) -> WindowedAudit:
-    """`claimed`: the window roots the trainer's manifest names, in window order."""
+    """`claimed`: the window roots the trainer's manifest names, in window order; `position`: the
+    trainer's slot. `before`: the (block, log index) of the trainer's reveal: a post from then on does
+    not count, so a trainer that has seen the audit seed (which draws its unposted windows) cannot post
+    such a window late to draw it again from a seed it likes better."""
     out = WindowedAudit()
     W = windows.width(W, leaf_count)
     try:
@@ -54,15 +63,17 @@ def audit_windows(
     if rebuilt != bytes(trace_root):
         out.findings.append("the manifest's window roots do not rebuild the revealed trace root")
         return out
-    position = list(positions).index(trainer)
+    if before is not None:
+        posts = [p for p in posts if (p.block, p.log_index) < before]
 
     def holds(p: WindowPost) -> bytes | None:
-        return evidence_root(p, evidence, domain, positions, trainer)
+        return evidence_root(p, evidence, domain, trainer, position)
 
     for w in range(windows.window_count(leaf_count, W)):
         got = first_post(posts, w, trainer, position, relay_address, holds)
         if got is None:
             out.post_hoc.append(w)
+            out.seeds[w] = bytes(audit_seed)
             out.drawn += [k for k in windows.transitions(w, W, leaf_count) if rate_draw(audit_seed, trainer, k) < rate]
             continue
         post, root = got
@@ -74,6 +85,7 @@ def audit_windows(
         if seed is None:
             out.pending.append(w)
             continue
+        out.seeds[w] = bytes(seed)
         out.drawn += window_challenges(seed, trainer, rate, W, w, leaf_count)
     out.drawn.sort()
     return out

@@ -15,7 +15,7 @@ store that could be lost or corrupted does not exist).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from eth_account import Account
@@ -36,19 +36,16 @@ class WindowRootConflict(VerilocoError):
 
 
 class WindowSender:
-    """Sends a trainer's window roots and learns which post fixed each. `positions` is the epoch's
-    trainer order (the relay's and the verifiers'); `relay_address` the account whose aggregates count
-    (the run's coordinator)."""
+    """Sends a trainer's window roots and learns which post fixed each. `position` is the trainer's slot
+    (its place in every aggregate); `relay_address` the account whose aggregates count (the run's
+    coordinator)."""
 
-    def __init__(self, chain: Chain, key: bytes | str, domain: Domain, positions: Sequence[str], relay_address: str,
+    def __init__(self, chain: Chain, key: bytes | str, domain: Domain, position: int, relay_address: str,
                  store: Any, client: RelayClient | None, *, wait_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic, log: Log | None = None) -> None:
         self.chain, self.key, self.domain, self.store, self.client = chain, key, domain, store, client
         self.me = to_checksum_address(Account.from_key(key).address)
-        self.positions = [to_checksum_address(t) for t in positions]
-        if self.me not in self.positions:
-            raise VerilocoError(f"{self.me} is not a trainer position of run {domain.run_id} epoch {domain.epoch}")
-        self.position = self.positions.index(self.me)
+        self.position = position
         self.relay_address = to_checksum_address(relay_address)
         self.wait_s, self.clock = wait_s, clock
         self.log: Log = log or (lambda event, **kv: None)
@@ -96,8 +93,8 @@ class WindowSender:
     def _holds(self, post: WindowPost) -> bytes | None:
         """The root of ours that an aggregate's evidence binds, or None (evidence missing or not binding)."""
         return evidence_root(
-            post, lambda cid: self.store.get(cid, max_size=relay.MAX_EVIDENCE_BYTES), self.domain, self.positions,
-            self.me, lambda exc: self.log("window-evidence-refused", epoch=self.domain.epoch, window=post.window,
+            post, lambda cid: self.store.get(cid, max_size=relay.MAX_EVIDENCE_BYTES), self.domain, self.me,
+            self.position, lambda exc: self.log("window-evidence-refused", epoch=self.domain.epoch, window=post.window,
                                           error=str(exc)))
 
     def settle(self) -> dict[int, WindowPost]:

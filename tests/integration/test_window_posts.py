@@ -75,7 +75,7 @@ def test_the_first_post_fixes_a_trainers_root_and_a_later_one_cannot_re_roll_its
     posts = c.window_posts(rid, 0)
 
     def holds(who: str) -> Any:
-        return lambda p: windowdraw.evidence_root(p, store.get, dom, positions, who)
+        return lambda p: windowdraw.evidence_root(p, store.get, dom, who, positions.index(who))
 
     for i, t in enumerate(ts):
         first = windowdraw.first_post(posts, 3, t.sender, i, c.sender, holds(t.sender))
@@ -124,7 +124,7 @@ class Relayed:
 
     def sender(self, run: Run, i: int, store: LocalStore, url: str | None = "", wait_s: float = 0.0) -> WindowSender:
         client = None if url is None else relaynet.RelayClient(url or self.url, timeout_s=5)
-        return WindowSender(run.trainers[i].chain, key(i + 1), self.dom, self.positions, run.coord.sender, store, client,
+        return WindowSender(run.trainers[i].chain, key(i + 1), self.dom, i, run.coord.sender, store, client,
                             wait_s=wait_s)
 
     def close(self) -> None:
@@ -192,11 +192,12 @@ def test_a_verifier_derives_each_windows_post_its_draws_and_a_trace_changed_afte
         run.net.advance(1)
     c = run.coord
 
-    def audit(claimed: list[bytes], trace_root: bytes) -> Any:
+    def audit(claimed: list[bytes], trace_root: bytes, before: tuple[int, int] | None = None) -> Any:
         return audit_windows(posts=c.window_posts(run.run_id, 0), evidence=store.get, domain=r.dom,
-                             positions=r.positions, relay_address=c.sender, trainer=s.me, claimed=claimed,
+                             position=0, relay_address=c.sender, trainer=s.me, claimed=claimed,
                              trace_root=trace_root, leaf_count=n, W=W, rate=RATE_ONE // 2,
-                             audit_seed=keccak(b"audit seed"), block_hash=c.block_hash, head=c.block_number(), depth=1)
+                             audit_seed=keccak(b"audit seed"), block_hash=c.block_hash, head=c.block_number(), depth=1,
+                             before=before)
 
     honest = audit(roots, merkle.root(digests))
     assert honest.findings == [] and sorted(honest.fixed) == [0, 1, 2, 3] and honest.post_hoc == [4]
@@ -207,6 +208,16 @@ def test_a_verifier_derives_each_windows_post_its_draws_and_a_trace_changed_afte
     moved = windows.window_roots(changed, W)
     assert "window 1's posted root" in audit(moved, merkle.root(changed)).findings[0]
     assert "do not rebuild" in audit(roots, merkle.root(changed)).findings[0]
+    assert honest.seeds[4] == keccak(b"audit seed") and honest.seed_of(n - 2, W) == honest.seeds[4]
+    # re-roll by posting late: the trainer saw the audit seed's draw of window 4 and posts it itself;
+    # the post came after its reveal (here: the cut-off), so window 4 is still drawn from the audit seed
+    cut = (c.block_number() + 1, 0)
+    run.trainers[0].chain.post_own_window(run.run_id, 0, 4, roots[4])
+    for _ in range(2):
+        run.net.advance(1)
+    assert audit(roots, merkle.root(digests)).post_hoc == []  # without the cut-off the late post would count
+    late = audit(roots, merkle.root(digests), before=cut)
+    assert late.post_hoc == [4] and late.drawn == honest.drawn
 
 
 def test_a_reorg_before_the_seed_is_deep_enough_changes_nothing_a_trainer_acted_on(run: Run) -> None:

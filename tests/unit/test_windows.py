@@ -225,8 +225,9 @@ def test_evidence_binds_only_signed_roots_at_their_positions_and_must_rebuild_th
     for i in (0, 2):
         b.accept(relay.sign_root(KEYS[i], DOMAIN, 5, keccak(b"e%d" % i)), 8)
     agg, raw = b.aggregate(5), b.evidence(5)
-    bound = relay.read_evidence(raw, DOMAIN, 5, TRAINERS, agg.root, agg.bitmap)
-    assert {t: m.root for t, m in bound.items()} == {TRAINERS[0]: keccak(b"e0"), TRAINERS[2]: keccak(b"e2")}
+    bound = relay.read_evidence(raw, DOMAIN, 5, agg.root, agg.bitmap)
+    assert {i: (m.trainer, m.root) for i, m in bound.items()} == {0: (TRAINERS[0], keccak(b"e0")),
+                                                                  2: (TRAINERS[2], keccak(b"e2"))}
     doc = json.loads(raw)
     cases = {
         "bitmap": (raw, agg.root, agg.bitmap | 0b10),  # a bit set for a trainer the evidence does not hold
@@ -238,7 +239,25 @@ def test_evidence_binds_only_signed_roots_at_their_positions_and_must_rebuild_th
     }
     for (r, root, bits) in cases.values():
         with pytest.raises(relay.RelayError):
-            relay.read_evidence(r, DOMAIN, 5, TRAINERS, root, bits)
+            relay.read_evidence(r, DOMAIN, 5, root, bits)
     other = relay.Domain(DOMAIN.chain_id, DOMAIN.contract, DOMAIN.run_id, DOMAIN.epoch + 1)
     with pytest.raises(relay.RelayError, match="not .* root of window"):
-        relay.read_evidence(raw, other, 5, TRAINERS, agg.root, agg.bitmap)
+        relay.read_evidence(raw, other, 5, agg.root, agg.bitmap)
+
+
+def test_a_trainer_is_bound_only_at_its_own_slot_and_needs_no_list_of_the_others() -> None:
+    """A relay that moves trainer 0's signed root to trainer 2's slot (and posts the root that rebuilds)
+    binds neither of them there: each reader looks at its own slot for its own signature."""
+    b = book()
+    b.accept(relay.sign_root(KEYS[0], DOMAIN, 5, keccak(b"e0")), 8)
+    moved = relay.WindowBook(DOMAIN, ["", "", TRAINERS[0], ""], clock=lambda: 0.0)
+    moved.accept(b.roots[(5, TRAINERS[0])], 8)
+    agg = moved.aggregate(5)
+    post = windowdraw.WindowPost(5, TRAINERS[3], agg.root, agg.bitmap, 1, 0, "cid")
+    raw = moved.evidence(5)
+    assert windowdraw.evidence_root(post, lambda _c: raw, DOMAIN, TRAINERS[0], 0) is None
+    assert windowdraw.evidence_root(post, lambda _c: raw, DOMAIN, TRAINERS[2], 2) is None
+    assert windowdraw.evidence_root(post, lambda _c: raw, DOMAIN, TRAINERS[0], 2) == keccak(b"e0")  # its slot were 2
+    refused: list[Exception] = []
+    assert windowdraw.evidence_root(post, lambda _c: b"{}", DOMAIN, TRAINERS[0], 0, refused.append) is None
+    assert refused and "evidence" in str(refused[0])

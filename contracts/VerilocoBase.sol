@@ -50,7 +50,7 @@ abstract contract VerilocoBase is VerilocoAudit {
         bool testRun; // allows a quorum below 3 (a lone verifier decides): for devnets and tests only
         // 0: every epoch draws auditSteps transitions (with replacement). Else each transition is challenged
         // on its own with probability auditRate / 1e6, at most auditSteps per epoch (docs/protocol.md §5):
-        // verification priced per step of work, whatever H is
+        // verification priced per step of work, whatever H is. auditSteps 0: no step drawn on chain (windowed)
         uint32 auditRate;
     }
 

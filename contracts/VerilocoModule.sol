@@ -32,7 +32,9 @@ contract VerilocoModule is VerilocoBase {
         // a verifier reveals all its verdicts in one transaction (about 25k gas each: at V = quorum, one per
         // trainer) and finalize scans every slot: both must fit a 30M-gas block with room to spare
         if (p.maxTrainers > 512 || p.maxVerifiers > 128) revert InvalidParams("maxTrainers 512 maxVerifiers 128");
-        if (p.auditSteps == 0 || p.auditSteps > 64) revert InvalidParams("auditSteps (1..64)");
+        // 0: no step is drawn on chain (a windowed run: each window's steps are drawn from a block after its
+        // post, and verifiers judge them; the final check stays here, docs/protocol.md §5.4)
+        if (p.auditSteps > 64) revert InvalidParams("auditSteps (0..64)");
         if (p.auditRate > RATE_ONE) revert InvalidParams("auditRate (0..1e6 per million)");
         if (p.finalCheckBps > BPS) revert InvalidParams("finalCheckBps");
         if (p.slashBps > BPS) revert InvalidParams("slashBps");

@@ -159,6 +159,14 @@ class AuditSection:
     # torch compute threads of every node of an exact CPU run: reductions split across threads sum in
     # another order, so the count decides bits too (a node's --threads must equal it)
     threads: int = field(default=1, metadata=_NEW)
+    # windowed challenges (docs/protocol.md §5.4): each window of `window` steps (a power of two) is
+    # committed while the next trains and drawn at `rate` from a block after its post, so a trainer can
+    # drop a window once answered; 0: every challenge is drawn after the epoch. The contract then draws
+    # no step (its auditSteps is 0) and verifiers derive the draws from the window posts
+    window: int = field(default=0, metadata=_NEW)
+    # blocks that must cover a window's seed block before anyone acts on the seed (a reorg shallower
+    # than this cannot move a draw somebody answered)
+    window_depth: int = field(default=2, metadata=_NEW)
 
     @property
     def rate_ppm(self) -> int:
@@ -245,7 +253,7 @@ class RunConfig:
             min_trainers=st.min_trainers, max_trainers=st.max_trainers, max_verifiers=st.max_verifiers,
             commit_window=w.commit_s, reveal_window=w.reveal_s, response_window=w.response_s,
             verdict_window=w.verdict_s, finalize_window=w.finalize_s, unbonding_delay=w.unbonding_s,
-            audit_steps=a.steps, final_check_bps=a.final_check_bps, quorum=a.quorum, slash_bps=st.slash_bps,
+            audit_steps=0 if a.window else a.steps, final_check_bps=a.final_check_bps, quorum=a.quorum, slash_bps=st.slash_bps,
             trainer_stake=Wei(st.trainer_wei), verifier_stake=Wei(st.verifier_wei),
             trainer_reward=Wei(rw.trainer_wei), verifier_reward=Wei(rw.verifier_wei), test_run=a.test_run,
             audit_rate=a.rate_ppm,
@@ -302,10 +310,16 @@ def _check(cfg: RunConfig) -> list[str]:
     elif a.rate and s.h_max > RATE_SCAN:
         p.append(f"audit.rate draws among the first {RATE_SCAN} steps of an epoch (the contract's bound): "
                  f"schedule.h_max = {s.h_max} would leave the rest unchallenged; lower it or use audit.steps alone")
-    elif a.rate and 1 <= a.steps <= 64 and (tail := over_cap(a.rate_ppm, s.h_max, a.steps)) > RATE_TAIL:
+    elif a.rate and not a.window and 1 <= a.steps <= 64 and (tail := over_cap(a.rate_ppm, s.h_max, a.steps)) > RATE_TAIL:
         p.append(f"audit.steps = {a.steps} caps the challenges an epoch of up to schedule.h_max = {s.h_max} steps draws "
                  f"at audit.rate = {a.rate}, and the cap would bind with probability {tail:.1e} (> {RATE_TAIL:.0e}), "
                  f"cutting the epoch's last steps out of the draw: raise audit.steps to {min_cap(a.rate_ppm, s.h_max)}")
+    if a.window and (a.window & (a.window - 1) or a.window > RATE_SCAN or a.unit != "shard" or not a.rate):
+        p.append(f"audit.window must be 0 (challenges drawn after the epoch) or a power of two up to {RATE_SCAN} with "
+                 f"audit.unit = 'shard' and a per-step audit.rate > 0 (each window's steps are drawn at that rate), "
+                 f"got window {a.window}, unit {a.unit!r}, rate {a.rate}")
+    if not 1 <= a.window_depth <= 64:
+        p.append(f"audit.window_depth must be within 1..64 blocks, got {a.window_depth}")
     if not 1 <= a.steps <= 64 or not 1 <= a.quorum <= 7:
         p.append("need 1 <= audit.steps <= 64 and 1 <= audit.quorum <= 7 (the contract's limits: past 7 no availability "
                  "committee can form among the 16 verifiers it draws from)")

@@ -198,6 +198,22 @@ def test_per_step_draws_match_the_contract_and_an_epoch_may_draw_none(fresh: Any
         long.coord.epoch_times(long.run_id, 0).seed, long.trainers[0].address, 64, 20_001, 1_000)
 
 
+def test_a_windowed_run_draws_no_step_on_chain_and_keeps_the_final_check(fresh: Any) -> None:
+    """auditSteps 0 (audit.window > 0): respond proves the final leaf alone, whatever the rate; the steps
+    are drawn per window off chain (docs/protocol.md §5.4). Past 64 is still refused."""
+    r = make_run(fresh, n_trainers=2, n_verifiers=3, audit_steps=0, audit_rate=1_000_000, final_check_bps=10_000)
+    for t in r.trainers:
+        t.leaves = 33
+    r.open_epoch(0)
+    for t in r.trainers:
+        a = r.coord.assignment(r.run_id, 0, t.address)
+        assert a.steps == () and a.final_check
+        assert len(t.response(0).leaves) == 1 and r.coord.submission(r.run_id, 0, t.address).state == 3
+    with pytest.raises(ce.InvalidParams) as ip:
+        r.coord.create_run(params(fresh.accounts[COORD], audit_steps=65))
+    assert "auditSteps (0..64)" in ip.value.reason
+
+
 @pytest.mark.parametrize("leaves", [2, 3, 5, 8, 33])
 def test_merkle_proofs_accepted_and_tampering_rejected(fresh: Any, leaves: int) -> None:
     r = make_run(fresh, n_trainers=1, n_verifiers=1, quorum=1)

@@ -171,3 +171,21 @@ def test_a_run_whose_on_chain_audit_policy_is_not_its_configs_is_named() -> None
     assert audit_mismatch(p, cfg) == ""
     bad = dc_replace(p, audit_rate=100, final_check_bps=0)
     assert audit_mismatch(bad, cfg) == "audit_rate 100 != 16500, final_check_bps 0 != 5000"
+
+
+def test_a_windowed_run_draws_no_step_on_chain_and_needs_shard_audits_at_a_rate() -> None:
+    """audit.window (docs/protocol.md §5.4): new (old digests hold), a power of two with the shard unit and
+    a per-step rate; the contract then gets auditSteps 0, and open_run's audit check still matches it."""
+    from protocol.run import audit_mismatch
+
+    assert b"\"window" not in RunConfig().to_json()
+    cfg = RunConfig().replace(audit={"unit": "shard", "rate": 0.0165, "steps": 9, "window": 16})
+    p = cfg.to_run_params("bafyc", "bafym", bytes(32), "0x" + "11" * 20)
+    assert (p.audit_steps, p.audit_rate) == (0, 16_500) and audit_mismatch(p, cfg) == ""
+    assert from_json(cfg.to_json()) == cfg and b'"window":16' in cfg.to_json()
+    for bad in ({"unit": "shard", "rate": 0.0165, "window": 12}, {"unit": "state", "rate": 0.0165, "window": 16},
+                {"unit": "shard", "window": 16}, {"unit": "shard", "rate": 0.0165, "window": 8192}):
+        with pytest.raises(ConfigError, match="audit.window must be 0"):
+            RunConfig().replace(audit=bad)
+    with pytest.raises(ConfigError, match="audit.window_depth"):
+        RunConfig().replace(audit={"window_depth": 0})

@@ -178,7 +178,7 @@ def test_a_windowed_run_draws_no_step_on_chain_and_needs_shard_audits_at_a_rate(
     a per-step rate; the contract then gets auditSteps 0, and open_run's audit check still matches it."""
     from protocol.run import audit_mismatch
 
-    assert b"\"window" not in RunConfig().to_json()
+    assert b"\"window\":" not in RunConfig().to_json() and b"window_depth" not in RunConfig().to_json()
     cfg = RunConfig().replace(audit={"unit": "shard", "rate": 0.0165, "steps": 9, "window": 16})
     p = cfg.to_run_params("bafyc", "bafym", bytes(32), "0x" + "11" * 20)
     assert (p.audit_steps, p.audit_rate) == (0, 16_500) and audit_mismatch(p, cfg) == ""

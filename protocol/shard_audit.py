@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from protocol import merkle
+from protocol import merkle, windows
 from protocol.chain.audit import draw
 from protocol.digest import keccak
 from protocol.errors import VerilocoError
@@ -35,7 +35,7 @@ from protocol.leaf import GroupLeaf, LeafError, StepLeaf, part_digest, partial_d
 from protocol.store.unixfs import CidError, validate_cid
 from protocol.types import Address, Cid, Digest
 
-SHARD_AUDIT_FORMAT = "veriloco.audit.shard.v5"
+SHARD_AUDIT_FORMAT = "veriloco.audit.shard.v6"
 START_PREFIX = "start."  # a transition or start file's first-leaf parameters: "start.param/<p>"
 
 
@@ -79,17 +79,29 @@ def data_ends(b: int, n_blocks: int) -> tuple[int, ...]:
     return tuple(sorted({0, b, n_blocks - 1}))
 
 
+SeedOf = Callable[[int], bytes]  # transition k -> the seed of its window's draw (a windowed run)
+
+
 def shard_challenges(
     seed: bytes, trainer: str, steps: Sequence[int], leaf_count: int, segment: int, n_blocks: int,
+    seed_of: SeedOf | None = None,
 ) -> list[tuple[int, int, int]]:
     """(start, end, block) of every challenge, sorted and distinct; ``steps`` in the chain's draw order.
     Each draw j becomes its segment of the drawn block and of the data ends (``data_ends``), on the
-    same opened groups (``drawn_group``)."""
+    same opened groups (``group_picks``). In a windowed run (``seed_of``) the block of the draw of k
+    comes from k's window seed under index k, as every draw there is keyed by its step."""
     out: set[tuple[int, int, int]] = set()
     for j, k in enumerate(steps):
+        s, i = (seed, j) if seed_of is None else (seed_of(k), k)
         start, end = segment_of(k, segment, leaf_count)
-        out.update((start, end, b) for b in data_ends(drawn_block(seed, trainer, "shard", j, n_blocks), n_blocks))
+        out.update((start, end, b) for b in data_ends(drawn_block(s, trainer, "shard", i, n_blocks), n_blocks))
     return sorted(out)
+
+
+def group_picks(seed: bytes, trainer: str, start: int, end: int, micro: int, seed_of: SeedOf | None = None) -> list[int]:
+    """The opened group of each step of a segment: from the audit seed, or (windowed) from each step's
+    own window seed, so two draws that share a segment open the same rows."""
+    return [drawn_group(seed if seed_of is None else seed_of(k), trainer, k, micro) for k in range(start, end)]
 
 
 @dataclass(frozen=True)
@@ -160,8 +172,10 @@ class ShardManifest:
     ``previous``: leaves 0 and ``L'-1`` of epoch e-1, proven against ``previous_root``, when the start
     continued e-1 (then ``start_cid`` is its start file, every block: ``start_spec``, or empty when the run
     keeps its error feedback in the parameters), else empty.
+    ``window_width``: the run's W when its challenges are drawn per window (docs/protocol.md §5.4),
+    then ``window_roots`` are the trace's window roots, which must rebuild ``trace_root``; else 0, ().
     (v1 named one drawn block of e-1 for the start check; v2 has no start draw; v3 opens one group
-    per step instead of revealing the whole batch.)
+    per step instead of revealing the whole batch; v6 names the window roots.)
     """
 
     run_id: int
@@ -178,6 +192,8 @@ class ShardManifest:
     previous_leaf_count: int
     previous: tuple[ProvenLeaf, ...]
     start_cid: Cid
+    window_width: int = 0
+    window_roots: tuple[Digest, ...] = ()
 
     def leaf(self, index: int, n_blocks: int) -> StepLeaf:
         for p in self.leaves:
@@ -222,6 +238,18 @@ def openings_error(c: ShardChallenge, micro: int, n_blocks: int, leaves: Mapping
     return None
 
 
+def _check_windows(m: ShardManifest) -> None:
+    if not m.window_width:
+        if m.window_roots:
+            raise ShardAuditError("window roots without a window width")
+        return
+    try:
+        if windows.root_from_windows(m.window_roots, m.leaf_count, m.window_width) != m.trace_root:
+            raise ShardAuditError("the window roots do not rebuild the trace root")
+    except windows.WindowError as exc:
+        raise ShardAuditError(f"window roots: {exc}") from None
+
+
 def merkle_leaf_value(preimage: bytes) -> Digest:
     """The trace value committed for a leaf: keccak of its preimage (protocol.leaf.StepLeaf.digest)."""
     return keccak(preimage)
@@ -258,6 +286,7 @@ def validate(m: ShardManifest, n_blocks: int) -> None:
     if idx != need:
         raise ShardAuditError(f"manifest reveals leaves {idx[:8]}..., the challenges need exactly {need[:8]}...")
     _check_proofs(m.trace_root, m.leaf_count, m.leaves, "trace")
+    _check_windows(m)
     leaves = {p.index: p.leaf(n_blocks) for p in m.leaves}
     for c in m.challenges:
         why = openings_error(c, m.groups, n_blocks, leaves)
@@ -303,6 +332,7 @@ def build_manifest(
     cid_of_challenge: Callable[[int, int, int], tuple[Cid, tuple[GroupOpening, ...]]],
     final_block: int, cid_of_final: Callable[[int], Cid],
     previous: Sequence[bytes] = (), cid_of_start: Callable[[], Cid] | None = None, n_blocks: int,
+    window_width: int = 0,
 ) -> ShardManifest:
     """Assemble and validate the answer; files are published through the ``cid_of_*`` callbacks
     (``cid_of_challenge`` also gives the challenge's group openings; ``cid_of_start``: the start
@@ -321,6 +351,9 @@ def build_manifest(
         previous_leaf_count=len(previous) if cont else 0,
         previous=proven(previous, [0, len(previous) - 1]) if cont else (),
         start_cid=cid_of_start() if cont and cid_of_start else Cid(""),
+        window_width=window_width,
+        window_roots=tuple(windows.window_roots([merkle_leaf_value(p) for p in preimages], window_width))
+        if window_width else (),
     )
     validate(m, n_blocks)
     return m

@@ -80,13 +80,16 @@ def _fold(nodes: list[Digest]) -> Digest:
     return nodes[0]
 
 
-def window_root(digests: Sequence[bytes], w: int, W: int) -> Digest:
-    """The root of window w over the trace digests d_0..d_H (leaves past the trace are padding)."""
-    n = len(digests)
+def window_root(digests: Sequence[bytes], w: int, W: int, leaf_count: int | None = None) -> Digest:
+    """The root of window w over the trace digests d_0..d_H (leaves past the trace are padding).
+    `leaf_count`: the whole trace's, where `digests` is the part trained so far (it must hold window w)."""
+    n = len(digests) if leaf_count is None else leaf_count
     W = width(W, n)
     if not 0 <= w < window_count(n, W):
         raise WindowError(f"window {w} outside 0..{window_count(n, W) - 1} of a {n}-leaf trace at W = {W}")
-    nodes = [merkle.leaf_hash(d) for d in digests[w * W:(w + 1) * W]]
+    if len(digests) < min((w + 1) * W, n):
+        raise WindowError(f"window {w} needs leaves up to {min((w + 1) * W, n) - 1}, {len(digests)} are trained")
+    nodes = [merkle.leaf_hash(d) for d in digests[w * W:min((w + 1) * W, n)]]
     return _fold(nodes + [merkle.EMPTY] * (W - len(nodes)))
 
 

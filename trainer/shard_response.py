@@ -25,13 +25,14 @@ from protocol.leaf import StepLeaf, block_count, block_names
 from protocol.shard_audit import (
     START_PREFIX,
     GroupOpening,
+    SeedOf,
     ShardChallenge,
     ShardManifest,
     boundary_names,
     build_manifest,
     covers_merge,
     drawn_block,
-    drawn_group,
+    group_picks,
     open_groups,
     openings_error,
     required_leaves,
@@ -137,15 +138,17 @@ def shard_response(
     *, engine: Engine, spec: RoundSpec, run_id: int, epoch: int, trainer: Address, d: EpochDir,
     preimages: Sequence[bytes], seed: bytes, steps: Sequence[int], final_bps: int, batch_of: BatchOf,
     publish: Publish, prev: EpochDir | None = None, prev_preimages: Sequence[bytes] = (),
+    window: int = 0, seed_of: SeedOf | None = None,
 ) -> ShardManifest:
     """Publish the files the drawn challenges need and return the (validated) manifest.
 
-    ``steps`` are the chain's challenged transitions in draw order; ``prev``/``prev_preimages`` are
+    ``steps`` are the challenged transitions in draw order (the chain's, or in a windowed run the
+    window draws, with ``seed_of`` giving each one's window seed); ``prev``/``prev_preimages`` are
     given when this epoch's start continued epoch e-1.
     """
     n = block_count(spec.model)
     L = len(preimages)
-    challenges = shard_challenges(seed, trainer, steps, L, spec.segment, n)
+    challenges = shard_challenges(seed, trainer, steps, L, spec.segment, n, seed_of)
     leaves = {k: StepLeaf.decode(preimages[k], n) for k in required_leaves(challenges, False, L)}
     fin = final_drawn(seed, trainer, final_bps)
     cont = prev is not None and bool(prev_preimages)
@@ -153,7 +156,7 @@ def shard_response(
         run_id=run_id, epoch=epoch, trainer=trainer, preimages=preimages, segment=spec.segment,
         groups=spec.microbatches, challenges=challenges,
         cid_of_challenge=lambda s, e, b: _published(publish, challenge_file(
-            engine, d, s, e, b, [drawn_group(seed, trainer, k, spec.microbatches) for k in range(s, e)], batch_of,
+            engine, d, s, e, b, group_picks(seed, trainer, s, e, spec.microbatches, seed_of), batch_of,
             leaves, spec, covers_merge(s, e, spec.merge_step_in(epoch)) and not spec.ef_in_params)),
         final_block=drawn_block(seed, trainer, "final-shard", 0, n) if fin else -1,
         cid_of_final=lambda b: publish(save_state(transition_file(engine, d, L - 1, b, spec.ef_in_params))),
@@ -161,5 +164,5 @@ def shard_response(
         # with error feedback in the parameters a continued start is checked by digest alone: no file
         cid_of_start=(lambda: publish(save_state(start_file(engine, prev, len(prev_preimages) - 1, spec))))
         if cont and prev and not spec.ef_in_params else None,
-        n_blocks=n,
+        n_blocks=n, window_width=window,
     )

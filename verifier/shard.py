@@ -42,13 +42,14 @@ from protocol.leaf import (
 from protocol.model import param_shapes
 from protocol.shard_audit import (
     START_PREFIX,
+    SeedOf,
     ShardChallenge,
     ShardManifest,
     boundary_names,
     challenge_spec,
     covers_merge,
     drawn_block,
-    drawn_group,
+    group_picks,
     opened,
     shard_challenges,
     start_spec,
@@ -296,6 +297,8 @@ class Chained:
     prev_revealed: bool = False
     prev_root: bytes = bytes(32)
     prev_leaf_count: int = 0
+    window: int = 0  # the run's W (0: challenges drawn after the epoch)
+    seed_of: SeedOf | None = None  # windowed: each transition's window seed (public.windowaudit)
 
 
 def audit_findings(
@@ -312,13 +315,13 @@ def audit_findings(
     shapes = param_shapes(spec.model)
     groups = block_names(spec.model)
     micro = spec.microbatches
-    want = shard_challenges(chained.seed, trainer, chained.steps, chained.leaf_count, spec.segment, n)
+    want = shard_challenges(chained.seed, trainer, chained.steps, chained.leaf_count, spec.segment, n, chained.seed_of)
     fin = final_check(chained.seed, trainer, chained.final_bps)
     got = [(c.start, c.end, c.block) for c in m.challenges]
-    picks_ok = all(c.picks == [drawn_group(chained.seed, trainer, k, micro) for k in range(c.start, c.end)]
+    picks_ok = all(c.picks == group_picks(chained.seed, trainer, c.start, c.end, micro, chained.seed_of)
                    for c in m.challenges)
-    bound = ((m.run_id, m.epoch, m.trainer.lower(), m.trace_root, m.leaf_count, m.segment, m.groups) ==
-             (run_id, epoch, trainer.lower(), chained.trace_root, chained.leaf_count, spec.segment, micro)
+    bound = ((m.run_id, m.epoch, m.trainer.lower(), m.trace_root, m.leaf_count, m.segment, m.groups, m.window_width) ==
+             (run_id, epoch, trainer.lower(), chained.trace_root, chained.leaf_count, spec.segment, micro, chained.window)
              and got == want and picks_ok and (m.final.block >= 0) == fin
              and (not fin or m.final.block == drawn_block(chained.seed, trainer, "final-shard", 0, n)))
     out = [Finding("manifest", bound, "answers the drawn segments, blocks and groups of the committed trace" if bound

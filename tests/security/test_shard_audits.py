@@ -457,3 +457,49 @@ def test_one_poisoned_group_passes_only_where_no_challenge_opens_it(tmp_path: Pa
     seed, _ = _middle_only_seed(run, lambda picks: 1 not in picks)
     m, steps = run.answer(0, seed)
     assert not _failed(run.judge(0, seed, m, steps))
+
+
+def test_a_windowed_answer_names_its_window_roots_and_is_judged_by_each_steps_window_seed(honest: Run) -> None:
+    """audit.window (docs/protocol.md §5.4): the draws come from each window's seed (block and group keyed
+    by the step), the manifest names the window roots, which must rebuild the trace root. A verifier
+    that drew from other seeds, or expects another W, does not take the answer; roots that do not
+    rebuild the trace are refused on decoding."""
+    from dataclasses import replace as dc_replace
+
+    from protocol import merkle, windows
+    from protocol.digest import keccak
+    from protocol.shard_audit import ShardAuditError
+
+    W, e = 2, 1
+    seeds = {w: keccak(b"window seed %d" % w) for w in range(windows.window_count(H + 1, W))}
+
+    def seed_of(k: int) -> bytes:
+        return seeds[windows.transition_window(k, W)]
+
+    steps = [1, 4]
+    m = shard_response(engine=honest.engine, spec=SPEC, run_id=1, epoch=e, trainer=ME, d=honest.dirs[e],
+                       preimages=honest.preimages[e], seed=SEEDS[0], steps=steps, final_bps=10_000,
+                       batch_of=lambda k: honest.data(e, k), publish=honest.store.put, prev=honest.dirs[0],
+                       prev_preimages=honest.preimages[0], window=W, seed_of=seed_of)
+    assert m.window_width == W and len(m.window_roots) == 3
+    root = merkle.root([keccak(p) for p in honest.preimages[e]])
+    n = block_count(CFG)
+    m = decode_manifest(encode_manifest(m, n), n, max_bytes=1 << 24)
+
+    def judge(chained: Chained) -> list:
+        return audit_findings(m, chained, lambda cid, spec: load_state(honest.store.get(cid), expect=spec), SPEC,
+                              CORPUS, G0, honest.pubs[e], run_id=1, epoch=e, slot=SLOT, trainer=ME, rank=RANK,
+                              prev_rank=RANK)
+
+    base = Chained(root, H + 1, SEEDS[0], tuple(steps), 10_000, prev_revealed=True,
+                   prev_root=merkle.root([keccak(p) for p in honest.preimages[0]]), prev_leaf_count=H + 1,
+                   window=W, seed_of=seed_of)
+    assert not _failed(judge(base)), _failed(judge(base))
+    other = {w: keccak(b"other %d" % w) for w in seeds}
+    for wrong in (dc_replace(base, seed_of=lambda k: other[windows.transition_window(k, W)]),
+                  dc_replace(base, seed_of=None, window=0), dc_replace(base, window=4)):
+        assert _failed(judge(wrong)) == ["manifest: manifest does not match the on-chain trace or the drawn segments, "
+                                         "blocks and groups"]
+    for bad in (dc_replace(m, window_roots=m.window_roots[:2] + (keccak(b"x"),)), dc_replace(m, window_width=0)):
+        with pytest.raises(ShardAuditError, match="window"):
+            encode_manifest(bad, n)

@@ -27,18 +27,25 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from dilocox.outer import global_params
+from dilocox.round import RoundSpec
+from protocol import windows
 from protocol.chain import errors as ce
 from protocol.chain.binding import Chain, ChainError, ChainUnavailable, Phase, Role
 from protocol.chain.outage import TRANSIENT, through_outages
 from protocol.errors import VerilocoError
 from protocol.formats.codec import save_state
 from protocol.membership import verifier_shortfall
+from protocol.relay import Domain
 from protocol.run import RunContext, eval_model, open_run
 from protocol.store.backends import Store
+from public import relaynet
 from public.globals import PayloadMissing, VerifiedGlobals, build_global
+from public.relaynet import EpochFacts, Relay, RelayPoster
+from public.schedule import Schedule
+from public.windowaudit import domain_of, epoch_positions
 
 Log = Callable[..., None]
 T = TypeVar("T")
@@ -54,7 +61,8 @@ class CoordinatorError(VerilocoError):
 class CoordinatorNode:
     def __init__(self, chain: Chain, store: Store, run_id: int, *, log: Log | None = None, poll_s: float = 0.25,
                  evaluate: bool = True, report_after: float = 0.25,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, relay_port: int | None = None,
+                 relay_wait_s: float = 5.0) -> None:
         self.chain, self.store, self.run_id = chain, store, run_id
         self.log: Log = log or (lambda event, **kv: None)
         self.poll_s, self.evaluate = poll_s, evaluate
@@ -65,6 +73,12 @@ class CoordinatorNode:
         self._error: dict[str, VerilocoError] = {}  # what -> why it is missing now
         self._absent: dict[tuple[int, str], tuple[float, float]] = {}  # (epoch, trainer) -> (first seen, grace s)
         self._reported: set[tuple[int, str]] = set()
+        # windowed runs (docs/protocol.md §5.4): the relay it serves on 127.0.0.1:relay_port (0: any free
+        # port; None: none, trainers post their window roots themselves) and posts each window's aggregate
+        self.relay_port, self.relay_wait_s = relay_port, relay_wait_s
+        self.relay_url: str | None = None
+        self._relay: tuple[Relay, RelayPoster, Any] | None = None
+        self._relay_facts: dict[Domain, EpochFacts] = {}
 
     def _content(self, what: str, fetch: Callable[[], T]) -> T | None:
         """`fetch()`, or None (logged once per `what`) while the content it reads is missing or malformed.
@@ -94,19 +108,50 @@ class CoordinatorNode:
         if self.chain.member(self.run_id, self.chain.sender).role == Role.NONE:
             tx = self.chain.stake_coordinator(self.run_id)  # the stake answers for the models it finalizes
             self.log("staked", gas=tx.gas_used)
-        self.log("started")
+        self._start_relay()
+        self.log("started", **({"relay": self.relay_url} if self.relay_url else {}))
         if (short := verifier_shortfall(self.chain.run_info(self.run_id))) is not None:
             self.log("too-few-verifiers", detail=short)
-        for e in range(self.ctx.config.schedule.epochs):
-            if not self._follow(e):
-                return  # removed: the node's caller says whether it was slashed (veriloco/nodes.py)
-        self.log("finished")
+        try:
+            for e in range(self.ctx.config.schedule.epochs):
+                if not self._follow(e):
+                    return  # removed: the node's caller says whether it was slashed (veriloco/nodes.py)
+            self.log("finished")
+        finally:
+            if self._relay is not None:
+                self._relay[2].shutdown()
+                self._relay[2].server_close()
+
+    def _start_relay(self) -> None:
+        """Serve the window relay when the run is windowed and a port was given."""
+        if not self.ctx.config.audit.window or self.relay_port is None:
+            return
+        r = Relay(self._relay_facts.get)  # the HTTP threads only read facts this thread put there
+        server = relaynet.start(r, self.relay_port)
+        self._relay = (r, RelayPoster(r, self.chain, self.store, self.relay_wait_s, self.log), server)
+        self.relay_url = f"http://127.0.0.1:{server.server_address[1]}"
+        self.schedule = Schedule(self.chain, self.store, self.ctx, RoundSpec.from_config(self.ctx.config))
+
+    def _serve_relay(self) -> None:
+        """Open the book of the epoch in training (its trainers by slot, its window count) and post every
+        window whose roots are all in, or whose first root has waited `relay_wait_s`."""
+        if self._relay is None:
+            return
+        e = self.chain.current_epoch(self.run_id)
+        dom = domain_of(self.chain, self.run_id, e)
+        if dom not in self._relay_facts and e < self.ctx.config.schedule.epochs:
+            sched = self._content(f"schedule of epoch {e}", functools.partial(self.schedule.for_epoch, e))
+            if sched is not None:  # else said once; trainers post their roots themselves meanwhile
+                self._relay_facts[dom] = EpochFacts(epoch_positions(self.chain, self.run_id, e),
+                                                    windows.window_count(sched[1] + 1, self.ctx.config.audit.window))
+        self._relay[1].poll()
 
     def _follow(self, e: int) -> bool:
         """Wait until epoch e is over, finalizing it once ready; False once this account may finalize no
         more (checked before every try, so a removed coordinator never sends a finalize the contract refuses)."""
         waiting = False
         while not through_outages(self._removed, self.log, "membership"):
+            through_outages(self._serve_relay, self.log, "window relay")
             if through_outages(functools.partial(self._try_finalize, e), self.log, f"epoch {e}"):
                 return True
             if not waiting:  # once per epoch: a readable console shows the wait's progress (veriloco/logs.py)

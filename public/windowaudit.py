@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from protocol import windows
+from protocol import relay, windows
 from protocol.chain.audit import rate_draw
+from protocol.chain.binding import Chain, ChainUnavailable, Role
 from protocol.relay import Domain
 from protocol.windowdraw import (
     ChainOrdering,
@@ -88,4 +90,48 @@ def audit_windows(
         out.seeds[w] = bytes(seed)
         out.drawn += window_challenges(seed, trainer, rate, W, w, leaf_count)
     out.drawn.sort()
+    return out
+
+
+class SeedsPending(ChainUnavailable):
+    """A window's seed is not yet deep enough to act on: like an outage, it passes once the chain has made
+    a few more blocks (a node waits and tries again; a verifier never fails a trainer on it)."""
+
+
+def domain_of(chain: Chain, run_id: int, epoch: int) -> Domain:
+    return Domain(chain.chain_id, chain.address, run_id, epoch)
+
+
+def epoch_positions(chain: Chain, run_id: int, epoch: int) -> list[str]:
+    """The relay's positions for an epoch: the trainer at each contract slot eligible in it, "" elsewhere.
+    A trainer's position is its slot, which no reader needs this list to know (`read_evidence`)."""
+    out = []
+    for slot in range(chain.run_info(run_id).trainer_slots):
+        t = chain.trainer_at(run_id, slot)
+        m = chain.member(run_id, t)
+        ok = m.role == Role.TRAINER and m.slot == slot and m.join_epoch <= epoch and (
+            m.leave_epoch is None or epoch < m.leave_epoch)
+        out.append(t if ok else "")
+    return out
+
+
+def chain_windows(chain: Chain, store: Any, *, run_id: int, epoch: int, trainer: str, slot: int,
+                  claimed: Sequence[bytes], trace_root: bytes, leaf_count: int, W: int, depth: int) -> WindowedAudit:
+    """`audit_windows` over what the chain and the store say (the trainer's and the verifiers' one reading):
+    the posts before the trainer's reveal, the epoch's audit seed and rate, the coordinator as relay.
+    Raises SeedsPending while a posted window's seed is not `depth` blocks deep."""
+    info, times = chain.run_info(run_id), chain.epoch_times(run_id, epoch)
+    reveal = chain.revealed(run_id, epoch, trainer)
+    out = audit_windows(
+        posts=chain.window_posts(run_id, epoch),
+        evidence=lambda cid: store.get(cid, max_size=relay.MAX_EVIDENCE_BYTES),
+        domain=domain_of(chain, run_id, epoch), position=slot, relay_address=info.params.coordinator,
+        trainer=trainer, claimed=claimed, trace_root=trace_root, leaf_count=leaf_count, W=W,
+        rate=info.params.audit_rate, audit_seed=times.seed,
+        block_hash=lambda n: chain.block_hash(n) if n <= chain.block_number() else None,
+        head=chain.block_number(), depth=depth,
+        before=(reveal[0].block_number, reveal[0].log_index) if reveal else None,
+    )
+    if out.pending and not out.findings:
+        raise SeedsPending(f"epoch {epoch}'s windows {out.pending} of {trainer}: their seeds are not {depth} blocks deep")
     return out

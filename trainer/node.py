@@ -34,7 +34,7 @@ from dilocox.round import (
     replay_step,
     start_state,
 )
-from protocol import merkle, shard_audit
+from protocol import merkle, shard_audit, windows
 from protocol.chain.audit import build_response
 from protocol.chain.binding import (
     SLASH_REASONS,
@@ -56,11 +56,14 @@ from protocol.formats.payload import open_publication, wrap
 from protocol.leaf import block_count
 from protocol.membership import check_joinable, verifier_shortfall
 from protocol.run import RunContext, open_run, params_of
+from protocol.shard_audit import SeedOf
 from protocol.statedir import run_dir
 from protocol.store.backends import DEFAULT_READ_CACHE, IntegrityError, Metered, Store
 from protocol.types import Cid
 from public.globals import ModelUnavailable, VerifiedGlobals
+from public.relaynet import RelayClient
 from public.schedule import Schedule
+from public.windowaudit import SeedsPending, chain_windows, domain_of
 from trainer.answering import AnswerWorker, Built, FileSink, build
 from trainer.boundaries import (
     DiskHeadroom,
@@ -71,6 +74,7 @@ from trainer.boundaries import (
 from trainer.checkpoints import ANSWER_SHARE, EpochDir, worst_replay
 from trainer.engine import Engine, LocalEngine
 from trainer.shard_response import shard_response
+from trainer.windowpost import WindowSender
 
 if TYPE_CHECKING:
     from trainer.stages import PipelineSteps
@@ -122,7 +126,8 @@ class TrainerNode:
         behaviour: Behaviour | None = None, log: Log | None = None, poll_s: float = 0.25,
         checkpoint_every: int = 4, checkpoint_every_logged: int = 16, threads: int = 1, max_epochs: int | None = None,
         stages: int = 1, microbatches: int = 2, keep_boundaries: bool = True, boundary_log_ram: int | None = None,
-        boundary_log_disk: int | None = None, device: str = "cpu",
+        boundary_log_disk: int | None = None, device: str = "cpu", relay: str | None = None,
+        window_wait_s: float = 30.0,
     ) -> None:
         if chain.sender is None:
             raise TrainerError("a trainer node needs a signing key")
@@ -151,6 +156,9 @@ class TrainerNode:
         self.answers = AnswerWorker(threads)  # shard answers built while the next epoch trains
         self.device = resolve_device(device)  # sharded runs only (make_engine); checked against the run in run()
         self._merge_bases: dict[int, MergeBase] = {}  # the merge rule's G_e and S_e of the last two epochs
+        # windowed runs (docs/protocol.md §5.4): the relay's URL (None: every window root posted directly)
+        # and how long a sent root may wait for an aggregate that holds it before it is posted directly
+        self.relay, self.window_wait_s = relay, window_wait_s
 
     # ------------------------------------------------------------------ main loop
 
@@ -509,6 +517,7 @@ class TrainerNode:
             meta = d.update(status=TRAINING, rank=rank, steps=steps, base_epoch=base_epoch, base_digest=base_digest,
                             continued=prev is not None, leaves=[x.hex() for x in preimages],
                             digests=[keccak(x).hex() for x in preimages], losses=[])
+        sender = self._window_sender(e, preimages, steps + 1)
         t0, before, step_wall_s = time.monotonic(), dict(eng.timings), 0.0
         for k in range(k0, steps):
             if self.spec.merges_at(k, e):
@@ -519,11 +528,15 @@ class TrainerNode:
             step_wall_s += time.monotonic() - w
             preimages.append(leaf.encode())
             losses.append(loss)
+            if sender is not None:
+                self._send_windows(sender, preimages, steps + 1)
             if eng.checkpoints.last == k + 1:  # the leaves a restart from that checkpoint resumes with
                 d.update(leaves=[x.hex() for x in preimages], digests=[keccak(x).hex() for x in preimages], losses=losses)
             self.log("step", epoch=e, step=k + 1, of=steps, loss=round(loss, 4))
             self.service()
             self._still_in(e)
+        if sender is not None:  # every window's root fixed on chain before the commit (and so before the reveal)
+            self._wait(lambda: len(sender.settle()) == len(sender.sent), f"epoch {e}'s window roots to be posted")
         if eng.log_error:
             self.log("warning", epoch=e, what="boundary log", error=eng.log_error,
                      effect="audit answers of the steps it misses replay whole steps")
@@ -564,6 +577,29 @@ class TrainerNode:
                  step_wall_s=round(step_wall_s, 3),
                  payload_bytes=stats.payload_bytes, dense_bytes=stats.dense_bytes,
                  base_epoch=meta.get("base_epoch"), base_digest=meta.get("base_digest"), **self.traffic())
+
+    def _window_sender(self, e: int, preimages: list[bytes], leaf_count: int) -> WindowSender | None:
+        """A windowed run's sender for epoch e; after a restart it picks up what the chain holds already."""
+        W = self.ctx.config.audit.window
+        if not W:
+            return None
+        key = getattr(self.chain.account, "key", None)  # an account the chain node signs for has none here
+        sender = WindowSender(self.chain, key, domain_of(self.chain, self.run_id, e), self.slot,
+                              self.ctx.info.params.coordinator, self.store,
+                              RelayClient(self.relay) if self.relay else None, wait_s=self.window_wait_s, log=self.log)
+        digests = [keccak(p) for p in preimages]
+        done = [w for w in range(windows.window_count(leaf_count, W))
+                if len(digests) >= min((w + 1) * windows.width(W, leaf_count), leaf_count)]
+        if done:
+            sender.resume({w: windows.window_root(digests, w, W, leaf_count) for w in done})
+        return sender
+
+    def _send_windows(self, sender: WindowSender, preimages: list[bytes], leaf_count: int) -> None:
+        """Send each window whose leaves are all trained (once: its root is fixed from then on)."""
+        W = self.ctx.config.audit.window
+        w = len(sender.sent)
+        if w < windows.window_count(leaf_count, W) and len(preimages) >= min((w + 1) * windows.width(W, leaf_count), leaf_count):
+            sender.send(w, windows.window_root([keccak(p) for p in preimages], w, W, leaf_count))
 
     def _publish(self, e: int, d: EpochDir) -> None:
         pub = d.read_bytes("payload.bin")
@@ -731,7 +767,19 @@ class TrainerNode:
         response = build_response(digests, seed, self.me, params.audit_steps, params.final_check_bps, params.audit_rate)
         a = self.chain.assignment(self.run_id, e, self.me)
         if self.engine is not None:
-            return self._respond_shards(e, d, seed, a.steps, response, self.engine)
+            steps, seed_of = a.steps, None
+            if W := self.ctx.config.audit.window:
+                try:
+                    wa = chain_windows(self.chain, self.store, run_id=self.run_id, epoch=e, trainer=self.me,
+                                       slot=self.slot, claimed=windows.window_roots(digests, W),
+                                       trace_root=merkle.root(digests), leaf_count=len(digests), W=W,
+                                       depth=self.ctx.config.audit.window_depth)
+                except SeedsPending:
+                    return  # a few blocks more: the next service round answers
+                if wa.findings:
+                    raise TrainerError(f"epoch {e}'s window posts do not match this node's trace: {wa.findings[0]}")
+                steps, seed_of = tuple(wa.drawn), functools.partial(wa.seed_of, W=W)
+            return self._respond_shards(e, d, seed, steps, response, self.engine, seed_of)
         cids: dict[int, Cid] = {}
 
         published = [0]
@@ -765,14 +813,15 @@ class TrainerNode:
         on one thread, so each thread's CPU time is its own (trainer/engine.py ``own_cpu``)."""
         return eng.concurrent_audits and self.threads == 1
 
-    def _respond_shards(self, e: int, d: EpochDir, seed: bytes, steps: tuple[int, ...], response: Any, eng: Engine) -> None:
+    def _respond_shards(self, e: int, d: EpochDir, seed: bytes, steps: tuple[int, ...], response: Any, eng: Engine,
+                        seed_of: SeedOf | None = None) -> None:
         """Answer a shard audit (docs/protocol.md §5.3): one block per drawn segment, final and start check.
 
         Building the answer replays each drawn segment; where the engine allows, that runs on the
         answer worker while the next epoch trains (trainer/answering.py), and a later service round
         publishes it. Otherwise, and whenever half the response window is gone, the node waits for it.
         """
-        make = functools.partial(self._shard_answer, e, d, seed, steps, eng)
+        make = functools.partial(self._shard_answer, e, d, seed, steps, eng, seed_of)
         if not self._answers_beside_training(eng):
             before = eng.timings.get("answer_cpu_s", 0.0)  # an engine whose answers run in other processes (stages)
             built = build(make, d.path, background=False)
@@ -796,7 +845,7 @@ class TrainerNode:
         self._send_answer(e, d, steps, response, built)
 
     def _shard_answer(self, e: int, d: EpochDir, seed: bytes, steps: tuple[int, ...], eng: Engine,
-                      publish: FileSink) -> shard_audit.ShardManifest:
+                      seed_of: SeedOf | None, publish: FileSink) -> shard_audit.ShardManifest:
         prev = self._dir(e - 1) if e >= 1 else None
         cont = bool(d.meta.get("continued")) and prev is not None and "leaves" in prev.meta
         return shard_response(
@@ -806,6 +855,7 @@ class TrainerNode:
             batch_of=lambda k: epoch_batch(self.spec, self.ctx.corpus, e, self.slot, k), publish=publish,
             prev=prev if cont else None,
             prev_preimages=[bytes.fromhex(x) for x in prev.meta["leaves"]] if cont and prev else (),
+            window=self.ctx.config.audit.window, seed_of=seed_of,
         )
 
     def _send_answer(self, e: int, d: EpochDir, steps: tuple[int, ...], response: Any, built: Built) -> None:

@@ -24,7 +24,7 @@ from eth_utils import to_checksum_address
 from protocol import relay
 from protocol.chain.binding import Chain
 from protocol.errors import VerilocoError
-from protocol.relay import Domain, SignedRoot
+from protocol.relay import Domain
 from protocol.windowdraw import WindowPost, evidence_root, first_post
 from public.relaynet import RelayClient, RelayUnavailable
 
@@ -40,27 +40,29 @@ class WindowSender:
     (its place in every aggregate); `relay_address` the account whose aggregates count (the run's
     coordinator)."""
 
-    def __init__(self, chain: Chain, key: bytes | str, domain: Domain, position: int, relay_address: str,
+    def __init__(self, chain: Chain, key: bytes | str | None, domain: Domain, position: int, relay_address: str,
                  store: Any, client: RelayClient | None, *, wait_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic, log: Log | None = None) -> None:
-        self.chain, self.key, self.domain, self.store, self.client = chain, key, domain, store, client
-        self.me = to_checksum_address(Account.from_key(key).address)
+        """`key` None (an account the chain node signs for): no message can be signed, so every window is
+        posted directly."""
+        self.chain, self.key, self.domain, self.store = chain, key, domain, store
+        self.client = client if key is not None else None
+        self.me = to_checksum_address(Account.from_key(key).address if key is not None else str(chain.sender))
         self.position = position
         self.relay_address = to_checksum_address(relay_address)
         self.wait_s, self.clock = wait_s, clock
         self.log: Log = log or (lambda event, **kv: None)
-        self.sent: dict[int, tuple[SignedRoot, float]] = {}
+        self.sent: dict[int, tuple[bytes, float]] = {}  # window -> (root, when sent)
         self.own_posted: set[int] = set()
         self.fixed: dict[int, WindowPost] = {}
 
     def send(self, window: int, root: bytes) -> None:
-        msg = relay.sign_root(self.key, self.domain, window, root)
-        self.sent[window] = (msg, self.clock())
-        if self.client is None:
+        self.sent[window] = (bytes(root), self.clock())
+        if self.client is None or self.key is None:
             self._own(window, "no relay")
             return
         try:
-            self.client.send(msg)
+            self.client.send(relay.sign_root(self.key, self.domain, window, root))
         except (RelayUnavailable, relay.RelayError) as exc:
             self._own(window, str(exc))
 
@@ -75,7 +77,7 @@ class WindowSender:
                     self.own_posted.add(w)  # posted before the restart but not first: never post again
                 self.send(w, root)
                 continue
-            self.sent[w] = (relay.sign_root(self.key, self.domain, w, root), self.clock())
+            self.sent[w] = (bytes(root), self.clock())
             self.own_posted.update({w} if got[0].poster == self.me else set())
             if got[1] != bytes(root):
                 raise WindowRootConflict(
@@ -86,7 +88,7 @@ class WindowSender:
     def _own(self, window: int, why: str) -> None:
         if window in self.own_posted:
             return
-        tx = self.chain.post_own_window(self.domain.run_id, self.domain.epoch, window, self.sent[window][0].root)
+        tx = self.chain.post_own_window(self.domain.run_id, self.domain.epoch, window, self.sent[window][0])
         self.own_posted.add(window)
         self.log("window-posted-own", epoch=self.domain.epoch, window=window, gas=tx.gas_used, why=why)
 
@@ -100,13 +102,13 @@ class WindowSender:
     def settle(self) -> dict[int, WindowPost]:
         """Read the posts; a window whose root no post holds `wait_s` after sending gets our own post."""
         posts = self.chain.window_posts(self.domain.run_id, self.domain.epoch)
-        for w, (msg, at) in sorted(self.sent.items()):
+        for w, (sent, at) in sorted(self.sent.items()):
             if w in self.fixed:
                 continue
             got = first_post(posts, w, self.me, self.position, self.relay_address, self._holds)
             if got is not None:
                 post, root = got
-                if root != msg.root:
+                if root != sent:
                     raise WindowRootConflict(
                         f"window {w} of epoch {self.domain.epoch} is fixed to a root this node did not send: another "
                         "instance runs with this key; stop one of them")

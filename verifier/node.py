@@ -72,6 +72,7 @@ from protocol.store.backends import (
 from protocol.store.unixfs import cid_of
 from protocol.types import Cid, Digest
 from public.schedule import Schedule
+from public.windowaudit import chain_windows
 from verifier.keeper import Keeper
 from verifier.replay import (
     NO_WITNESS,
@@ -558,12 +559,20 @@ class VerifierNode:
         m = shard_audit.decode_manifest(self.store.get(manifest_cid, max_size=MAX_MANIFEST_BYTES), n,
                                         max_bytes=MAX_MANIFEST_BYTES)
         prev = self.chain.submission(self.run_id, e - 1, t) if e >= 1 else None
+        steps, seed_of, W = assignment.steps, None, self.ctx.config.audit.window
+        if W:  # the draws come from the window posts (docs/protocol.md §5.4), read as the trainer read them
+            wa = chain_windows(self.chain, self.store, run_id=self.run_id, epoch=e, trainer=t, slot=slot,
+                               claimed=m.window_roots if m.window_width == W else (), trace_root=sub.trace_root,
+                               leaf_count=sub.leaf_count, W=W, depth=self.ctx.config.audit.window_depth)
+            if wa.findings:
+                return [Finding("windows", False, wa.findings[0])]
+            steps, seed_of = tuple(wa.drawn), functools.partial(wa.seed_of, W=W)
         chained = Chained(
             trace_root=sub.trace_root, leaf_count=sub.leaf_count, seed=self.chain.epoch_times(self.run_id, e).seed,
-            steps=assignment.steps, final_bps=self.ctx.info.params.final_check_bps,
+            steps=steps, final_bps=self.ctx.info.params.final_check_bps,
             prev_revealed=prev is not None and prev.state >= Sub.REVEALED,
             prev_root=prev.trace_root if prev is not None else bytes(32),
-            prev_leaf_count=prev.leaf_count if prev is not None else 0,
+            prev_leaf_count=prev.leaf_count if prev is not None else 0, window=W, seed_of=seed_of,
         )
         prev_rank = self.schedule.for_epoch(e - 1)[0] if e >= 1 else 0
         return audit_findings(

@@ -117,3 +117,18 @@ def address(text: str) -> str:
             f"{text!r} is not an Ethereum address (0x followed by 40 hex digits, checksummed if mixed-case)"
         )
     return str(to_checksum_address(text))
+
+
+def relay_url(text: str) -> str:
+    """An http:// URL of a window relay (what the coordinator prints as `relay`)."""
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(text)
+        ok = u.scheme == "http" and bool(u.hostname) and u.port is not None
+    except ValueError:
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a relay URL: give http://HOST:PORT, as the coordinator "
+                                         "prints it when it starts with --relay-port")
+    return text

@@ -16,6 +16,7 @@ import json
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -102,6 +103,10 @@ class DemoOptions:
     # None: the adaptive rule from the config's default rank
     rank: int | None = None
     first_merge_step: int = -1  # schedule.first_merge_step (examples/small.toml: 0, epoch 1 waits for G_1)
+    # audit.window (docs/protocol.md §5.4): > 0 draws each window's steps at `audit_rate` from a block after
+    # its post, the coordinator serving the relay; 0: challenges drawn after the epoch (`audit.steps`)
+    window: int = 0
+    audit_rate: float = 0.25
     # environment a node's process starts with beside the demo's own, by node name ("trainer0",
     # "verifier1"): what another host would have (tests: ATen's capability levels, docs/protocol.md §11)
     host_env: dict[str, dict[str, str]] = field(default_factory=dict, hash=False)
@@ -134,7 +139,8 @@ class DemoOptions:
             audit={"steps": 4 if self.audit == "shard" else 3, "segment": self.segment if self.audit == "shard" else 1,
                    "final_check_bps": 10_000, "quorum": self.quorum, "unit": self.audit,
                    "test_run": self.quorum < 3,  # a devnet: a quorum below 3 is a test
-                   "mode": "tolerant" if self.stages > 1 and self.audit == "state" else "exact"},
+                   "mode": "tolerant" if self.stages > 1 and self.audit == "state" else "exact",
+                   **({"window": self.window, "rate": self.audit_rate} if self.window else {})},
             windows={"commit_s": w, "reveal_s": w, "response_s": w, "verdict_s": w, "finalize_s": w},
             stakes={"min_trainers": 1},
             # a small pool, so rewards show: 0.001 ETH per included trainer and 0.0001 per majority verdict
@@ -187,7 +193,7 @@ class NodeProc:
 
 
 def _spawn(role: str, index: int, account: int, devnet_file: Path, run_id: int, opts: DemoOptions,
-           address: str, cheat: str | None = None) -> NodeProc:
+           address: str, cheat: str | None = None, relay_port: int | None = None) -> NodeProc:
     log_path = opts.workdir / "logs" / f"{role}{index}.jsonl"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "veriloco.cli", role, "--run", str(run_id), "--devnet", str(devnet_file),
@@ -208,8 +214,18 @@ def _spawn(role: str, index: int, account: int, devnet_file: Path, run_id: int, 
     for flag, gib in (("--boundary-log-ram", opts.log_ram_gib), ("--boundary-log-disk", opts.log_disk_gib)):
         if role == "trainer" and gib is not None:
             cmd += [flag, str(gib)]
+    if relay_port is not None:  # a windowed run: the coordinator serves the relay, trainers send to it
+        cmd += (["--relay-port", str(relay_port), "--window-wait", "2"] if role == "coordinator" else
+                ["--relay", f"http://127.0.0.1:{relay_port}", "--window-wait", "10"] if role == "trainer" else [])
     env = opts.host_env.get(f"{role}{index}", {})
     return NodeProc(role, index, account, address, log_path, cmd, start_node(cmd, log_path, env), cheat, env=env)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the relay binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def metrics_offset(opts: DemoOptions, role: str, index: int) -> int:
@@ -387,14 +403,15 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stdout,
 
             dashboard = start_dashboard(Chain(info.rpc_url, info.contract), store, run_id, opts.dashboard_port)
             say(f"dashboard: http://127.0.0.1:{opts.dashboard_port}/ (until the nodes stop)")
+        relay = free_port() if opts.window else None
         try:
             for i in range(opts.verifiers):
                 acct = 1 + opts.trainers + i
                 nodes.append(_spawn("verifier", i, acct, devnet_file, run_id, opts, keys[acct].address))
             for i in range(opts.trainers):
                 cheat = cheat_list[i] if i < len(cheat_list) else None
-                nodes.append(_spawn("trainer", i, 1 + i, devnet_file, run_id, opts, keys[1 + i].address, cheat))
-            nodes.append(_spawn("coordinator", 0, 0, devnet_file, run_id, opts, keys[0].address))
+                nodes.append(_spawn("trainer", i, 1 + i, devnet_file, run_id, opts, keys[1 + i].address, cheat, relay))
+            nodes.append(_spawn("coordinator", 0, 0, devnet_file, run_id, opts, keys[0].address, relay_port=relay))
             _monitor(creator, run_id, cfg, nodes, opts, say, t_start, on_tick, net)
         finally:
             _stop(nodes)

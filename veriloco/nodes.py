@@ -36,7 +36,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from veriloco.argtypes import device, gibibytes, host, is_loopback, positive, run_id, tcp_port
+from veriloco.argtypes import (
+    device,
+    gibibytes,
+    host,
+    is_loopback,
+    positive,
+    relay_url,
+    run_id,
+    seconds,
+    tcp_port,
+)
 from veriloco.logs import Log, add_log_args, logger_from_args, node_logger, with_upload_progress
 from veriloco.settings import (
     Settings,
@@ -264,6 +274,7 @@ def _train(args: argparse.Namespace, s: Settings, log: Log, kept: list[Path]) ->
             max_epochs=args.epochs, stages=args.stages, microbatches=args.microbatches,
             keep_boundaries=not args.no_boundary_log,
             boundary_log_ram=args.boundary_log_ram, boundary_log_disk=args.boundary_log_disk, device=args.device,
+            relay=args.relay, window_wait_s=30.0 if args.window_wait is None else args.window_wait,
         ).run()
 
 
@@ -292,7 +303,8 @@ def _coordinate(args: argparse.Namespace, s: Settings, log: Log, kept: list[Path
     chain = open_chain(s, args.run)
     with locked(s, chain, args.run, "coordinator", kept):  # it keeps no state of its own; the lock alone is there
         store, log = observed(args, s, chain, "coordinator", log)
-        CoordinatorNode(chain, store, args.run, log=log).run()
+        CoordinatorNode(chain, store, args.run, log=log, relay_port=args.relay_port,
+                        relay_wait_s=5.0 if args.window_wait is None else args.window_wait).run()
 
 
 def register(sub: Any) -> None:
@@ -343,4 +355,17 @@ def register(sub: Any) -> None:
                                 "in the state folder at start; never past a tenth of the disk left free); steps past "
                                 "both are not logged and their audit answers replay whole steps")
             p.add_argument("--cheat", choices=CHEAT_KINDS, help=argparse.SUPPRESS)
+            p.add_argument("--relay", type=relay_url, default=None, metavar="URL",
+                           help="a windowed run's relay (the coordinator prints it as `relay` when it starts): window "
+                                "roots go there signed, one aggregate per window; without it each root is posted "
+                                "directly (about 30k gas a window)")
+        if name == "coordinator":
+            p.add_argument("--relay-port", type=tcp_port, default=None, metavar="PORT",
+                           help="serve a windowed run's relay on 127.0.0.1:PORT (0: any free port) and post one "
+                                "aggregate per window; trainers then pass its URL as --relay")
+        if name in ("trainer", "coordinator"):
+            p.add_argument("--window-wait", type=seconds, default=None, metavar="S",
+                           help="windowed runs: how long a window waits for the rest of its roots (coordinator, "
+                                "default 5) or a sent root for an aggregate that holds it before the trainer posts it "
+                                "itself (default 30)")
         p.set_defaults(func=func)

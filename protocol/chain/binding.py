@@ -1073,6 +1073,10 @@ class Chain:
         role, stake, slot, je, le, left = self._call("member", run_id, to_checksum_address(account))
         return MemberInfo(Role(role), Wei(stake), slot, je, None if le == NEVER_EPOCH else le, left)
 
+    def trainer_at(self, run_id: int, slot: int) -> Address:
+        """The trainer holding a slot, or that held it last (a withdrawn trainer's slot is reused)."""
+        return Address(to_checksum_address(self._call("trainerAt", run_id, slot)))
+
     def participants(self, run_id: int) -> tuple[list[Address], list[Address]]:
         """(active trainers by slot, verifier list in assignment order)."""
         ts, vs = self._call("participants", run_id)

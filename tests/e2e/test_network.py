@@ -303,3 +303,43 @@ def test_pipelined_trainers_pass_exact_shard_audits(tmp_path: Path) -> None:
     # an attestation landing after the committee's majority finalized the model is routine, not an error
     verifiers = "".join(p.read_text() for p in (tmp_path / "demo" / "logs").glob("verifier*.jsonl"))
     assert '"attest-failed"' not in verifiers
+
+
+def test_a_windowed_run_draws_each_windows_steps_from_its_post_through_the_coordinators_relay(tmp_path: Path) -> None:
+    """audit.window = 4 (docs/protocol.md §5.4): trainers sign each window's root to the coordinator's relay
+    while they train, the relay posts one aggregate per window, the contract draws no step, and every
+    verifier derives each trainer's draws from the window posts: every epoch finalizes, the answers named
+    the window roots and opened the window-drawn steps, and only the lazy trainer is slashed (each of its
+    16 steps is drawn at 0.5: it escapes both epochs with probability 2^-16)."""
+    from protocol import shard_audit, windows
+    from protocol.leaf import block_count
+    from public.windowaudit import chain_windows
+
+    drawn: dict[tuple[int, str], list[int]] = {}
+
+    def inspect(chain: Chain, store: Any, run_id: int) -> None:
+        ctx = open_run(chain, store, run_id)
+        n = block_count(ctx.config.model_config())
+        for e in range(2):
+            for ev in chain.events(["Responded"], run_id=run_id, epoch=e):
+                t = ev.args["trainer"]
+                m = shard_audit.decode_manifest(store.get(ev.args["manifestCid"]), n, max_bytes=1 << 26)
+                sub = chain.submission(run_id, e, t)
+                wa = chain_windows(chain, store, run_id=run_id, epoch=e, trainer=t, slot=chain.member(run_id, t).slot,
+                                   claimed=m.window_roots, trace_root=sub.trace_root, leaf_count=sub.leaf_count, W=4,
+                                   depth=2)
+                assert m.window_width == 4 and wa.findings == [] and not wa.post_hoc
+                assert len(m.window_roots) == windows.window_count(sub.leaf_count, 4)
+                assert chain.assignment(run_id, e, t).steps == ()  # nothing drawn on chain
+                drawn[(e, t)] = wa.drawn
+                assert {c.start for c in m.challenges} == {k - k % ctx.config.audit.segment for k in wa.drawn}
+
+    opts = DemoOptions(trainers=4, verifiers=2, quorum=1, epochs=2, steps=8, window=4, audit_rate=0.5,
+                       cheats=(("lazy", 1),), workdir=tmp_path / "demo", report=tmp_path / "report", timeout_s=600)
+    s, _ = run_network(opts, inspect=inspect)
+    assert s["epochs_finalized"] == 2 and set(s["slashed"]) == set(s["cheaters"]) and len(s["cheaters"]) == 1
+    assert len(drawn) >= 7 and any(drawn.values())
+    coord = (tmp_path / "demo" / "logs" / "coordinator0.jsonl").read_text()
+    assert coord.count('"window-posted"') == 2 * 3 and '"relay": "http://127.0.0.1:' in coord
+    trainers = "".join(p.read_text() for p in (tmp_path / "demo" / "logs").glob("trainer*.jsonl"))
+    assert '"window-posted-own"' not in trainers  # every root went through the relay

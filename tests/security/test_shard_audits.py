@@ -498,8 +498,8 @@ def test_a_windowed_answer_names_its_window_roots_and_is_judged_by_each_steps_wi
     other = {w: keccak(b"other %d" % w) for w in seeds}
     for wrong in (dc_replace(base, seed_of=lambda k: other[windows.transition_window(k, W)]),
                   dc_replace(base, seed_of=None, window=0), dc_replace(base, window=4)):
-        assert _failed(judge(wrong)) == ["manifest: manifest does not match the on-chain trace or the drawn segments, "
-                                         "blocks and groups"]
+        assert _failed(judge(wrong)) == [("manifest: manifest does not match the on-chain trace or the drawn segments, "
+                                          "blocks and groups")]
     for bad in (dc_replace(m, window_roots=m.window_roots[:2] + (keccak(b"x"),)), dc_replace(m, window_width=0)):
         with pytest.raises(ShardAuditError, match="window"):
             encode_manifest(bad, n)

@@ -258,6 +258,26 @@ class BoundaryLog:
         """Disk bytes the log holds now."""
         return sum(p.stat().st_size for pre in _PREFIX.values() for p in self.path.glob(f"{pre}*.safetensors"))
 
+    def drop_before(self, k: int) -> int:
+        """Forget steps before k (a windowed run's answered windows): memory back to the budget, files
+        deleted. Returns the bytes freed."""
+        freed = 0
+        for j in [j for j in self._ram if j < k]:
+            size = _bytes(self._ram.pop(j))
+            self.ram_bytes -= size
+            freed += size
+            if self.budget is not None:
+                self.budget.used -= size
+        for pre in _PREFIX.values():
+            for p in self.path.glob(f"{pre}*.safetensors"):
+                j = int(p.stem[len(pre):])
+                if j < k:
+                    freed += p.stat().st_size
+                    p.unlink()
+                    if self.disk is not None:
+                        self.disk.used -= self._disk_sizes.pop(j, 0)
+        return freed
+
     def drop(self) -> None:
         """Forget every step: memory back to the budget, files deleted."""
         if self.budget is not None:

@@ -176,6 +176,20 @@ class EpochDir:
                 p.unlink()
         return freed
 
+    def drop_before(self, k: int) -> int:
+        """Remove the checkpoints strictly between the first and k (a windowed run's answered windows: the
+        first stays for the start and final checks). Returns the bytes freed."""
+        freed = 0
+        for p in self.path.glob("state-*.safetensors"):
+            if 0 < _step_of(p) < k:
+                freed += p.stat().st_size
+                p.unlink()
+        return freed
+
+    def held_bytes(self) -> int:
+        """Bytes of the checkpoints past the first (what answering keeps beside the live state)."""
+        return sum(p.stat().st_size for p in self.path.glob("state-*.safetensors") if _step_of(p) > 0)
+
     def save_step(self, k: int, state: State) -> None:
         self.save(f"state-{k:06d}", state)
 

@@ -105,6 +105,9 @@ class Engine(Protocol):
     def forget_boundaries(self, d: EpochDir) -> None:
         """Drop what the engine kept of ``d``'s steps only to answer its audit (sent, or no longer due)."""
 
+    def drop_before(self, d: EpochDir, k: int) -> int:
+        """Drop what answers of steps before k needed (a windowed run's answered windows); bytes freed."""
+
     def unlogged_steps(self, d: EpochDir) -> int:
         """Steps of ``d`` its boundary log left out, over its memory and disk budgets."""
 
@@ -423,6 +426,12 @@ class LocalEngine:
 
     def forget_boundaries(self, d: EpochDir) -> None:
         self._logs.pop(d.path, BoundaryLog(d.path)).drop()
+
+    def drop_before(self, d: EpochDir, k: int) -> int:
+        """Keep only what answers from step k on need: the latest checkpoint at or before k (and the
+        first), the log since it. Returns the bytes freed."""
+        base = max((c for c in d.checkpoints() if c <= k), default=0)
+        return d.drop_before(base) + self._log(d).drop_before(base)
 
     def unlogged_steps(self, d: EpochDir) -> int:
         """Steps of the epoch over both log budgets (their challenges replay whole steps)."""

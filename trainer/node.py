@@ -51,15 +51,22 @@ from protocol.chain.errors import AlreadyCommitted, AlreadyJoined, NotEligible, 
 from protocol.chain.outage import TRANSIENT, through_outages
 from protocol.digest import keccak, state_digest
 from protocol.errors import VerilocoError
-from protocol.formats.codec import build_state_manifest, encode_manifest, save_state
+from protocol.formats.codec import (
+    build_state_manifest,
+    encode_manifest,
+    from_json_value,
+    save_state,
+    to_json_value,
+)
 from protocol.formats.payload import open_publication, wrap
 from protocol.leaf import block_count
 from protocol.membership import check_joinable, verifier_shortfall
 from protocol.run import RunContext, open_run, params_of
-from protocol.shard_audit import SeedOf
+from protocol.shard_audit import GroupOpening, SeedOf
 from protocol.statedir import run_dir
 from protocol.store.backends import DEFAULT_READ_CACHE, IntegrityError, Metered, Store
 from protocol.types import Cid
+from protocol.windowdraw import ChainOrdering, window_challenges
 from public.globals import ModelUnavailable, VerifiedGlobals
 from public.relaynet import RelayClient
 from public.schedule import Schedule
@@ -73,7 +80,7 @@ from trainer.boundaries import (
 )
 from trainer.checkpoints import ANSWER_SHARE, EpochDir, worst_replay
 from trainer.engine import Engine, LocalEngine
-from trainer.shard_response import shard_response
+from trainer.shard_response import Answer, answer_challenge, shard_response
 from trainer.windowpost import WindowSender
 
 if TYPE_CHECKING:
@@ -530,6 +537,7 @@ class TrainerNode:
             losses.append(loss)
             if sender is not None:
                 self._send_windows(sender, preimages, steps + 1)
+                self._answer_windows(e, d, eng, sender, preimages, steps + 1)
             if eng.checkpoints.last == k + 1:  # the leaves a restart from that checkpoint resumes with
                 d.update(leaves=[x.hex() for x in preimages], digests=[keccak(x).hex() for x in preimages], losses=losses)
             self.log("step", epoch=e, step=k + 1, of=steps, loss=round(loss, 4))
@@ -537,6 +545,7 @@ class TrainerNode:
             self._still_in(e)
         if sender is not None:  # every window's root fixed on chain before the commit (and so before the reveal)
             self._wait(lambda: len(sender.settle()) == len(sender.sent), f"epoch {e}'s window roots to be posted")
+            self._answer_windows(e, d, eng, sender, preimages, steps + 1)
         if eng.log_error:
             self.log("warning", epoch=e, what="boundary log", error=eng.log_error,
                      effect="audit answers of the steps it misses replay whole steps")
@@ -563,6 +572,9 @@ class TrainerNode:
                      f"half the {window} s response window")
             self._close(d)
             return
+        # what answering keeps beside the live state, at its peak: at the end of the epoch, unless a windowed
+        # run dropped answered windows while it trained (then the peak it recorded then)
+        held_peak = max(d.meta.get("answer_held_peak_bytes", 0), d.held_bytes() + sum(eng.boundary_log_bytes(d)))
         payload, stats = eng.finish(d, rank, compress_seed(self.spec.run_seed, e, self.slot))
         final = Final(wrap(self.run_id, e, self.me, payload), {}, stats)
         d.write_bytes("payload.bin", self.behaviour.publication(self, final, e))
@@ -573,6 +585,7 @@ class TrainerNode:
                  digest_s=spent.get("commit_s", 0.0), log_s=spent.get("log_s", 0.0),
                  checkpoint_s=spent.get("checkpoint_s", 0.0),
                  boundary_log_bytes=sum(log_bytes), boundary_log_ram_bytes=log_bytes[0], boundary_log_unlogged_steps=unlogged,
+                 answer_held_peak_bytes=held_peak,
                  answer_log=eng.log_kind(d),
                  step_wall_s=round(step_wall_s, 3),
                  payload_bytes=stats.payload_bytes, dense_bytes=stats.dense_bytes,
@@ -600,6 +613,62 @@ class TrainerNode:
         w = len(sender.sent)
         if w < windows.window_count(leaf_count, W) and len(preimages) >= min((w + 1) * windows.width(W, leaf_count), leaf_count):
             sender.send(w, windows.window_root([keccak(p) for p in preimages], w, W, leaf_count))
+
+    def _answer_windows(self, e: int, d: EpochDir, eng: Engine, sender: WindowSender, preimages: list[bytes],
+                        leaf_count: int) -> None:
+        """Retention (docs/protocol.md §5.4): answer each window's draws, in window order, once a post fixed
+        its root and its seed is `audit.window_depth` blocks deep, publish the answers, and drop every
+        checkpoint and logged step that only answered draws needed. A window with no safe seed yet (or
+        never posted) stops the walk: from its first transition on everything stays, as a post-hoc draw
+        needs. A segment whose last step belongs to the next window (segments longer than one step) waits
+        for that window's seed, which picks that step's group. Answers and seeds are in the epoch's meta,
+        so a restarted node never needs what it dropped."""
+        a, meta = self.ctx.config.audit, d.meta
+        W, n, L, r = a.window, block_count(self.spec.model), leaf_count, self.spec.segment
+        seeds: dict[int, bytes] = {int(w): bytes.fromhex(x) for w, x in meta.get("window_seeds", {}).items()}
+        built: dict[str, Any] = dict(meta.get("prebuilt", {}))
+        todo: list[list[int]] = [list(c) for c in meta.get("window_todo", [])]  # [start, end, block, window]
+        sender.settle()
+        src = ChainOrdering(sender.domain, lambda w: sender.fixed[w].block if w in sender.fixed else None,
+                            self.chain.block_hash, self.chain.block_number, a.window_depth)
+        count, changed = windows.window_count(L, W), False
+        while len(seeds) < count and (seed := src.seed(len(seeds))) is not None:
+            w = len(seeds)
+            seeds[w], changed = bytes(seed), True
+            draws = window_challenges(seed, self.me, self.ctx.info.params.audit_rate, W, w, L)
+            todo += [[s_, e_, b, w] for s_, e_, b in shard_audit.shard_challenges(
+                seed, self.me, draws, L, r, n, lambda k: seed)]  # a draw's block comes from its own window's seed
+            self.log("window-drawn", epoch=e, window=w, transitions=draws)
+
+        def seed_of(k: int) -> bytes:
+            return seeds[windows.transition_window(k, W)]
+
+        for c in [c for c in todo if windows.transition_window(c[1] - 1, W) in seeds]:
+            s_, e_, b, w = c
+            if f"{s_}:{e_}:{b}" not in built:
+                cid, openings = answer_challenge(
+                    eng, self.spec, e, self.me, d, preimages, seeds[w], seed_of,
+                    lambda k: epoch_batch(self.spec, self.ctx.corpus, e, self.slot, k),
+                    lambda data: self.store.put(data), s_, e_, b)
+                built[f"{s_}:{e_}:{b}"] = {"cid": cid, "openings": to_json_value(openings)}
+            todo.remove(c)
+            changed = True
+        if changed:
+            d.update(window_seeds={str(k): v.hex() for k, v in seeds.items()}, prebuilt=built, window_todo=todo)
+        first = len(seeds) * windows.width(W, L) - 1  # the first transition of the oldest window not drawn
+        keep = min([0 if first <= 0 else first - first % r] + [c[0] for c in todo])
+        eng.drop_before(d, min(keep, L - 1))
+        held = d.held_bytes() + sum(eng.boundary_log_bytes(d))
+        if held > meta.get("answer_held_peak_bytes", 0):
+            d.update(answer_held_peak_bytes=held)
+
+    def _prebuilt(self, d: EpochDir) -> dict[tuple[int, int, int], Answer]:
+        """The answers a windowed trainer built while it trained (`_answer_windows`)."""
+        out = {}
+        for key, v in d.meta.get("prebuilt", {}).items():
+            s_, e_, b = (int(x) for x in key.split(":"))
+            out[(s_, e_, b)] = (Cid(v["cid"]), from_json_value(tuple[GroupOpening, ...], v["openings"]))
+        return out
 
     def _publish(self, e: int, d: EpochDir) -> None:
         pub = d.read_bytes("payload.bin")
@@ -855,7 +924,7 @@ class TrainerNode:
             batch_of=lambda k: epoch_batch(self.spec, self.ctx.corpus, e, self.slot, k), publish=publish,
             prev=prev if cont else None,
             prev_preimages=[bytes.fromhex(x) for x in prev.meta["leaves"]] if cont and prev else (),
-            window=self.ctx.config.audit.window, seed_of=seed_of,
+            window=self.ctx.config.audit.window, seed_of=seed_of, prebuilt=self._prebuilt(d),
         )
 
     def _send_answer(self, e: int, d: EpochDir, steps: tuple[int, ...], response: Any, built: Built) -> None:

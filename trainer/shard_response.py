@@ -130,34 +130,50 @@ def start_file(engine: Engine, prev: EpochDir, last: int, spec: RoundSpec) -> St
     return out
 
 
-def _published(publish: Publish, answer: tuple[State, tuple[GroupOpening, ...]]) -> tuple[Cid, tuple[GroupOpening, ...]]:
+Answer = tuple[Cid, tuple[GroupOpening, ...]]  # a published challenge file and its group openings
+
+
+def _published(publish: Publish, answer: tuple[State, tuple[GroupOpening, ...]]) -> Answer:
     return publish(save_state(answer[0])), answer[1]
+
+
+def answer_challenge(engine: Engine, spec: RoundSpec, epoch: int, trainer: str, d: EpochDir,
+                     preimages: Sequence[bytes], seed: bytes, seed_of: SeedOf | None, batch_of: BatchOf,
+                     publish: Publish, start: int, end: int, b: int) -> Answer:
+    """One challenge's file, published, and its openings: from the audit seed's groups or (windowed) each
+    step's window seed. ``preimages`` need reach leaf ``end`` only, so a windowed trainer answers a
+    window while it trains the next."""
+    n = block_count(spec.model)
+    leaves = {k: StepLeaf.decode(preimages[k], n) for k in required_leaves([(start, end, b)], False, end + 1)}
+    return _published(publish, challenge_file(
+        engine, d, start, end, b, group_picks(seed, trainer, start, end, spec.microbatches, seed_of), batch_of,
+        leaves, spec, covers_merge(start, end, spec.merge_step_in(epoch)) and not spec.ef_in_params))
 
 
 def shard_response(
     *, engine: Engine, spec: RoundSpec, run_id: int, epoch: int, trainer: Address, d: EpochDir,
     preimages: Sequence[bytes], seed: bytes, steps: Sequence[int], final_bps: int, batch_of: BatchOf,
     publish: Publish, prev: EpochDir | None = None, prev_preimages: Sequence[bytes] = (),
-    window: int = 0, seed_of: SeedOf | None = None,
+    window: int = 0, seed_of: SeedOf | None = None, prebuilt: Mapping[tuple[int, int, int], Answer] | None = None,
 ) -> ShardManifest:
     """Publish the files the drawn challenges need and return the (validated) manifest.
 
     ``steps`` are the challenged transitions in draw order (the chain's, or in a windowed run the
     window draws, with ``seed_of`` giving each one's window seed); ``prev``/``prev_preimages`` are
-    given when this epoch's start continued epoch e-1.
+    given when this epoch's start continued epoch e-1. ``prebuilt``: challenges answered already (a
+    windowed trainer's, built while it trained and dropped from its log since).
     """
     n = block_count(spec.model)
     L = len(preimages)
     challenges = shard_challenges(seed, trainer, steps, L, spec.segment, n, seed_of)
-    leaves = {k: StepLeaf.decode(preimages[k], n) for k in required_leaves(challenges, False, L)}
     fin = final_drawn(seed, trainer, final_bps)
+    built = prebuilt or {}
     cont = prev is not None and bool(prev_preimages)
     return build_manifest(
         run_id=run_id, epoch=epoch, trainer=trainer, preimages=preimages, segment=spec.segment,
         groups=spec.microbatches, challenges=challenges,
-        cid_of_challenge=lambda s, e, b: _published(publish, challenge_file(
-            engine, d, s, e, b, group_picks(seed, trainer, s, e, spec.microbatches, seed_of), batch_of,
-            leaves, spec, covers_merge(s, e, spec.merge_step_in(epoch)) and not spec.ef_in_params)),
+        cid_of_challenge=lambda s, e, b: built.get((s, e, b)) or answer_challenge(
+            engine, spec, epoch, trainer, d, preimages, seed, seed_of, batch_of, publish, s, e, b),
         final_block=drawn_block(seed, trainer, "final-shard", 0, n) if fin else -1,
         cid_of_final=lambda b: publish(save_state(transition_file(engine, d, L - 1, b, spec.ef_in_params))),
         previous=prev_preimages if cont else (),

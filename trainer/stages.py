@@ -659,6 +659,11 @@ class StagedEngine:
     def forget_boundaries(self, d: EpochDir) -> None:
         self._all("forget", d)
 
+    def drop_before(self, d: EpochDir, k: int) -> int:
+        """The stages keep their logs whole until the epoch is answered (a windowed run's early answers
+        need a cross-process drop, not built): nothing freed."""
+        return 0
+
     def unlogged_steps(self, d: EpochDir) -> int:
         """Steps some stage could not keep (their challenges replay whole steps)."""
         return len({k for g in self._all("log_bytes", d).values() for k in g[2]})

@@ -232,6 +232,12 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any], config:
         "audit_bytes_per_challenge": challenge_bytes(opts, audit_mode, trainer_logs),
         # what a trainer keeps to answer its audit (the boundary log) over its training state (parameters, moments)
         "answer_memory_fraction_of_state": round(log_bytes / n / epochs / (12 * n_params(cfg)), 3),
+        # the most any trainer kept at once to answer (checkpoints past the first and the log), in states:
+        # a windowed run drops each window once answered (docs/protocol.md §5.4)
+        "answer_memory_states_peak": round(max([ev.get("answer_held_peak_bytes", 0) for evs in trainer_logs for ev in evs
+                                                if ev["event"] == "trained"] or [0]) / (12 * n_params(cfg)), 2),
+        "challenge_randomness": "window" if config.audit.window else "epoch",
+        "window": config.audit.window,
         # what that log held: every step's boundaries or, where those outgrow the model and do not fit the
         # budgets, every step's total gradients (trainer/boundaries.py); absent from events before it was logged
         "answer_log": "+".join(sorted(str(k) for k in kinds if k)) or None,
@@ -379,6 +385,11 @@ def main() -> int:
                     help="the trainers' --boundary-log-ram and --boundary-log-disk in GiB, one scenario each; 'node': "
                          "the node's defaults (the default). Budgets an epoch of boundaries does not fit make a trainer "
                          "keep each step's total gradients instead where those are smaller (trainer/boundaries.py)")
+    ap.add_argument("--window", type=non_negative, default=0, metavar="W",
+                    help="audit.window: draw each window of W steps from a block after its post (0: after the epoch)")
+    ap.add_argument("--audit-rate", type=float, default=0.25, help="audit.rate of a windowed run (per step)")
+    ap.add_argument("--block-time", type=float, default=0.0, metavar="S",
+                    help="mine a block every S seconds (a windowed run's seeds need blocks while trainers train)")
     ap.add_argument("--keep", type=Path, default=None, help="keep each scenario's demo directory (logs) under this folder")
     ap.add_argument("--analyze", type=Path, default=None,
                     help="analyze a kept scenario directory (--keep) again, one --steps and --modes; without its "
@@ -424,7 +435,7 @@ def main() -> int:
     for h, mode, m, rows, ef, budget in combos:
         with tempfile.TemporaryDirectory(prefix="veriloco-bench-") as tmp:
             # windows long enough for an epoch of steps; the contract advances as soon as everyone has acted
-            tag = f"{name}-h{h}-{mode}" + (f"-merge{m}" if m else "") + (f"-b{rows}" if rows != 8 else "") + (
+            tag = f"{name}-h{h}-{mode}" + (f"-w{args.window}" if args.window else "") + (f"-merge{m}" if m else "") + (f"-b{rows}" if rows != 8 else "") + (
                 f"-t{args.seq_len}" if args.seq_len != 64 else "") + (
                 f"-g{args.group_rows}" if args.group_rows else "") + ("-efbuffer" if m and ef == "buffer" else "") + (
                 f"-log{budget[0]}-{budget[1]}" if budget else "")
@@ -433,7 +444,8 @@ def main() -> int:
                                stages=args.stages, audit=MODES[mode], windows_s=3600, timeout_s=6 * 3600,
                                merge_step=m, batch_size=rows, group_rows=args.group_rows,
                                segment=args.segment, error_feedback=ef, seq_len=args.seq_len,
-                               rank=args.rank, first_merge_step=args.first_merge_step, log_ram_gib=budget[0] if budget else None, log_disk_gib=budget[1] if budget else None)
+                               rank=args.rank, first_merge_step=args.first_merge_step, log_ram_gib=budget[0] if budget else None, log_disk_gib=budget[1] if budget else None,
+                               window=args.window, audit_rate=args.audit_rate, block_time_s=args.block_time)
             r = measure(opts, mode)
         runs.append(r)
         print(f"{tag}: done in {r['wall_seconds']} s", file=sys.stderr, flush=True)

@@ -107,6 +107,9 @@ class DemoOptions:
     # its post, the coordinator serving the relay; 0: challenges drawn after the epoch (`audit.steps`)
     window: int = 0
     audit_rate: float = 0.25
+    # > 0: the demo mines a block every this many seconds, as a chain with its own block time does (the
+    # devnet otherwise mines only with transactions, and a window's seed needs blocks after its post)
+    block_time_s: float = 0.0
     # environment a node's process starts with beside the demo's own, by node name ("trainer0",
     # "verifier1"): what another host would have (tests: ATen's capability levels, docs/protocol.md §11)
     host_env: dict[str, dict[str, str]] = field(default_factory=dict, hash=False)
@@ -432,7 +435,7 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
              t_start: float, on_tick: Callable[[Control], None] | None = None, devnet: Any = None) -> None:
     control = Control(chain, run_id, nodes, devnet)
     coordinator = nodes[-1]
-    last_line, last_table = "", 0.0
+    last_line, last_table, last_block = "", 0.0, time.monotonic()
     done: dict[int, str] = {}  # the status parts of finalized epochs: they no longer change
     deadline = time.monotonic() + opts.timeout_s
     say(CHAIN_LEGEND)
@@ -457,6 +460,10 @@ def _monitor(chain: Chain, run_id: int, cfg: RunConfig, nodes: list[NodeProc], o
                     say(f"           {n.name:18s} {_describe(n)}")
                 last_table = time.monotonic()
             last_line = line
+        if opts.block_time_s and time.monotonic() - last_block >= opts.block_time_s:
+            last_block = time.monotonic()
+            with contextlib.suppress(ChainUnavailable):
+                chain.w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
         if on_tick is not None:
             on_tick(control)
         # a coordinator slashed and removed stops at once; a verifier finalizes the rest in its place

@@ -334,18 +334,12 @@ def test_a_windowed_run_draws_each_windows_steps_from_its_post_through_the_coord
                 drawn[(e, t)] = wa.drawn
                 assert {c.start for c in m.challenges} == {k - k % ctx.config.audit.segment for k in wa.drawn}
 
-    last = [0.0]
-
-    def blocks(control: Control) -> None:
-        """A chain that makes blocks on its own, as a real one does (every 1.5 s here): the devnet mines only
-        with transactions, and a window's seed needs blocks after its post while the trainer trains on."""
-        if time.monotonic() - last[0] >= 1.5:
-            last[0] = time.monotonic()
-            control.chain.w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
-
+    # a chain that makes blocks on its own (every 1.5 s), as a real one does: a window's seed needs blocks
+    # after its post while the trainer trains on
     opts = DemoOptions(trainers=4, verifiers=2, quorum=1, epochs=2, steps=8, window=4, audit_rate=0.5,
-                       cheats=(("lazy", 1),), workdir=tmp_path / "demo", report=tmp_path / "report", timeout_s=600)
-    s, _ = run_network(opts, inspect=inspect, on_tick=blocks)
+                       cheats=(("lazy", 1),), workdir=tmp_path / "demo", report=tmp_path / "report", timeout_s=600,
+                       block_time_s=1.5)
+    s, _ = run_network(opts, inspect=inspect)
     assert s["epochs_finalized"] == 2 and set(s["slashed"]) == set(s["cheaters"]) and len(s["cheaters"]) == 1
     assert len(drawn) >= 7 and any(drawn.values())
     coord = (tmp_path / "demo" / "logs" / "coordinator0.jsonl").read_text()

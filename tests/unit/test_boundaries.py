@@ -260,3 +260,25 @@ def test_the_machine_headroom_is_read_from_this_machine(tmp_path: Path) -> None:
     assert DiskHeadroom(tmp_path / "gone" / "deeper")() is None  # unreadable: no check, not a crash
     full = ByteBudget(None, lambda: -5)  # a machine already past its reserve: nothing fits
     assert full.room() == 0 and not full.fits(1) and ByteBudget(10, lambda: None).fits(10)
+
+
+def test_dropping_answered_steps_keeps_what_later_answers_need_and_returns_the_budget(tmp_path: Path) -> None:
+    """A windowed trainer's retention (engine.drop_before): checkpoints between the first and the latest
+    at or before k go, and the logged steps before that checkpoint, memory and disk alike; what answers
+    from k on read stays, so their files are the bits they were."""
+    _, d_ref, leaves = _epoch(tmp_path / "ref")
+    ref = LocalEngine(SPEC, every=EVERY)
+    one = sum(f.stat().st_size for f in (d_ref.path / "bounds").iterdir()) // STEPS
+    eng, d = LocalEngine(SPEC, every=EVERY, log_ram_bytes=3 * one), EpochDir(tmp_path / "win", 0)
+    eng.begin(d, STEPS, init_params(CFG, 0), None)
+    for k in range(STEPS):
+        eng.step(d, k, _batch(k))
+    before = eng.boundary_log_bytes(d)
+    freed = eng.drop_before(d, 5)  # the latest checkpoint at or before 5 is 4
+    assert d.checkpoints() == [0, 4, 8] and freed > 0  # 0 (start and final checks) and 8 (the last) stay
+    assert sorted(p.name for p in (d.path / "bounds").iterdir()) == [f"step-{k:06d}.safetensors" for k in range(4, STEPS)]
+    assert eng.boundary_log_bytes(d) == (0, before[1] - one) and eng.log_budget.used == 0
+    for start, b in ((4, 2), (6, 3)):
+        assert _file(eng, d, start, b, leaves) == _file(ref, d_ref, start, b, leaves) and eng.log_error is None
+    assert eng.drop_before(d, 8) > 0 and d.checkpoints() == [0, 8] and not list((d.path / "bounds").iterdir())
+    assert d.held_bytes() == (d.path / "state-000008.safetensors").stat().st_size

@@ -205,8 +205,12 @@ class TrainerNode:
 
     def make_engine(self) -> Engine:
         """The sharded run's state holder: this process (S = 1) or S stage processes."""
+        # a windowed run drops its answered windows: a checkpoint at every window start lets it drop up to
+        # the oldest pending one (the log then holds about 2 W steps plus the seed's lag, not the epoch)
+        W = self.ctx.config.audit.window
+        every_logged = min(self.every_logged, W) if W else self.every_logged
         if self.stages == 1:
-            return LocalEngine(self.spec, self.shard_checkpoint_every, every_logged=self.every_logged,
+            return LocalEngine(self.spec, self.shard_checkpoint_every, every_logged=every_logged,
                                keep_boundaries=self.keep_boundaries,
                                log_ram_bytes=self.boundary_log_ram, log_disk_bytes=self.boundary_log_disk,
                                device=self.device, log_headroom=self.log_headroom)

@@ -246,6 +246,7 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any], config:
         "verifiers": opts.verifiers,
         "epochs": opts.epochs,
         "audit_steps": config.audit.steps,
+        "audit_rate": config.audit.rate,
         "audit_segment": config.audit.segment,
         "trainer_compute_seconds_per_epoch": {str(e): [round(x, 2) for x in v] for e, v in sorted(per_epoch_compute.items())},
         "trainer_compute_per_epoch_seconds": round(compute / n / epochs, 2),
@@ -285,7 +286,8 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any], config:
 SAMPLED = ("traffic_reduction_vs_allreduce", "traffic_reduction_vs_allreduce_per_fetch", "verifier_compute_fraction",
            "trainer_stall_fraction", "commitment_fraction_of_training", "audit_bytes_per_payload_byte",
            "audit_answer_compute_fraction",
-           "trainer_compute_per_epoch_seconds", "audit_bytes_per_trainer_per_epoch", "payload_bytes_per_trainer_per_epoch")
+           "trainer_compute_per_epoch_seconds", "audit_bytes_per_trainer_per_epoch", "payload_bytes_per_trainer_per_epoch",
+           "answer_memory_states_peak")
 
 
 def combine(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -293,7 +295,7 @@ def combine(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ``SAMPLED``, and every run whole under ``runs`` (its bytes, seconds, draws)."""
     fixed = ("preset", "H", "tokens_per_step", "audit_mode", "audit_steps", "audit_segment", "stages", "quorum", "trainers",
              "verifiers", "epochs", "state_bytes_largest_process_fraction", "merge_step", "error_feedback", "log_budgets_gib",
-             "rank", "first_merge_step")
+             "rank", "first_merge_step", "window", "challenge_randomness")
     groups: dict[str, list[dict[str, Any]]] = {}  # in first-seen order, wherever a scenario's repeats stand
     for sc in scenarios:
         groups.setdefault(json.dumps([sc.get(k, 0) for k in fixed]), []).append(sc)
@@ -320,22 +322,31 @@ def _rule(r: dict[str, Any]) -> str:
 
 def markdown(runs: list[dict[str, Any]]) -> str:
     rows = [
-        "| preset | H | start rule | audits (s x r) | quorum | AllReduce bytes / trainer bytes: each byte once (per verifier fetch) | verifier / trainer compute | answer / trainer compute | trainer stall | commitments / training | audit bytes / payload byte | largest process's state | compute / trainer / epoch | answer log: kept / training state |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| preset | H | start rule | audits (s x r) | quorum | AllReduce bytes / trainer bytes: each byte once (per verifier fetch) | verifier / trainer compute | answer / trainer compute | trainer stall | commitments / training | audit bytes / payload byte | largest process's state | compute / trainer / epoch | answer log: kept / training state | answer memory at its peak (states) |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in runs:
         frac = r["state_bytes_largest_process_fraction"]
         runs_note = f" (mean of {len(r['runs'])} runs)" if "runs" in r else ""
         rows.append(
-            f"| {r['preset']}{runs_note} | {r['H']} | {_rule(r)} | {r['audit_mode'].replace('_', '-')} ({r['audit_steps']} x {r['audit_segment']}) | "
+            f"| {r['preset']}{runs_note} | {r['H']} | {_rule(r)} | {r['audit_mode'].replace('_', '-')} "
+            f"({_draws(r)} x {r['audit_segment']}) | "
             f"{r['quorum']} | "
             f"{r['traffic_reduction_vs_allreduce']:.2f} ({r['traffic_reduction_vs_allreduce_per_fetch']:.2f}) | "
             f"{r['verifier_compute_fraction']:.3f} | {_opt(r.get('audit_answer_compute_fraction'))} | {r['trainer_stall_fraction']:.3f} | "
             f"{r['commitment_fraction_of_training']:.3f} | {r['audit_bytes_per_payload_byte']:,.1f} | "
             f"{'n/a' if frac is None else f'{frac:g}'} | {r['trainer_compute_per_epoch_seconds']:.1f} s | "
-            f"{r.get('answer_log') or 'n/a'}: {_opt(r.get('answer_memory_fraction_of_state'))} |"
+            f"{r.get('answer_log') or 'n/a'}: {_opt(r.get('answer_memory_fraction_of_state'))} | "
+            f"{_opt(r.get('answer_memory_states_peak'))} |"
         )
     return "\n".join(rows)
+
+
+def _draws(r: dict[str, Any]) -> str:
+    """How a scenario's challenges were drawn: s an epoch, or per window (W) at the per-step rate."""
+    if r.get("challenge_randomness") == "window":
+        return f"window {r['window']}, {r['audit_rate']} a step"
+    return str(r["audit_steps"])
 
 
 def log_budget(text: str) -> tuple[float, float] | None:
@@ -385,8 +396,9 @@ def main() -> int:
                     help="the trainers' --boundary-log-ram and --boundary-log-disk in GiB, one scenario each; 'node': "
                          "the node's defaults (the default). Budgets an epoch of boundaries does not fit make a trainer "
                          "keep each step's total gradients instead where those are smaller (trainer/boundaries.py)")
-    ap.add_argument("--window", type=non_negative, default=0, metavar="W",
-                    help="audit.window: draw each window of W steps from a block after its post (0: after the epoch)")
+    ap.add_argument("--windows", type=non_negative, nargs="+", default=[0], metavar="W",
+                    help="audit.window values, run side by side: each window of W steps drawn from a block after its "
+                         "post (0: after the epoch)")
     ap.add_argument("--audit-rate", type=float, default=0.25, help="audit.rate of a windowed run (per step)")
     ap.add_argument("--block-time", type=float, default=0.0, metavar="S",
                     help="mine a block every S seconds (a windowed run's seeds need blocks while trainers train)")
@@ -429,13 +441,14 @@ def main() -> int:
         print(markdown([r]))
         return 0
     runs: list[dict[str, Any]] = []
-    combos = [(h, mode, m, rows, ef, budget) for h, mode, m, rows, ef, budget in
-              itertools.product(hs, args.modes, args.merge_steps, args.batch_sizes, args.error_feedback, args.log_budgets)
+    combos = [(h, mode, m, rows, ef, budget, w) for h, mode, m, rows, ef, budget, w in
+              itertools.product(hs, args.modes, args.merge_steps, args.batch_sizes, args.error_feedback, args.log_budgets,
+                                args.windows)
               if m or ef == args.error_feedback[0]]  # without the merge rule there is only the buffer
-    for h, mode, m, rows, ef, budget in combos:
+    for h, mode, m, rows, ef, budget, w in combos:
         with tempfile.TemporaryDirectory(prefix="veriloco-bench-") as tmp:
             # windows long enough for an epoch of steps; the contract advances as soon as everyone has acted
-            tag = f"{name}-h{h}-{mode}" + (f"-w{args.window}" if args.window else "") + (f"-merge{m}" if m else "") + (f"-b{rows}" if rows != 8 else "") + (
+            tag = f"{name}-h{h}-{mode}" + (f"-w{w}" if w else "") + (f"-merge{m}" if m else "") + (f"-b{rows}" if rows != 8 else "") + (
                 f"-t{args.seq_len}" if args.seq_len != 64 else "") + (
                 f"-g{args.group_rows}" if args.group_rows else "") + ("-efbuffer" if m and ef == "buffer" else "") + (
                 f"-log{budget[0]}-{budget[1]}" if budget else "")
@@ -445,7 +458,7 @@ def main() -> int:
                                merge_step=m, batch_size=rows, group_rows=args.group_rows,
                                segment=args.segment, error_feedback=ef, seq_len=args.seq_len,
                                rank=args.rank, first_merge_step=args.first_merge_step, log_ram_gib=budget[0] if budget else None, log_disk_gib=budget[1] if budget else None,
-                               window=args.window, audit_rate=args.audit_rate, block_time_s=args.block_time)
+                               window=w, audit_rate=args.audit_rate, block_time_s=args.block_time)
             r = measure(opts, mode)
         runs.append(r)
         print(f"{tag}: done in {r['wall_seconds']} s", file=sys.stderr, flush=True)

@@ -189,13 +189,15 @@ class Retention:
             raise WindowError(f"window {w} is not complete (trained to leaf {self.steps})")
         self.resolved.add(w)
 
-    def checkpoint(self) -> int:
+    def checkpoint(self, segment: int = 1) -> int:
         """The leaf whose state must be kept: where the oldest unresolved window's first transition
-        starts (the leaf before the window). A transition drawn later is rebuilt from there by the log."""
+        starts (the leaf before the window), or its segment, whose challenge replays from the segment's
+        first leaf. A transition drawn later is rebuilt from there by the log."""
         w = 0
         while w in self.resolved:
             w += 1
-        return min(max(0, w * self.W - 1), self.steps)
+        k = max(0, w * self.W - 1)
+        return min(k - k % segment, self.steps)
 
     def logged_steps(self) -> int:
         """Steps of the answer log kept: from the checkpoint to the newest state."""

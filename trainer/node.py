@@ -659,9 +659,8 @@ class TrainerNode:
             changed = True
         if changed:
             d.update(window_seeds={str(k): v.hex() for k, v in seeds.items()}, prebuilt=built, window_todo=todo)
-        first = len(seeds) * windows.width(W, L) - 1  # the first transition of the oldest window not drawn
-        keep = min([0 if first <= 0 else first - first % r] + [c[0] for c in todo])
-        eng.drop_before(d, min(keep, L - 1))
+        kept = windows.Retention(W, L, len(preimages) - 1, set(seeds)).checkpoint(r)  # the oldest window not drawn
+        eng.drop_before(d, min([kept] + [c[0] for c in todo]))
         held = d.held_bytes() + sum(eng.boundary_log_bytes(d))
         if held > meta.get("answer_held_peak_bytes", 0):
             d.update(answer_held_peak_bytes=held)

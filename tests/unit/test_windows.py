@@ -108,6 +108,9 @@ def test_a_window_cannot_be_resolved_before_it_is_complete() -> None:
     r.trained(7)
     r.resolve(0)
     assert r.checkpoint() == 7
+    # segments of 4 steps: window 1's first transition (7 -> 8) is challenged over the segment 4..8, so
+    # the state at leaf 4 stays (what the node drops up to, trainer/node.py _answer_windows)
+    assert r.checkpoint(segment=4) == 4 and r.checkpoint(segment=8) == 0
 
 
 def test_a_signed_root_recovers_its_trainer_and_nothing_else_passes() -> None:

@@ -318,6 +318,10 @@ def _check(cfg: RunConfig) -> list[str]:
         p.append(f"audit.window must be 0 (challenges drawn after the epoch) or a power of two up to {RATE_SCAN} with "
                  f"audit.unit = 'shard' and a per-step audit.rate > 0 (each window's steps are drawn at that rate), "
                  f"got window {a.window}, unit {a.unit!r}, rate {a.rate}")
+    if a.window and not a.test_run:
+        p.append("audit.window is for test runs until abandoning an epoch costs stake: a trainer learns its window "
+                 "draws while it trains, so it could forge steps and drop (never commit) an epoch whose forged steps "
+                 "were drawn, unslashed (docs/security.md §20 item 25); set audit.test_run = true to try it on a devnet")
     if not 1 <= a.window_depth <= 64:
         p.append(f"audit.window_depth must be within 1..64 blocks, got {a.window_depth}")
     if not 1 <= a.steps <= 64 or not 1 <= a.quorum <= 7:

@@ -141,7 +141,7 @@ class DemoOptions:
             # tolerant; shard audits are exact at any number of stages.
             audit={"steps": 4 if self.audit == "shard" else 3, "segment": self.segment if self.audit == "shard" else 1,
                    "final_check_bps": 10_000, "quorum": self.quorum, "unit": self.audit,
-                   "test_run": self.quorum < 3,  # a devnet: a quorum below 3 is a test
+                   "test_run": self.quorum < 3 or self.window > 0,  # a devnet: a quorum below 3 is a test, so are windows
                    "mode": "tolerant" if self.stages > 1 and self.audit == "state" else "exact",
                    **({"window": self.window, "rate": self.audit_rate} if self.window else {})},
             windows={"commit_s": w, "reveal_s": w, "response_s": w, "verdict_s": w, "finalize_s": w},

@@ -179,13 +179,17 @@ def test_a_windowed_run_draws_no_step_on_chain_and_needs_shard_audits_at_a_rate(
     from protocol.run import audit_mismatch
 
     assert b"\"window\":" not in RunConfig().to_json() and b"window_depth" not in RunConfig().to_json()
-    cfg = RunConfig().replace(audit={"unit": "shard", "rate": 0.0165, "steps": 9, "window": 16})
+    cfg = RunConfig().replace(audit={"unit": "shard", "rate": 0.0165, "steps": 9, "window": 16, "test_run": True,
+                                     "quorum": 3})
     p = cfg.to_run_params("bafyc", "bafym", bytes(32), "0x" + "11" * 20)
     assert (p.audit_steps, p.audit_rate) == (0, 16_500) and audit_mismatch(p, cfg) == ""
     assert from_json(cfg.to_json()) == cfg and b'"window":16' in cfg.to_json()
     for bad in ({"unit": "shard", "rate": 0.0165, "window": 12}, {"unit": "state", "rate": 0.0165, "window": 16},
                 {"unit": "shard", "window": 16}, {"unit": "shard", "rate": 0.0165, "window": 8192}):
+        bad = {**bad, "test_run": True}
         with pytest.raises(ConfigError, match="audit.window must be 0"):
             RunConfig().replace(audit=bad)
     with pytest.raises(ConfigError, match="audit.window_depth"):
         RunConfig().replace(audit={"window_depth": 0})
+    with pytest.raises(ConfigError, match="audit.window is for test runs until abandoning an epoch costs stake"):
+        RunConfig().replace(audit={"unit": "shard", "rate": 0.0165, "window": 16})

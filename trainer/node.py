@@ -604,18 +604,16 @@ class TrainerNode:
         sender = WindowSender(self.chain, key, domain_of(self.chain, self.run_id, e), self.slot,
                               self.ctx.info.params.coordinator, self.store,
                               RelayClient(self.relay) if self.relay else None, wait_s=self.window_wait_s, log=self.log)
-        digests = [keccak(p) for p in preimages]
-        done = [w for w in range(windows.window_count(leaf_count, W))
-                if len(digests) >= min((w + 1) * windows.width(W, leaf_count), leaf_count)]
+        digests, trained = [keccak(p) for p in preimages], windows.Retention(W, leaf_count, len(preimages) - 1)
+        done = [w for w in range(windows.window_count(leaf_count, W)) if trained.complete(w)]
         if done:
             sender.resume({w: windows.window_root(digests, w, W, leaf_count) for w in done})
         return sender
 
     def _send_windows(self, sender: WindowSender, preimages: list[bytes], leaf_count: int) -> None:
         """Send each window whose leaves are all trained (once: its root is fixed from then on)."""
-        W = self.ctx.config.audit.window
-        w = len(sender.sent)
-        if w < windows.window_count(leaf_count, W) and len(preimages) >= min((w + 1) * windows.width(W, leaf_count), leaf_count):
+        W, w = self.ctx.config.audit.window, len(sender.sent)
+        if w < windows.window_count(leaf_count, W) and windows.Retention(W, leaf_count, len(preimages) - 1).complete(w):
             sender.send(w, windows.window_root([keccak(p) for p in preimages], w, W, leaf_count))
 
     def _answer_windows(self, e: int, d: EpochDir, eng: Engine, sender: WindowSender, preimages: list[bytes],

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -280,13 +281,10 @@ class BoundaryLog:
 
     def drop(self) -> None:
         """Forget every step: memory back to the budget, files deleted."""
-        if self.budget is not None:
-            self.budget.used -= self.ram_bytes
-        if self.disk is not None:
+        self.drop_before(sys.maxsize)
+        if self.disk is not None:  # what was charged for files gone meanwhile
             self.disk.used -= sum(self._disk_sizes.values())
-        self._ram.clear()
         self._disk_sizes.clear()
-        self.ram_bytes = 0
         shutil.rmtree(self.path, ignore_errors=True)
 
 

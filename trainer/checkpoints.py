@@ -167,14 +167,7 @@ class EpochDir:
         epoch), and they were most of a trainer's disk (64 states an epoch at 4 steps, H = 256).
         Returns the bytes freed."""
         ks = self.checkpoints()
-        if len(ks) < 3:
-            return 0
-        freed = 0
-        for p in self.path.glob("state-*.safetensors"):
-            if ks[0] < _step_of(p) < ks[-1]:
-                freed += p.stat().st_size
-                p.unlink()
-        return freed
+        return self.drop_before(ks[-1]) if ks else 0
 
     def drop_before(self, k: int) -> int:
         """Remove the checkpoints strictly between the first and k (a windowed run's answered windows: the

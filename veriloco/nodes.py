@@ -274,7 +274,7 @@ def _train(args: argparse.Namespace, s: Settings, log: Log, kept: list[Path]) ->
             max_epochs=args.epochs, stages=args.stages, microbatches=args.microbatches,
             keep_boundaries=not args.no_boundary_log,
             boundary_log_ram=args.boundary_log_ram, boundary_log_disk=args.boundary_log_disk, device=args.device,
-            relay=args.relay, window_wait_s=30.0 if args.window_wait is None else args.window_wait,
+            relay=args.relay, **({} if args.window_wait is None else {"window_wait_s": args.window_wait}),
         ).run()
 
 
@@ -304,7 +304,7 @@ def _coordinate(args: argparse.Namespace, s: Settings, log: Log, kept: list[Path
     with locked(s, chain, args.run, "coordinator", kept):  # it keeps no state of its own; the lock alone is there
         store, log = observed(args, s, chain, "coordinator", log)
         CoordinatorNode(chain, store, args.run, log=log, relay_port=args.relay_port,
-                        relay_wait_s=5.0 if args.window_wait is None else args.window_wait).run()
+                        **({} if args.window_wait is None else {"relay_wait_s": args.window_wait})).run()
 
 
 def register(sub: Any) -> None:

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=32, help="steps trained per setting (default 32; the answers draw from them)")
     ap.add_argument("--H", type=int, default=256, help="steps an epoch pays one answer over (default 256)")
-    ap.add_argument("--challenges", type=int, default=4, help="drawn transitions per answer (default 4, audit.steps)")
+    ap.add_argument("--challenges", type=int, default=4, help="drawn transitions per answer (default 4, audit.challenges)")
     ap.add_argument("--draws", type=int, default=3, help="answers built per setting, each a fresh draw (default 3; the median counts)")
     ap.add_argument("--only", default="", help="comma-separated ROWSxSEQ settings to run (e.g. 8x128)")
     ap.add_argument("--out", type=Path)

@@ -293,9 +293,9 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = load_toml(Path(__file__).resolve().parents[1] / "examples" / "small.toml")
     h, micro, blocks = cfg.schedule.h_initial, cfg.inner.microbatches, block_count(cfg.model_config())
-    per_step = {"config": "examples/small.toml", "H": h, "rate": cfg.audit.rate, "cap": cfg.audit.steps, "M": micro,
+    per_step = {"config": "examples/small.toml", "H": h, "rate": cfg.audit.rate, "cap": cfg.audit.challenges, "M": micro,
                 "blocks": blocks, "window": WINDOW, "seeds": a.rate_seeds,
-                "sampled": sampled_rate(h, cfg.audit.rate_ppm, cfg.audit.steps, blocks, micro, a.rate_seeds, WINDOW),
+                "sampled": sampled_rate(h, cfg.audit.rate_ppm, cfg.audit.challenges, blocks, micro, a.rate_seeds, WINDOW),
                 "closed": expected_rate(h, cfg.audit.rate_ppm, micro, WINDOW)}
     print(f"per-step draw: {per_step['sampled']}", file=sys.stderr, flush=True)
     out_real: dict[str, Any] = {}

@@ -105,7 +105,7 @@ class Setting:
     H: int
     K: int
     q: int = 3
-    s: int = 4  # audit.steps: challenges per trainer and epoch (with a rate, only a cap)
+    s: int = 4  # audit.challenges: per trainer and epoch (with a rate, only a cap)
     rate: float = 0.0  # audit.rate: each transition challenged on its own with this chance (0: s an epoch)
     r: int = 0  # audit.segment: steps per challenge; 0: SEGMENT_TOKENS // tokens, within 1..SEGMENT_MAX
     final_check: float = 1.0  # final_check_bps / 10,000

@@ -116,7 +116,7 @@ def state_fraction(trainer_logs: list[list[dict[str, Any]]], stages: int) -> flo
 
 
 def config_of(opts: DemoOptions, audit_mode: str) -> RunConfig:
-    return opts.config().replace(audit={"steps": AUDIT_STEPS, "segment": opts.segment, "unit": MODES[audit_mode]})
+    return opts.config().replace(audit={"challenges": AUDIT_STEPS, "segment": opts.segment, "unit": MODES[audit_mode]})
 
 
 def measure(opts: DemoOptions, audit_mode: str) -> dict[str, Any]:
@@ -245,7 +245,7 @@ def analyze(opts: DemoOptions, audit_mode: str, summary: dict[str, Any], config:
         "log_budgets_gib": None if opts.log_ram_gib is None else [opts.log_ram_gib, opts.log_disk_gib],
         "verifiers": opts.verifiers,
         "epochs": opts.epochs,
-        "audit_steps": config.audit.steps,
+        "audit_steps": config.audit.challenges,
         "audit_rate": config.audit.rate,
         "audit_segment": config.audit.segment,
         "trainer_compute_seconds_per_epoch": {str(e): [round(x, 2) for x in v] for e, v in sorted(per_epoch_compute.items())},

@@ -50,8 +50,7 @@ contract Veriloco is VerilocoBase {
         if (m.role != ROLE_TRAINER) revert NotTrainer(runId, msg.sender);
         if (epoch == r.nextEpoch) _open(runId, r, epoch);
         Epoch storage ep = epochs[runId][epoch];
-        Phase ph = _phase(runId, r, epoch);
-        if (ph != Phase.Committing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Committing));
+        _inPhase(runId, r, epoch, Phase.Committing);
         if (epoch < m.joinEpoch || epoch >= m.leaveEpoch) revert NotEligible(runId, epoch, msg.sender, m.joinEpoch, m.leaveEpoch);
         if (_lane(runId, epoch, m.slot) != 0) revert AlreadyCommitted(runId, epoch, msg.sender);
         hashes[runId][msg.sender][epoch % HASH_SLOTS] = commitment;
@@ -75,8 +74,7 @@ contract Veriloco is VerilocoBase {
         bytes32 salt
     ) external {
         Run storage r = _run(runId);
-        Phase ph = _phase(runId, r, epoch);
-        if (ph != Phase.Revealing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Revealing));
+        _inPhase(runId, r, epoch, Phase.Revealing);
         uint32 slot = _slotOf(runId, msg.sender);
         uint256 lane = _lane(runId, epoch, slot);
         uint8 st = uint8(lane >> 24);
@@ -102,8 +100,7 @@ contract Veriloco is VerilocoBase {
     ///         epochAudit reports it seeded; a seed block more than 256 blocks old is rescheduled.
     function startAudit(uint256 runId, uint256 epoch) external {
         Run storage r = _run(runId);
-        Phase ph = _phase(runId, r, epoch);
-        if (ph != Phase.Auditing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Auditing));
+        _inPhase(runId, r, epoch, Phase.Auditing);
         Epoch storage ep = epochs[runId][epoch];
         if (ep.seeded) return;
         uint256 seedBlock = uint256(ep.seed);
@@ -128,8 +125,7 @@ contract Veriloco is VerilocoBase {
     /// @dev The seed must be fixed first (startAudit): the trainer needs it to know what to prove.
     function respond(uint256 runId, uint256 epoch, string calldata manifestCid, bytes32[] calldata leaves, bytes32[] calldata proofs) external {
         Run storage r = _run(runId);
-        Phase ph = _phase(runId, r, epoch);
-        if (ph != Phase.Auditing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Auditing));
+        _inPhase(runId, r, epoch, Phase.Auditing);
         Epoch storage ep = epochs[runId][epoch];
         uint256 deadline = _revealsClose(runId, r, epoch) + r.p.responseWindow;
         if (block.timestamp >= deadline) revert DeadlinePassed(runId, epoch, deadline, block.timestamp);
@@ -175,8 +171,7 @@ contract Veriloco is VerilocoBase {
         // the coordinator answers with its coordinator stake (not a trainer's); others with their member stake
         bool staked = msg.sender == r.p.coordinator ? fm.role == ROLE_COORDINATOR : fm.role != ROLE_NONE;
         if (!staked || fm.stake == 0 || fm.leaveEpoch != NEVER_EPOCH) revert NotStaked(runId, msg.sender);
-        Phase ph = _phase(runId, r, epoch);
-        if (ph != Phase.Auditing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Auditing));
+        _inPhase(runId, r, epoch, Phase.Auditing);
         Epoch storage ep = epochs[runId][epoch];
         uint256 verdictDeadline = _revealsClose(runId, r, epoch) + r.p.responseWindow + r.p.verdictWindow;
         uint256 decided = ep.passed + _failed(runId, r, epoch, ep);
@@ -231,7 +226,38 @@ contract Veriloco is VerilocoBase {
         if (m.role != ROLE_TRAINER) revert NotTrainer(runId, msg.sender);
         if (epoch < m.joinEpoch || epoch >= m.leaveEpoch) revert NotEligible(runId, epoch, msg.sender, m.joinEpoch, m.leaveEpoch);
         _windowOpen(runId, r, epoch, window);
+        uint256 mk = windowMarks[runId][msg.sender];
+        if (uint128(mk) != epoch + 1) windowMarks[runId][msg.sender] = (mk >> 128 << 128) | (epoch + 1);
         emit OwnWindowPosted(runId, epoch, window, msg.sender, root);
+    }
+
+    /// @notice Slash a trainer that began an epoch's windows and never committed it (docs/protocol.md §5.4):
+    ///         a window's draws are known once it is posted, so a trainer could otherwise forge steps and
+    ///         walk away whenever a forged one is drawn. Its signature over a window root (a relay's
+    ///         evidence holds it), or its own window post, is its promise to commit. Anyone may report once
+    ///         the epoch's commits closed; the stake is burned, so no reporter (the trainer itself
+    ///         included) gains. Reports of one trainer go in epoch order (one slash removes it anyway).
+    function reportAbandoned(uint256 runId, uint256 epoch, address trainer, uint256 window, bytes32 root, bytes calldata sig)
+        external
+    {
+        Run storage r = _run(runId);
+        Phase ph = _phase(runId, r, epoch);
+        if (ph <= Phase.Committing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Revealing));
+        uint256 mk = windowMarks[runId][trainer];
+        if (uint128(mk) != epoch + 1) {
+            bytes32 d = keccak256(abi.encode(WINDOW_TAG, block.chainid, address(this), runId, epoch, window, root));
+            d = keccak256(abi.encodePacked("\x19Ethereum Signed Message:\n32", d));
+            if (sig.length != 65 || ecrecover(d, uint8(sig[64]), bytes32(sig[0:32]), bytes32(sig[32:64])) != trainer) {
+                revert NotSignedBy(runId, epoch, trainer);
+            }
+        }
+        Member storage m = members[runId][trainer];
+        bool bound = epoch < m.leaveEpoch || (epoch == m.leaveEpoch && m.pendingRemoval);
+        if (m.role != ROLE_TRAINER || epoch < m.joinEpoch || !bound || _lane(runId, epoch, m.slot) != 0 || mk >> 128 > epoch) {
+            revert NotAbandoned(runId, epoch, trainer);
+        }
+        windowMarks[runId][trainer] = ((epoch + 1) << 128) | uint128(mk);
+        _settlePayout(_slashOne(runId, epoch, r, trainer, SLASH_ABANDONED), 0);
     }
 
     /// @dev Windows are posted while their epoch trains: the next epoch, or the newest opened one.

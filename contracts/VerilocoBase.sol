@@ -104,7 +104,7 @@ abstract contract VerilocoBase is VerilocoAudit {
         uint32 leaveEpoch; // NEVER_EPOCH while active
         uint48 leftAt;
         uint8 role; // ROLE_*
-        bool pendingRemoval; // verifier left while an audit was running
+        bool pendingRemoval; // verifier: left while an audit was running; trainer: left by its own leaveRun
     }
 
     // A trainer's epoch record is a 64-bit lane, four per storage word, indexed by trainer slot:
@@ -134,6 +134,7 @@ abstract contract VerilocoBase is VerilocoAudit {
     uint8 public constant SLASH_FAILED_AUDIT = 3;
     uint8 public constant SLASH_UNAVAILABLE = 4; // its payload could not be fetched (docs/protocol.md §10.2)
     uint8 public constant SLASH_FALSE_REPORT = 5; // reported an available payload as unavailable
+    uint8 public constant SLASH_ABANDONED = 6; // began an epoch's windows and never committed it (docs/protocol.md §5.4)
 
     /// @notice Kinds carried by Credited: a passed trainer's reward, a verifier's reward for its
     ///         majority verdicts, a bounty (a share of the stake slashed from `source`), and a
@@ -147,6 +148,7 @@ abstract contract VerilocoBase is VerilocoAudit {
     bytes32 public constant COMMIT_TAG = keccak256("veriloco.commit.v1");
     bytes32 public constant AUDIT_TAG = keccak256("veriloco.audit.v1");
     bytes32 public constant VERDICT_TAG = keccak256("veriloco.verdict.v1");
+    bytes32 public constant WINDOW_TAG = keccak256("veriloco.window.v1");
     uint256 internal constant MASK16 = 0xFFFF;
 
     uint64 internal constant NEVER = type(uint64).max;
@@ -207,6 +209,11 @@ abstract contract VerilocoBase is VerilocoAudit {
     ///      stake stays bonded until that epoch and the one before are settled, so a false report is
     ///      judged before its reporter can withdraw, however late it joined (docs/security.md §18).
     mapping(uint256 => mapping(address => uint256)) internal reportedEpoch;
+
+    /// @dev Per run and trainer: bits 0-127 the latest epoch (plus one) it posted a window of itself
+    ///      (postOwnWindow: it knows that window's draws, as a signed root in a relay's evidence shows for
+    ///      relayed ones), bits 128-255 the latest epoch (plus one) it was slashed for abandoning.
+    mapping(uint256 => mapping(address => uint256)) internal windowMarks;
 
     // ------------------------------------------------------------------ errors
 
@@ -306,6 +313,10 @@ abstract contract VerilocoBase is VerilocoAudit {
     error TooFewVerifiers(uint256 runId, uint256 epoch, uint256 have, uint256 need);
     /// @notice A window post for an epoch that is over or not next (or a window past RATE_SCAN's 4,096).
     error WindowClosed(uint256 runId, uint256 epoch, uint256 window, uint256 nextEpoch);
+    /// @notice The signature is not `trainer`'s over this window root (and it posted no window itself).
+    error NotSignedBy(uint256 runId, uint256 epoch, address trainer);
+    /// @notice `trainer` committed this epoch, could not (not eligible), or was already slashed for it.
+    error NotAbandoned(uint256 runId, uint256 epoch, address trainer);
 
     // ------------------------------------------------------------------ events
 
@@ -644,9 +655,14 @@ abstract contract VerilocoBase is VerilocoAudit {
         ws[slot >> 2] = (ws[slot >> 2] & ~(LANE_MASK << sh)) | (lane << sh);
     }
 
-    function _verdictEpoch(uint256 runId, Run storage r, uint256 epoch) internal view returns (Epoch storage ep) {
+    /// @dev The one phase guard: `epoch` must be in phase `want`.
+    function _inPhase(uint256 runId, Run storage r, uint256 epoch, Phase want) internal view {
         Phase ph = _phase(runId, r, epoch);
-        if (ph != Phase.Auditing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Auditing));
+        if (ph != want) revert WrongPhase(runId, epoch, uint8(ph), uint8(want));
+    }
+
+    function _verdictEpoch(uint256 runId, Run storage r, uint256 epoch) internal view returns (Epoch storage ep) {
+        _inPhase(runId, r, epoch, Phase.Auditing);
         uint256 deadline = _revealsClose(runId, r, epoch) + r.p.responseWindow + r.p.verdictWindow;
         if (block.timestamp >= deadline) revert DeadlinePassed(runId, epoch, deadline, block.timestamp);
         ep = epochs[runId][epoch];

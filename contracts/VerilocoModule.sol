@@ -149,6 +149,7 @@ contract VerilocoModule is VerilocoBase {
         m.leftAt = uint48(block.timestamp);
         if (m.role == ROLE_TRAINER) {
             r.activeTrainers -= 1;
+            m.pendingRemoval = true; // by choice: windows it began in its leave epoch stay its to commit
             emit TrainerLeft(runId, msg.sender, r.nextEpoch);
         } else if (m.role == ROLE_COORDINATOR) {
             // it finalizes no more; its stake stays bonded until no model it finalized awaits attestation
@@ -286,8 +287,7 @@ contract VerilocoModule is VerilocoBase {
     /// @param modelCid Where the attested model is published (used only if it replaces the finalizer's).
     function attestModel(uint256 runId, uint256 epoch, bytes32 modelDigest, string calldata modelCid) external {
         Run storage r = _run(runId);
-        Phase ph = _phase(runId, r, epoch);
-        if (ph != Phase.Confirming) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Confirming));
+        _inPhase(runId, r, epoch, Phase.Confirming);
         Epoch storage ep = epochs[runId][epoch];
         uint256 q = r.p.quorum;
         uint256[] memory idx = _assigned(ep.seed, address(this), q, ep.verifierCount);
@@ -334,8 +334,7 @@ contract VerilocoModule is VerilocoBase {
     ///         can sit on the committee.
     function reportUnavailable(uint256 runId, uint256 epoch, address trainer) external {
         Run storage r = _run(runId);
-        Phase ph = _phase(runId, r, epoch);
-        if (ph != Phase.Auditing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Auditing));
+        _inPhase(runId, r, epoch, Phase.Auditing);
         Member storage m = members[runId][msg.sender];
         if (m.role == ROLE_NONE || m.stake == 0 || m.leaveEpoch != NEVER_EPOCH) revert NotStaked(runId, msg.sender);
         uint32 sp = slotPlusOne[runId][trainer];
@@ -359,8 +358,7 @@ contract VerilocoModule is VerilocoBase {
     ///         slashes nobody (the report was true when made).
     function voteAvailability(uint256 runId, uint256 epoch, address trainer, bool available) external {
         Run storage r = _run(runId);
-        Phase ph = _phase(runId, r, epoch);
-        if (ph != Phase.Auditing) revert WrongPhase(runId, epoch, uint8(ph), uint8(Phase.Auditing));
+        _inPhase(runId, r, epoch, Phase.Auditing);
         uint256 c = challenges[runId][epoch][trainer];
         if (c == 0 || (c >> 192) & 3 != 0) revert NotReported(runId, epoch, trainer);
         Epoch storage ep = epochs[runId][epoch];

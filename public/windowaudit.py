@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol import relay, windows
+from protocol.chain import errors as ce
 from protocol.chain.audit import rate_draw
-from protocol.chain.binding import Chain, ChainUnavailable, Role
+from protocol.chain.binding import Chain, ChainUnavailable, Phase, Role, Sub
+from protocol.errors import VerilocoError
 from protocol.relay import Domain
 from protocol.windowdraw import (
     ChainOrdering,
@@ -135,3 +137,51 @@ def chain_windows(chain: Chain, store: Any, *, run_id: int, epoch: int, trainer:
     if out.pending and not out.findings:
         raise SeedsPending(f"epoch {epoch}'s windows {out.pending} of {trainer}: their seeds are not {depth} blocks deep")
     return out
+
+
+def bound_to_commit(posts: Sequence[WindowPost], evidence: Callable[[str], bytes], domain: Domain,
+                    relay_address: str) -> dict[str, relay.SignedRoot | None]:
+    """Every trainer a window post of the epoch binds to commit it (docs/protocol.md §5.4): the signer of a
+    root an aggregate's evidence holds (the signature is the proof the contract checks), and the poster of
+    its own root (None: the contract remembers it). Once a window is posted its draws are known, so a
+    trainer bound here that never commits is slashed (`reportAbandoned`). Evidence that cannot be read or
+    does not rebuild its post binds nobody."""
+    out: dict[str, relay.SignedRoot | None] = {}
+    for p in posts:
+        if p.poster.lower() != relay_address.lower():
+            out[p.poster] = None
+            continue
+        try:
+            bound = relay.read_evidence(evidence(p.evidence), domain, p.window, p.root, p.bitmap)
+        except VerilocoError:
+            continue
+        for m in bound.values():
+            out.setdefault(m.trainer, m)
+    return out
+
+
+def abandoned(chain: Chain, store: Any, run_id: int, epoch: int) -> dict[str, relay.SignedRoot | None]:
+    """The trainers bound to commit `epoch` (`bound_to_commit`) that did not, with their proof; call once
+    its commits closed (a trainer the contract let leave or removed first is its to refuse)."""
+    info = chain.run_info(run_id)
+    bound = bound_to_commit(chain.window_posts(run_id, epoch),
+                            lambda cid: store.get(cid, max_size=relay.MAX_EVIDENCE_BYTES),
+                            domain_of(chain, run_id, epoch), info.params.coordinator)
+    return {t: m for t, m in bound.items() if chain.submission(run_id, epoch, t).state == Sub.NONE}
+
+
+def report_abandoned(chain: Chain, store: Any, run_id: int, epoch: int, log: Callable[..., None]) -> bool:
+    """Report every trainer `abandoned` finds in `epoch` (the coordinator and every verifier do, so a
+    silent one stops nothing); False while the epoch still takes commitments (nothing to report yet).
+    A report the contract refuses (another member reported first, the trainer left or was removed) is
+    said and not retried; an outage propagates, and the caller tries again."""
+    if chain.epoch_status(run_id, epoch).phase in (Phase.NOT_STARTED, Phase.COMMITTING):
+        return False
+    for t, signed in abandoned(chain, store, run_id, epoch).items():
+        try:
+            tx = (chain.report_abandoned(run_id, epoch, t) if signed is None else
+                  chain.report_abandoned(run_id, epoch, t, signed.window, signed.root, signed.signature))
+            log("abandon-reported", epoch=epoch, trainer=t, gas=tx.gas_used)
+        except (ce.NotAbandoned, ce.NotSignedBy, ce.WrongPhase) as exc:
+            log("abandon-report-refused", epoch=epoch, trainer=t, detail=str(exc))
+    return True

@@ -7,6 +7,8 @@
   block fails.
 - `noise`: trains honestly but publishes a random payload of the right format and shapes. The
   final state → payload replay catches it whenever the final check is drawn (probability q).
+- `abandon`: `lazy` that never commits, so nothing it forged is audited; in a windowed run it is
+  slashed for the windows it began (docs/protocol.md §5.4).
 - `copy`: does no work; commits to a placeholder, then at reveal time takes an honest trainer's
   revealed payload. The reveal does not match its commitment, so the contract rejects it, the
   copier misses its reveal and is slashed; its payload (bound to another trainer anyway) is never
@@ -98,7 +100,19 @@ class Copy(Behaviour):
         return super().reveal(node, epoch, meta)
 
 
-CHEATS: dict[str, type[Behaviour]] = {"lazy": Lazy, "noise": Noise, "copy": Copy}
+class Abandon(Lazy):
+    """`lazy` in a windowed run, walking away from every epoch instead of committing it: it learns its
+    windows' draws while it trains, and with every step forged any draw would catch it. Committing
+    nothing escapes the audit; the window roots it signed (or posted) are its promise to commit, and
+    the coordinator's `reportAbandoned` slashes it."""
+
+    name = "abandon"
+
+    def walks_away(self, node: TrainerNode, epoch: int) -> bool:
+        return True
+
+
+CHEATS: dict[str, type[Behaviour]] = {"lazy": Lazy, "noise": Noise, "copy": Copy, "abandon": Abandon}
 
 
 def behaviours() -> dict[str, type[Behaviour]]:

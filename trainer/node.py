@@ -115,6 +115,10 @@ class Behaviour:
     def publication(self, node: TrainerNode, final: Final, epoch: int) -> bytes:
         return final.publication
 
+    def walks_away(self, node: TrainerNode, epoch: int) -> bool:
+        """Whether it drops the epoch it trained instead of committing it (an honest trainer never does)."""
+        return False
+
     def commitment(self, node: TrainerNode, epoch: int, meta: dict[str, Any]) -> bytes:
         return node.chain.commitment_for(
             node.run_id, epoch, bytes.fromhex(meta["payload_digest"]), bytes.fromhex(meta["trace_root"]),
@@ -166,6 +170,8 @@ class TrainerNode:
         # windowed runs (docs/protocol.md §5.4): the relay's URL (None: every window root posted directly)
         # and how long a sent root may wait for an aggregate that holds it before it is posted directly
         self.relay, self.window_wait_s = relay, window_wait_s
+        self._bound: int | None = None  # the epoch in training whose window roots it has sent (a promise to commit it)
+        self._windows_seen: tuple[int, int] | None = None  # (epoch, block) of the last look at its window posts
 
     # ------------------------------------------------------------------ main loop
 
@@ -301,8 +307,19 @@ class TrainerNode:
     def _keep_promises(self) -> None:
         """Before a requested stop, reveal and answer every epoch this trainer committed to: a missed
         one is slashed (issue 46), and a restart may not be ready in time. The epoch being trained is
-        dropped uncommitted, which promises nothing. The signal handler has restored the default action,
-        so a second signal ends the process at once."""
+        dropped uncommitted, which promises nothing, unless it sent window roots of it (a windowed run):
+        then it is said, since only a restart that commits it in time escapes the abandonment slash. The
+        signal handler has restored the default action, so a second signal ends the process at once."""
+        if self._bound is not None:
+            try:
+                close = self.chain.epoch_times(self.run_id, self._bound).commits_close
+            except ChainError:  # an outage: the warning goes out without the time
+                close = 0
+            close = close if 0 < close < 2**63 else 0  # an epoch nobody opened yet has no close time
+            self.log("warning", epoch=self._bound, what="stopped while training a windowed epoch",
+                     effect=f"its window roots are posted, so their draws are known: restart this node (the resume "
+                            f"command below) and commit epoch {self._bound} before its commits close"
+                            + (f" (chain time {close})" if close else "") + ", or it is slashed as abandoned")
         owed = self._owed()
         if not owed:
             return
@@ -614,6 +631,9 @@ class TrainerNode:
         """Send each window whose leaves are all trained (once: its root is fixed from then on)."""
         W, w = self.ctx.config.audit.window, len(sender.sent)
         if w < windows.window_count(leaf_count, W) and windows.Retention(W, leaf_count, len(preimages) - 1).complete(w):
+            if self._phase(sender.domain.epoch) not in (Phase.NOT_STARTED, Phase.COMMITTING):
+                return  # too late to commit it: a root sent now would only promise what it cannot keep
+            self._bound = sender.domain.epoch
             sender.send(w, windows.window_root([keccak(p) for p in preimages], w, W, leaf_count))
 
     def _answer_windows(self, e: int, d: EpochDir, eng: Engine, sender: WindowSender, preimages: list[bytes],
@@ -625,6 +645,10 @@ class TrainerNode:
         needs. A segment whose last step belongs to the next window (segments longer than one step) waits
         for that window's seed, which picks that step's group. Answers and seeds are in the epoch's meta,
         so a restarted node never needs what it dropped."""
+        head = self.chain.block_number()
+        if self._windows_seen == (e, head):
+            return  # no block since the last look: no new post, no seed deeper (the event query is skipped)
+        self._windows_seen = (e, head)
         a, meta = self.ctx.config.audit, d.meta
         W, n, L, r = a.window, block_count(self.spec.model), leaf_count, self.spec.segment
         seeds: dict[int, bytes] = {int(w): bytes.fromhex(x) for w, x in meta.get("window_seeds", {}).items()}
@@ -712,6 +736,10 @@ class TrainerNode:
                 raise foreign
             d.update(status=COMMITTED)  # the commit landed before a crash
             return
+        if self.behaviour.walks_away(self, e):
+            self.log("walked-away", epoch=e, windows_sent=self._bound == e)
+            self._close(d)
+            return
 
         def can_commit() -> bool:
             ph = self._phase(e)
@@ -727,7 +755,9 @@ class TrainerNode:
             if self._phase(e) not in (Phase.COMMITTING, Phase.NOT_STARTED):
                 if (foreign := self._foreign(e, d)) is not None:
                     raise foreign  # closed by this key's commitment from elsewhere, not by time
-                self.log("skipped", epoch=e, reason="commit phase closed before we could commit")
+                self.log("skipped", epoch=e, reason="commit phase closed before we could commit" + (
+                    "; its window roots were posted, so it is slashed as abandoned (docs/protocol.md §5.4): "
+                    "a commit window shorter than this trainer's epoch is a setting to raise" if self._bound == e else ""))
                 self._close(d)
                 return
             commitment = self.behaviour.commitment(self, e, m)
@@ -739,6 +769,7 @@ class TrainerNode:
         if tx is None:
             return
         d.update(status=COMMITTED, gas_commit=tx.gas_used)
+        self._bound = None
         self.log("committed", epoch=e, payload_cid=m["payload_cid"], gas=tx.gas_used, **self.traffic())
 
     def _send(self, what: str, d: EpochDir, send: Callable[[], TxResult]) -> TxResult | None:

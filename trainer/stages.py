@@ -244,6 +244,11 @@ class _Stage:
     def forget(self, d: EpochDir) -> None:
         self.logs.pop(d.path, BoundaryLog(d.path, name=part("bounds", self.s))).drop()
 
+    def forget_before(self, d: EpochDir, k: int) -> int:
+        """Drop this stage's logged steps before k (a windowed run's answered windows); bytes freed."""
+        log = self.logs.get(d.path)
+        return 0 if log is None else log.drop_before(k)
+
     def _agree(self, ok: bool, what: str) -> None:
         """All stages learn whether every one of them could go on (one collective): a stage that cannot
         read its log must not leave the others waiting on a pipeline it will not join."""
@@ -660,9 +665,12 @@ class StagedEngine:
         self._all("forget", d)
 
     def drop_before(self, d: EpochDir, k: int) -> int:
-        """The stages keep their logs whole until the epoch is answered (a windowed run's early answers
-        need a cross-process drop, not built): nothing freed."""
-        return 0
+        """As the local engine's: keep the latest checkpoint every stage holds at or before k (and the
+        first), each stage its log from there. The node deletes the stages' checkpoint parts (one folder on
+        this machine); each stage drops its own log, whose budget it keeps."""
+        held = [set(c) for c in self._all("checkpoints", d).values()]
+        base = max((c for c in set.intersection(*held) if c <= k), default=0)
+        return d.drop_before(base) + sum(self._all("forget_before", d, base).values())
 
     def unlogged_steps(self, d: EpochDir) -> int:
         """Steps some stage could not keep (their challenges replay whole steps)."""

@@ -72,7 +72,7 @@ from protocol.store.backends import (
 from protocol.store.unixfs import cid_of
 from protocol.types import Cid, Digest
 from public.schedule import Schedule
-from public.windowaudit import chain_windows
+from public.windowaudit import chain_windows, report_abandoned
 from verifier.keeper import Keeper
 from verifier.replay import (
     NO_WITNESS,
@@ -202,6 +202,7 @@ class VerifierNode:
         self._keep()
         for e in range(max(0, nxt - 3), nxt):
             self._audit_epoch(e)
+            self._report_abandoned(e)
             self._judge_availability(e)
             self._finalize_for_a_silent_coordinator(e)
             self._check_aggregate(e)
@@ -211,6 +212,14 @@ class VerifierNode:
                 self.keeper.release(e)
             return True
         return self._removed(nxt)
+
+    def _report_abandoned(self, e: int) -> None:
+        """A windowed run: once epoch e's commits closed, report every trainer its window posts bound to
+        commit it that did not (docs/protocol.md §5.4 step 7), once per epoch, beside the coordinator."""
+        key = f"abandoned:{e}"
+        if self.ctx.config.audit.window and key not in self._done() and report_abandoned(
+                self.chain, self.store, self.run_id, e, self.log):
+            self._record(key, True)
 
     def _removed(self, nxt: int) -> bool:
         """Whether this verifier is out of the run (slashed, or it left) and owes it nothing more: every

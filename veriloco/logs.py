@@ -39,7 +39,7 @@ FORMATS = ("text", "json")
 
 # events named here (or ending in -failed / -error) are errors, these warnings; the rest are info
 _ERRORS = {"error", "alarm", "aborted", "refused", "model-mismatch", "slashed"}
-_WARNINGS = {"warning", "skipped", "removed", "outage", "content-missing", "withholding", "too-few-verifiers"}
+_WARNINGS = {"warning", "skipped", "removed", "abandon-reported", "outage", "content-missing", "withholding", "too-few-verifiers"}
 _STYLES = {"DEBUG": "dim", "INFO": "green", "WARN": "yellow", "ERROR": "bold red"}
 HEARTBEAT_S = 30.0  # off a terminal: how often a wait still going on, or a slow upload, prints a line
 UPLOAD_MIN_BYTES = 1 << 20  # smaller uploads are over too soon to show

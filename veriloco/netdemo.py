@@ -104,7 +104,7 @@ class DemoOptions:
     rank: int | None = None
     first_merge_step: int = -1  # schedule.first_merge_step (examples/small.toml: 0, epoch 1 waits for G_1)
     # audit.window (docs/protocol.md §5.4): > 0 draws each window's steps at `audit_rate` from a block after
-    # its post, the coordinator serving the relay; 0: challenges drawn after the epoch (`audit.steps`)
+    # its post, the coordinator serving the relay; 0: challenges drawn after the epoch (`audit.challenges`)
     window: int = 0
     audit_rate: float = 0.25
     # > 0: the demo mines a block every this many seconds, as a chain with its own block time does (the
@@ -139,9 +139,9 @@ class DemoOptions:
             # shard audits: 4 segments of 4 steps, one block each (docs/protocol.md §5.3; the policy of
             # docs/results-protocol.md); whole states: 3 steps. Pipelined whole-state audits are
             # tolerant; shard audits are exact at any number of stages.
-            audit={"steps": 4 if self.audit == "shard" else 3, "segment": self.segment if self.audit == "shard" else 1,
+            audit={"challenges": 4 if self.audit == "shard" else 3, "segment": self.segment if self.audit == "shard" else 1,
                    "final_check_bps": 10_000, "quorum": self.quorum, "unit": self.audit,
-                   "test_run": self.quorum < 3 or self.window > 0,  # a devnet: a quorum below 3 is a test, so are windows
+                   "test_run": self.quorum < 3,  # a devnet: a quorum below 3 is a test
                    "mode": "tolerant" if self.stages > 1 and self.audit == "state" else "exact",
                    **({"window": self.window, "rate": self.audit_rate} if self.window else {})},
             windows={"commit_s": w, "reveal_s": w, "response_s": w, "verdict_s": w, "finalize_s": w},

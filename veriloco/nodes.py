@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
 SLASHED_EXIT = 3  # a node that ends slashed (1: a crash, 2: a foreseeable error, 130: interrupted)
 # adversarial behaviours for demos and security tests (trainer/cheats.py, trainer/adversaries.py)
-CHEAT_KINDS = ["lazy", "noise", "copy", "forge-final", "stale-copy", "skip-merge"]
+CHEAT_KINDS = ["lazy", "noise", "copy", "abandon", "forge-final", "stale-copy", "skip-merge"]
 
 
 class Stopped(KeyboardInterrupt):

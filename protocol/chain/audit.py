@@ -117,14 +117,14 @@ RATE_TAIL = 1e-6  # the most a run config lets the cap on an epoch's challenges 
 
 def over_cap(rate: int, transitions: int, cap: int) -> float:
     """P(more than ``cap`` of ``transitions`` independent draws at ``rate / RATE_ONE`` hit): the chance that
-    the contract's cap (audit.steps) cuts an epoch's later steps out of its draw."""
+    the contract's cap (audit.challenges) cuts an epoch's later steps out of its draw."""
     p = rate / RATE_ONE
     return max(0.0, 1.0 - sum(math.comb(transitions, i) * p**i * (1 - p) ** (transitions - i)
                               for i in range(min(cap, transitions) + 1)))
 
 
 def min_cap(rate: int, transitions: int) -> int:
-    """The least cap (audit.steps) that binds with probability at most RATE_TAIL over ``transitions``."""
+    """The least cap (audit.challenges) that binds with probability at most RATE_TAIL over ``transitions``."""
     cap = 1
     while cap < transitions and over_cap(rate, transitions, cap) > RATE_TAIL:
         cap += 1

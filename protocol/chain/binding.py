@@ -92,7 +92,7 @@ COMPANIONS = ("VerilocoModule", "VerilocoViews")
 NEVER_EPOCH = 2**32 - 1
 # Slashed's `reason` (the contract's SLASH_* constants) and Credited's `kind` (CREDIT_*), by name
 SLASH_REASONS = {1: "no reveal", 2: "no response", 3: "failed audit", 4: "payload unavailable",
-                 5: "false availability report"}
+                 5: "false availability report", 6: "abandoned an epoch it began"}
 UNFUNDED_GAS = 1_000_000  # the gas an unfunded key is told to cover beside the value (more than any one call)
 CREDIT_KINDS = {1: "trainer reward", 2: "verdict reward", 3: "bounty", 4: "compensation"}
 _T = TypeVar("_T")
@@ -994,6 +994,13 @@ class Chain:
     def post_own_window(self, run_id: int, epoch: int, window: int, root: bytes) -> TxResult:
         """A trainer's own window root, where the relay left it out."""
         return self._transact("postOwnWindow", run_id, epoch, window, bytes(root))
+
+    def report_abandoned(self, run_id: int, epoch: int, trainer: str, window: int = 0, root: bytes = bytes(32),
+                         signature: bytes = b"") -> TxResult:
+        """Slash a trainer that began `epoch`'s windows and never committed it (anyone, once commits closed;
+        burned): its signature over a window root, or none where it posted a window itself."""
+        return self._transact("reportAbandoned", run_id, epoch, to_checksum_address(trainer), window, bytes(root),
+                              bytes(signature))
 
     def window_posts(self, run_id: int, epoch: int) -> list[WindowPost]:
         """Every window post of an epoch in chain order (`protocol.windowdraw.first_post` says which counts):

@@ -344,6 +344,18 @@ class WindowClosed(ContractRevert):
     fields = ("run_id", "epoch", "window", "next_epoch")
 
 
+class NotSignedBy(ContractRevert):
+    """The signature is not this trainer's over that window root of the epoch (and it posted no window of it itself)."""
+
+    fields = ("run_id", "epoch", "trainer")
+
+
+class NotAbandoned(ContractRevert):
+    """The trainer committed the epoch, could not commit it (not eligible, removed by a slash), or was already slashed for leaving it."""
+
+    fields = ("run_id", "epoch", "trainer")
+
+
 REVERT_CLASSES: dict[str, type[ContractRevert]] = {
     cls.__name__: cls for cls in ContractRevert.__subclasses__()
 }

@@ -309,8 +309,10 @@ def test_a_windowed_run_draws_each_windows_steps_from_its_post_through_the_coord
     """audit.window = 4 (docs/protocol.md §5.4): trainers sign each window's root to the coordinator's relay
     while they train, the relay posts one aggregate per window, the contract draws no step, and every
     verifier derives each trainer's draws from the window posts: every epoch finalizes, the answers named
-    the window roots and opened the window-drawn steps, and only the lazy trainer is slashed (each of its
-    16 steps is drawn at 0.5: it escapes both epochs with probability 2^-16)."""
+    the window roots and opened the window-drawn steps, and only the cheaters are slashed: the lazy one by
+    its audit (each of its 16 steps is drawn at 0.5: it escapes both epochs with probability 2^-16), the
+    one that walks away from its epoch (never commits what it forged, so nothing is audited) by the
+    coordinator's report of the window roots it signed (docs/security.md §20 item 25)."""
     from protocol import shard_audit, windows
     from protocol.leaf import block_count
     from public.windowaudit import chain_windows
@@ -336,14 +338,19 @@ def test_a_windowed_run_draws_each_windows_steps_from_its_post_through_the_coord
 
     # a chain that makes blocks on its own (every 1.5 s), as a real one does: a window's seed needs blocks
     # after its post while the trainer trains on
+    # (its commit window is what the walk-away costs the others: 40 s, not the demo's 60)
     opts = DemoOptions(trainers=4, verifiers=2, quorum=1, epochs=2, steps=8, window=4, audit_rate=0.5,
-                       cheats=(("lazy", 1),), workdir=tmp_path / "demo", report=tmp_path / "report", timeout_s=600,
-                       block_time_s=1.5)
+                       cheats=(("lazy", 1), ("abandon", 1)), workdir=tmp_path / "demo", report=tmp_path / "report",
+                       timeout_s=600, block_time_s=1.5, windows_s=40)
     s, _ = run_network(opts, inspect=inspect)
-    assert s["epochs_finalized"] == 2 and set(s["slashed"]) == set(s["cheaters"]) and len(s["cheaters"]) == 1
-    assert len(drawn) >= 7 and any(drawn.values())
+    assert s["epochs_finalized"] == 2 and set(s["slashed"]) == set(s["cheaters"]) and len(s["cheaters"]) == 2
+    walked = next(a for a, k in s["cheaters"].items() if k == "abandon")
+    assert [(x["epoch"], x["reason"]) for x in s["slashes"] if x["account"] == walked] == [(0, 6)]
+    assert len(drawn) >= 5 and any(drawn.values())  # 3 answered epoch 0 (one walked away), 2 epoch 1
     coord = (tmp_path / "demo" / "logs" / "coordinator0.jsonl").read_text()
     assert coord.count('"window-posted"') == 2 * 3 and '"relay": "http://127.0.0.1:' in coord
+    reporters = [(tmp_path / "demo" / "logs" / f"{n}.jsonl").read_text() for n in ("coordinator0", "verifier0", "verifier1")]
+    assert sum(r.count('"abandon-reported"') for r in reporters) == 1  # the first of them; the others are refused
     trainers = "".join(p.read_text() for p in (tmp_path / "demo" / "logs").glob("trainer*.jsonl"))
     # a trainer whose root came after the relay's wait (2 s here) posts it itself, and only then
     own = [json.loads(x) for x in trainers.splitlines() if '"window-posted-own"' in x]

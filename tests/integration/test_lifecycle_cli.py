@@ -21,7 +21,7 @@ from tests.fixtures.cli import run_cli as cli
 pytestmark = pytest.mark.integration
 
 RUN_TOML = (
-    "[data]\ncorpus_bytes = 200000\n[schedule]\nepochs = 1\n[audit]\nquorum = 1\ntest_run = true\nsteps = 2\n"
+    "[data]\ncorpus_bytes = 200000\n[schedule]\nepochs = 1\n[audit]\nquorum = 1\ntest_run = true\nchallenges = 2\n"
     "[stakes]\ntrainer_wei = 1000\nverifier_wei = 1000\nmin_trainers = 1\nmax_trainers = 1\n"
     "[windows]\ncommit_s = 60\nreveal_s = 60\nresponse_s = 60\nverdict_s = 60\nfinalize_s = 60\nunbonding_s = 100\n"
     "[rewards]\ntrainer_wei = 700\nverifier_wei = 30\npool_wei = 10000\n"

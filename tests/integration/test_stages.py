@@ -245,7 +245,8 @@ def test_four_uneven_stages_of_a_llama_give_the_local_leaves(tmp_path: Path) -> 
 
 def test_two_stages_merge_like_the_local_engine(tmp_path: Path) -> None:
     """The merge rule (docs/protocol.md §8): each stage folds in its blocks' share of G_e at step m, and
-    an audit replaying across that step repeats it; leaves, payloads and the audit match one process."""
+    an audit replaying across that step repeats it; leaves, payloads and the audit match one process,
+    and so do the drop of answered steps (`drop_before`) and an answer after it."""
     configure_determinism(1)
     spec = replace(SPEC, rule=StartRule.MERGE, merge_step=1)
     g0 = init_params(CFG, 0)
@@ -266,6 +267,13 @@ def test_two_stages_merge_like_the_local_engine(tmp_path: Path) -> None:
             shard, bounds = eng.audit_block(EpochDir(root, 1), 1, 3, B, [0, 1], lambda j: _batch(10 + j), logged=logged)
             out += [sorted((k, v.tolist()) for k, v in shard.items()),
                     [sorted((k, t.tolist()) for k, t in o.flat().items()) for o in bounds]]
+        # a windowed run's retention: what answers before step 2 needed goes (each stage its own log), and
+        # an answer from 2 on is the bits it was
+        d1 = EpochDir(root, 1)
+        out += [eng.drop_before(d1, 2) > 0, d1.checkpoints()]
+        shard, bounds = eng.audit_block(d1, 2, 3, B, [1], lambda j: _batch(10 + j))
+        out += [sorted((k, v.tolist()) for k, v in shard.items()),
+                [sorted((k, t.tolist()) for k, t in o.flat().items()) for o in bounds], eng.log_error]
         return out
 
     want = run(LocalEngine(spec, every=2))

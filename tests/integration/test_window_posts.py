@@ -276,3 +276,60 @@ def test_a_relay_offline_for_several_windows_costs_own_posts_until_it_returns(ru
     r.poster.poll()
     fixed = s.settle()
     assert sorted(fixed) == [0, 1, 2, 3] and 3 not in s.own_posted and fixed[3].poster == run.coord.sender
+
+
+def test_a_trainer_that_began_an_epochs_windows_and_never_committed_it_is_slashed_once(run: Run) -> None:
+    """Item 25 of docs/security.md §20: a window's draws are known once it is posted, so a trainer could
+    forge, see a forged step drawn and walk away. Its signed root (a relay's evidence) or its own post
+    binds it to commit; a report once commits closed slashes it (burned), once, and nobody else."""
+    from tests.fixtures.chain import STAKE, assert_books
+
+    rid, c, ts = run.run_id, run.coord, run.trainers
+    dom = relay.Domain(c.chain_id, c.address, rid, 0)
+    signed = relay.sign_root(key(1), dom, 2, keccak(b"forged"))  # trainer 0's root of window 2, in evidence
+    for t in ts[1:]:
+        t.commit(0)  # trainers 1 and 2 commit; trainer 0 walks away
+    with pytest.raises(ce.WrongPhase):  # commits still open: it may yet commit
+        c.report_abandoned(rid, 0, ts[0].address, 2, signed.root, signed.signature)
+    run.net.advance(101)
+    stranger = run.verifiers[0]
+    with pytest.raises(ce.NotSignedBy):  # another trainer's signature does not bind trainer 0
+        other = relay.sign_root(key(2), dom, 2, keccak(b"forged"))
+        stranger.report_abandoned(rid, 0, ts[0].address, 2, other.root, other.signature)
+    with pytest.raises(ce.NotSignedBy):  # nor does its signature over another epoch's domain
+        old = relay.sign_root(key(1), relay.Domain(c.chain_id, c.address, rid, 1), 2, keccak(b"forged"))
+        stranger.report_abandoned(rid, 0, ts[0].address, 2, old.root, old.signature)
+    with pytest.raises(ce.NotAbandoned):  # trainer 1 committed what it signed
+        s1 = relay.sign_root(key(2), dom, 0, keccak(b"honest"))
+        stranger.report_abandoned(rid, 0, ts[1].address, 0, s1.root, s1.signature)
+    burned, stake = c.total_burned(), c.member(rid, ts[0].address).stake
+    stranger.report_abandoned(rid, 0, ts[0].address, 2, signed.root, signed.signature)
+    slashed = [e for e in c.events(["Slashed"], run_id=rid, epoch=0)]
+    assert [(e.args["trainer"], e.args["reason"]) for e in slashed] == [(ts[0].address, 6)]
+    assert c.member(rid, ts[0].address).stake == stake // 2 and c.total_burned() == burned + stake // 2
+    assert c.member(rid, ts[0].address).leave_epoch == 1 and stake == STAKE
+    with pytest.raises(ce.NotAbandoned):  # once per epoch
+        stranger.report_abandoned(rid, 0, ts[0].address, 2, signed.root, signed.signature)
+    assert_books(c)
+
+
+def test_an_own_window_post_binds_without_a_signature_and_leaving_does_not_unbind(run: Run) -> None:
+    rid, c, ts = run.run_id, run.coord, run.trainers
+    run.open_epoch(0)
+    run.judge_all(0)
+    run.finalize(0, ts)  # epoch 1 trains
+    ts[0].chain.post_own_window(rid, 1, 0, keccak(b"own"))  # it knows window 0's draws from here
+    dom = relay.Domain(c.chain_id, c.address, rid, 1)
+    signed = relay.sign_root(key(2), dom, 1, keccak(b"relayed"))
+    ts[1].chain.leave(rid)  # trainer 1 signed epoch 1's window, then left before committing it
+    ts[2].commit(1)
+    run.net.advance(101)
+    with pytest.raises(ce.NotAbandoned):  # trainer 2 committed what it signed
+        s2 = relay.sign_root(key(3), dom, 0, keccak(b"honest"))
+        c.report_abandoned(rid, 1, ts[2].address, 0, s2.root, s2.signature)
+    with pytest.raises(ce.NotSignedBy):  # no own post of trainer 1, and no signature
+        c.report_abandoned(rid, 1, ts[1].address)
+    c.report_abandoned(rid, 1, ts[0].address)  # its own post is the promise
+    c.report_abandoned(rid, 1, ts[1].address, 1, signed.root, signed.signature)
+    assert {(e.args["trainer"], e.args["reason"]) for e in c.events(["Slashed"], run_id=rid, epoch=1)} == {
+        (ts[0].address, 6), (ts[1].address, 6)}

@@ -1,8 +1,10 @@
 """Run configs: TOML in, canonical JSON out, digest stable, bad input named precisely."""
 
+from pathlib import Path
+
 import pytest
 
-from protocol.config import ConfigError, RunConfig, from_json, load_toml
+from protocol.config import ConfigError, ConfigWarning, RunConfig, from_json, load_toml, to_dict
 
 pytestmark = pytest.mark.unit
 
@@ -36,11 +38,11 @@ def test_replace_changes_digest() -> None:
         ("[audit]\nthreads = 0\n", "audit.threads must be within 1..256, got 0"),
         ("[audit]\nrate = 1.5\n", "audit.rate is a probability in whole parts per million"),
         ("[audit]\nquorum = 9\n", "1 <= audit.quorum <= 7"),
-        ("[audit]\nrate = 0.01\nsteps = 64\n[schedule]\nh_max = 5000\n", "audit.rate draws among the first 4096 steps"),
+        ("[audit]\nrate = 0.01\nchallenges = 64\n[schedule]\nh_max = 5000\n", "audit.rate draws among the first 4096 steps"),
         ("[stakes]\nmax_verifiers = 6\n", "stakes.max_verifiers = 6 leaves no availability committee at audit.quorum = 3"),
         ("[audit]\nrate = 0.0000001\n", "audit.rate is a probability in whole parts per million"),
-        ("[audit]\nrate = 0.1\nsteps = 4\n[schedule]\nh_max = 64\nh_initial = 8\n",
-         ("audit.steps = 4 caps the challenges an epoch of up to schedule.h_max = 64 steps draws at audit.rate = 0.1, "
+        ("[audit]\nrate = 0.1\nchallenges = 4\n[schedule]\nh_max = 64\nh_initial = 8\n",
+         ("audit.challenges = 4 caps the challenges an epoch of up to schedule.h_max = 64 steps draws at audit.rate = 0.1, "
           "and the cap would bind with probability")),
     ],
 )
@@ -64,7 +66,7 @@ def test_example_run_configs_load(name: str, preset: str) -> None:
     cfg = load_toml(Path(__file__).resolve().parents[2] / "examples" / f"{name}.toml")
     # segments of about 4,096 tokens, groups of 2,048 where a step has more (docs/results-protocol.md)
     segment, groups, steps, rate = {"run": (4, 1, 4, 0.0), "small": (1, 4, 8, 0.0165)}[name]
-    assert cfg.model.preset == preset and (cfg.audit.unit, cfg.audit.steps, cfg.audit.segment) == ("shard", steps, segment)
+    assert cfg.model.preset == preset and (cfg.audit.unit, cfg.audit.challenges, cfg.audit.segment) == ("shard", steps, segment)
     assert (cfg.audit.rate, cfg.to_run_params("c", "m", bytes(32), "0x" + "11" * 20).audit_rate) == (rate, round(rate * 1e6))
     assert cfg.inner.microbatches == groups
     if name == "small":  # the measured winner (convergence-small.json): 128 rows, rank 128 and H 8 held, epoch 1 waits
@@ -179,17 +181,40 @@ def test_a_windowed_run_draws_no_step_on_chain_and_needs_shard_audits_at_a_rate(
     from protocol.run import audit_mismatch
 
     assert b"\"window\":" not in RunConfig().to_json() and b"window_depth" not in RunConfig().to_json()
-    cfg = RunConfig().replace(audit={"unit": "shard", "rate": 0.0165, "steps": 9, "window": 16, "test_run": True,
-                                     "quorum": 3})
+    cfg = RunConfig().replace(audit={"unit": "shard", "rate": 0.0165, "steps": 9, "window": 16, "quorum": 3})
     p = cfg.to_run_params("bafyc", "bafym", bytes(32), "0x" + "11" * 20)
     assert (p.audit_steps, p.audit_rate) == (0, 16_500) and audit_mismatch(p, cfg) == ""
     assert from_json(cfg.to_json()) == cfg and b'"window":16' in cfg.to_json()
     for bad in ({"unit": "shard", "rate": 0.0165, "window": 12}, {"unit": "state", "rate": 0.0165, "window": 16},
                 {"unit": "shard", "window": 16}, {"unit": "shard", "rate": 0.0165, "window": 8192}):
-        bad = {**bad, "test_run": True}
         with pytest.raises(ConfigError, match="audit.window must be 0"):
             RunConfig().replace(audit=bad)
     with pytest.raises(ConfigError, match="audit.window_depth"):
         RunConfig().replace(audit={"window_depth": 0})
-    with pytest.raises(ConfigError, match="audit.window is for test runs until abandoning an epoch costs stake"):
-        RunConfig().replace(audit={"unit": "shard", "rate": 0.0165, "window": 16})
+    # a production run may use windows: walking away from an epoch whose windows were posted is slashed
+    # (`reportAbandoned`, docs/security.md §20 item 25)
+    assert RunConfig().replace(audit={"unit": "shard", "rate": 0.0165, "window": 16}).audit.window == 16
+
+
+def test_audit_challenges_is_published_as_steps_and_the_old_key_still_reads_with_a_warning(tmp_path: Path) -> None:
+    """Issue 50, one name per idea: `audit.challenges` (the count of challenges, not H) is the key; the
+    canonical JSON keeps the first name, `steps`, so no published digest moves; a run.toml's `steps`
+    reads with a warning naming the new key; both at once is refused."""
+    import warnings
+
+    cfg = RunConfig().replace(audit={"challenges": 7})
+    assert cfg.audit.challenges == 7 and b'"steps":7' in cfg.to_json() and b"challenges" not in cfg.to_json()
+    assert from_json(cfg.to_json()) == cfg and RunConfig().replace(audit={"steps": 7}) == cfg
+    assert to_dict(cfg)["audit"]["challenges"] == 7
+    old, new = tmp_path / "old.toml", tmp_path / "new.toml"
+    old.write_text("[audit]\nsteps = 7\n")
+    new.write_text("[audit]\nchallenges = 7\n")
+    with pytest.warns(ConfigWarning, match=r"audit.steps is now audit.challenges"):
+        assert load_toml(old) == cfg
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_toml(new) == cfg and load_toml(new).digest() == cfg.digest()
+    both = tmp_path / "both.toml"
+    both.write_text("[audit]\nsteps = 7\nchallenges = 7\n")
+    with pytest.raises(ConfigError, match="audit.steps and audit.challenges are one setting"):
+        load_toml(both)

@@ -218,9 +218,9 @@ def test_the_window_gas_benchmark_derives_w_and_each_trainers_share_from_measure
     r = rows[(64, 256)]
     assert (r["W"], r["windows"]) == (16, 17) and r["window_gas_per_trainer_per_epoch"] == round(17 * 31_000 / 64)
     assert rows[(1024, 256)]["W"] == 4 and rows[(1024, 256)]["window_gas_per_trainer_per_epoch"] <= 2_500
-    md = render({"command": "benchmarks/window_gas.py --out x", "versions": {"anvil": "t"}, "own": gas["own"],
-                 "rows": list(rows.values())})
-    assert "| 64 | 31,000 | 256 |" in md and "29,900 gas" in md
+    md = render({"command": "benchmarks/window_gas.py --out x", "versions": {"anvil": "t"}, "own": [52_400, 32_300],
+                 "direct_post_gas": 35_300, "rows": list(rows.values())})
+    assert "| 64 | 31,000 | 256 |" in md and "Direct post: 35,300 gas" in md and "first ever 52,400" in md
 
 
 def test_evidence_binds_only_signed_roots_at_their_positions_and_must_rebuild_the_post() -> None:

@@ -77,7 +77,7 @@ contract Veriloco is VerilocoBase {
         _inPhase(runId, r, epoch, Phase.Revealing);
         uint32 slot = _slotOf(runId, msg.sender);
         uint256 lane = _lane(runId, epoch, slot);
-        uint8 st = uint8(lane >> 24);
+        uint8 st = _state(lane);
         if (st == SUB_NONE) revert NotCommitted(runId, epoch, msg.sender);
         if (st != SUB_COMMITTED) revert AlreadyRevealed(runId, epoch, msg.sender);
         if (leafCount < 2 || leafCount > MAX_LEAVES) revert BadLeafCount(leafCount, 2, MAX_LEAVES);
@@ -127,7 +127,7 @@ contract Veriloco is VerilocoBase {
         Run storage r = _run(runId);
         _inPhase(runId, r, epoch, Phase.Auditing);
         Epoch storage ep = epochs[runId][epoch];
-        uint256 deadline = _revealsClose(runId, r, epoch) + r.p.responseWindow;
+        uint256 deadline = _responseDeadline(runId, r, epoch);
         if (block.timestamp >= deadline) revert DeadlinePassed(runId, epoch, deadline, block.timestamp);
         uint32 slot = _slotOf(runId, msg.sender);
         uint256 lane = _lane(runId, epoch, slot);
@@ -142,11 +142,11 @@ contract Veriloco is VerilocoBase {
             _fixSeed(runId, epoch, ep, h);
         }
         (uint256 nl, uint256 nw, uint256 bad) = _checkResponse(
-            ep.seed, msg.sender, r.p.auditSteps, r.p.auditRate, r.p.finalCheckBps, hashes[runId][msg.sender][epoch % HASH_SLOTS], uint32(lane & 0xFFFFFF), leaves, proofs
+            ep.seed, msg.sender, r.p.auditSteps, r.p.auditRate, r.p.finalCheckBps, hashes[runId][msg.sender][epoch % HASH_SLOTS], _leafCount(lane), leaves, proofs
         );
         if (leaves.length != nl || proofs.length != nw) revert BadResponseLength(leaves.length, nl, proofs.length, nw);
         if (bad != NO_BAD_LEAF) revert InvalidProof(runId, epoch, msg.sender, bad);
-        _setLane(runId, epoch, slot, (uint256(SUB_RESPONDED) << 24) | uint32(lane & 0xFFFFFF));
+        _setLane(runId, epoch, slot, (uint256(SUB_RESPONDED) << 24) | _leafCount(lane));
         ep.responded += 1;
         emit Responded(runId, epoch, msg.sender, manifestCid);
     }
@@ -173,7 +173,7 @@ contract Veriloco is VerilocoBase {
         if (!staked || fm.stake == 0 || fm.leaveEpoch != NEVER_EPOCH) revert NotStaked(runId, msg.sender);
         _inPhase(runId, r, epoch, Phase.Auditing);
         Epoch storage ep = epochs[runId][epoch];
-        uint256 verdictDeadline = _revealsClose(runId, r, epoch) + r.p.responseWindow + r.p.verdictWindow;
+        uint256 verdictDeadline = _responseDeadline(runId, r, epoch) + r.p.verdictWindow;
         uint256 decided = ep.passed + _failed(runId, r, epoch, ep);
         // every committed verdict is revealed first (one held back is slashed once the window is over)
         if ((decided < ep.committed || ep.verdictReveals < ep.verdictCommits) && block.timestamp < verdictDeadline) {

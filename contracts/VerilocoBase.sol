@@ -510,6 +510,11 @@ abstract contract VerilocoBase is VerilocoAudit {
         return uint256(cc) + r.p.revealWindow;
     }
 
+    /// @dev When audit answers are due: the response window after reveals close (the verdict window follows).
+    function _responseDeadline(uint256 runId, Run storage r, uint256 epoch) internal view returns (uint256) {
+        return _revealsClose(runId, r, epoch) + r.p.responseWindow;
+    }
+
     function _finalizeDeadline(uint256 runId, Run storage r, uint256 epoch) internal view returns (uint256) {
         uint256 rc = _revealsClose(runId, r, epoch);
         if (rc == NEVER) return NEVER;
@@ -632,6 +637,10 @@ abstract contract VerilocoBase is VerilocoAudit {
         return uint8(lane >> 24) & 0x7F;
     }
 
+    function _leafCount(uint256 lane) internal pure returns (uint32) {
+        return uint32(lane & 0xFFFFFF);
+    }
+
     function _popcount16(uint16 x) internal pure returns (uint16 n) {
         while (x != 0) {
             x &= x - 1;
@@ -663,7 +672,7 @@ abstract contract VerilocoBase is VerilocoAudit {
 
     function _verdictEpoch(uint256 runId, Run storage r, uint256 epoch) internal view returns (Epoch storage ep) {
         _inPhase(runId, r, epoch, Phase.Auditing);
-        uint256 deadline = _revealsClose(runId, r, epoch) + r.p.responseWindow + r.p.verdictWindow;
+        uint256 deadline = _responseDeadline(runId, r, epoch) + r.p.verdictWindow;
         if (block.timestamp >= deadline) revert DeadlinePassed(runId, epoch, deadline, block.timestamp);
         ep = epochs[runId][epoch];
     }
@@ -676,7 +685,7 @@ abstract contract VerilocoBase is VerilocoAudit {
 
     /// @dev When verdict reveals open if not every verifier of the frozen list has committed.
     function _verdictRevealsOpen(uint256 runId, Run storage r, uint256 epoch) internal view returns (uint256) {
-        return _revealsClose(runId, r, epoch) + r.p.responseWindow + r.p.verdictWindow / 2;
+        return _responseDeadline(runId, r, epoch) + r.p.verdictWindow / 2;
     }
 
     /// @dev File witness `w` of assignment index j on `trainer` into its witness groups; `voted` is
@@ -836,7 +845,7 @@ abstract contract VerilocoBase is VerilocoAudit {
         uint256 slashed = 0;
         uint256 paid = 0;
         // a seed fixed with less than half the response window left excuses a missing response
-        bool responseDue = ep.seeded && uint256(ep.seededAt) + r.p.responseWindow / 2 <= _revealsClose(runId, r, epoch) + r.p.responseWindow;
+        bool responseDue = ep.seeded && uint256(ep.seededAt) + r.p.responseWindow / 2 <= _responseDeadline(runId, r, epoch);
         address[] storage list = verifierList[runId];
         Payout memory po;
         if (pay && r.pool != 0) po = _payout(runId, epoch, r, ep, list);

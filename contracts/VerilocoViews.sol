@@ -110,7 +110,7 @@ contract VerilocoViews is VerilocoBase {
         bytes32 h = reused ? bytes32(0) : hashes[runId][trainer][epoch % HASH_SLOTS];
         if (state == SUB_COMMITTED) commitment = h;
         else traceRoot = h;
-        leafCount = uint32(lane & 0xFFFFFF);
+        leafCount = _leafCount(lane);
         passVotes = _popcount16(uint16(lane >> 32));
         failVotes = _popcount16(uint16(lane >> 48));
     }
@@ -127,7 +127,7 @@ contract VerilocoViews is VerilocoBase {
         Run storage r = _run(runId);
         Epoch storage ep = epochs[runId][epoch];
         uint32 sp = slotPlusOne[runId][trainer];
-        uint32 leafCount = sp == 0 ? 0 : uint32(_lane(runId, epoch, sp - 1) & 0xFFFFFF);
+        uint32 leafCount = sp == 0 ? 0 : _leafCount(_lane(runId, epoch, sp - 1));
         if (!ep.seeded || leafCount < 2) return (steps, false, verifiers);
         (steps, finalCheck) = _challenges(ep.seed, trainer, r.p.auditSteps, r.p.auditRate, leafCount, r.p.finalCheckBps);
         // the list is frozen only until the epoch is finalized or settled; after that a removal may

@@ -85,7 +85,7 @@ def audit_windows(
         if root != bytes(claimed[w]):
             out.findings.append(f"window {w}'s posted root is not the one the manifest names (the trace changed after posting)")
             continue
-        seed = ChainOrdering(domain, lambda _w, b=post.block: b, block_hash, lambda: head, depth).seed(w)
+        seed = ChainOrdering(domain, {w: post.block}.get, block_hash, lambda: head, depth).seed(w)
         if seed is None:
             out.pending.append(w)
             continue

@@ -868,7 +868,7 @@ class TrainerNode:
         response = build_response(digests, seed, self.me, params.audit_steps, params.final_check_bps, params.audit_rate)
         a = self.chain.assignment(self.run_id, e, self.me)
         if self.engine is not None:
-            steps, seed_of = a.steps, None
+            steps, seed_of = a.transitions, None
             if W := self.ctx.config.audit.window:
                 try:
                     wa = chain_windows(self.chain, self.store, run_id=self.run_id, epoch=e, trainer=self.me,
@@ -896,7 +896,7 @@ class TrainerNode:
         prev = self._dir(e - 1) if e >= 1 else None
         use_prev = bool(d.meta.get("continued")) and prev is not None and "digests" in prev.meta
         manifest = build_state_manifest(
-            run_id=self.run_id, epoch=e, trainer=self.me, trace=digests, transitions=a.steps, final=a.final_check,
+            run_id=self.run_id, epoch=e, trainer=self.me, trace=digests, transitions=a.transitions, final=a.final_check,
             cid_of_leaf=lambda k: cids.setdefault(k, cid_of(d, k)),
             previous_trace=[bytes.fromhex(x) for x in prev.meta["digests"]] if use_prev and prev else (),
             previous_cid_of_leaf=(lambda k: cid_of(prev, k)) if use_prev and prev else None,
@@ -906,7 +906,7 @@ class TrainerNode:
         mcid = self.store.put(encoded)
         tx = self.chain.respond(self.run_id, e, mcid, response)
         d.update(status=RESPONDED, manifest_cid=mcid, gas_respond=tx.gas_used)
-        self.log("responded", epoch=e, transitions=list(a.steps), final=a.final_check, manifest=mcid, gas=tx.gas_used,
+        self.log("responded", epoch=e, transitions=list(a.transitions), final=a.final_check, manifest=mcid, gas=tx.gas_used,
                  audit_bytes=published[0] + len(encoded), **self.traffic())
 
     def _answers_beside_training(self, eng: Engine) -> bool:

@@ -529,7 +529,7 @@ class VerifierNode:
         m: AuditManifest = decode_manifest(self.store.get(manifest_cid, max_size=MAX_MANIFEST_BYTES))
         a = duty.assignment
         bound = (m.run_id, m.epoch, m.trainer.lower(), m.trace_root, m.leaf_count, m.transitions, m.final) == (
-            run, e, t.lower(), sub.trace_root, sub.leaf_count, tuple(sorted(set(a.steps))), a.final_check)
+            run, e, t.lower(), sub.trace_root, sub.leaf_count, tuple(sorted(set(a.transitions))), a.final_check)
         findings.append(Finding("manifest", bound, "matches the on-chain submission and assignment" if bound
                                 else "manifest does not match the on-chain trace root, leaf count or challenges"))
         if not bound:
@@ -568,7 +568,7 @@ class VerifierNode:
         m = shard_audit.decode_manifest(self.store.get(manifest_cid, max_size=MAX_MANIFEST_BYTES), n,
                                         max_bytes=MAX_MANIFEST_BYTES)
         prev = self.chain.submission(self.run_id, e - 1, t) if e >= 1 else None
-        steps, seed_of, W = assignment.steps, None, self.ctx.config.audit.window
+        steps, seed_of, W = assignment.transitions, None, self.ctx.config.audit.window
         if W:  # the draws come from the window posts (docs/protocol.md §5.4), read as the trainer read them
             wa = chain_windows(self.chain, self.store, run_id=self.run_id, epoch=e, trainer=t, slot=slot,
                                claimed=m.window_roots if m.window_width == W else (), trace_root=sub.trace_root,

@@ -360,7 +360,7 @@ def _trainer_row(chain: Chain, run_id: int, epoch: int, slot: int, addr: str, su
         "payload_cid": revealed.args["payloadCid"] if revealed else "",
         "payload_digest": "0x" + revealed.args["payloadDigest"].hex() if revealed else "",
         "manifest_cid": responded.args["manifestCid"] if responded else "",
-        "challenged_steps": list(assigned.steps),
+        "challenged_steps": list(assigned.transitions),
         "final_check": assigned.final_check,
         "assigned_verifiers": list(assigned.verifiers),
         "pass_votes": sub.pass_votes,

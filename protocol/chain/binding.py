@@ -264,7 +264,10 @@ class SubmissionInfo:
 
 @dataclass(frozen=True)
 class Assignment:
-    steps: tuple[int, ...]
+    """A trainer's audit assignment in one epoch: the challenged transitions (k -> k + 1, ascending), whether
+    the final check is drawn, and its verifiers."""
+
+    transitions: tuple[int, ...]
     final_check: bool
     verifiers: tuple[Address, ...]
 

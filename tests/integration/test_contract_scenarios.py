@@ -138,7 +138,7 @@ def test_python_helpers_match_contract(fresh: Any) -> None:
     res = c.start_audit(rid, 0)
     scheduled = next(e for e in res.events if e.name == "AuditScheduled")
     assert scheduled.args["seedBlock"] == res.block_number and scheduled.args["verifierCount"] == 4
-    assert not c.epoch_times(rid, 0).seeded and c.assignment(rid, 0, t0.address).steps == ()
+    assert not c.epoch_times(rid, 0).seeded and c.assignment(rid, 0, t0.address).transitions == ()
     # the seed follows from the scheduling block's hash, so a trainer can respond at once: its
     # respond fixes the seed itself (nobody else needs to be awake for it)
     block_hash = bytes(fresh.w3.eth.get_block(res.block_number)["hash"])
@@ -150,7 +150,7 @@ def test_python_helpers_match_contract(fresh: Any) -> None:
     _, vlist = c.participants(rid)
     for t in r.trainers:
         a = c.assignment(rid, 0, t.address)
-        assert list(a.steps) == challenged_steps(seed, t.address, 4, t.leaves)
+        assert list(a.transitions) == challenged_steps(seed, t.address, 4, t.leaves)
         assert a.final_check == final_check(seed, t.address, 5_000)
         assert list(a.verifiers) == assigned_verifiers(seed, t.address, vlist, 3)
         assert len(set(a.verifiers)) == 3
@@ -169,7 +169,7 @@ def test_per_step_draws_match_the_contract_and_an_epoch_may_draw_none(fresh: Any
     for t in r.trainers:
         a = r.coord.assignment(r.run_id, 0, t.address)
         mirror = challenged_steps(seed, t.address, 6, t.leaves, 80_000)
-        assert list(a.steps) == mirror == sorted(set(mirror)) and not a.final_check
+        assert list(a.transitions) == mirror == sorted(set(mirror)) and not a.final_check
         assert r.coord.submission(r.run_id, 0, t.address).state == 3  # responded, whatever it drew
         counts.append(len(mirror))
     assert counts[0] in (0, 1) and max(counts) > 0
@@ -178,13 +178,13 @@ def test_per_step_draws_match_the_contract_and_an_epoch_may_draw_none(fresh: Any
     rare = make_run(fresh, n_trainers=1, n_verifiers=2, audit_steps=3, audit_rate=1, final_check_bps=0)
     rare.open_epoch(0)
     t = rare.trainers[0]
-    assert rare.coord.assignment(rare.run_id, 0, t.address).steps == ()
+    assert rare.coord.assignment(rare.run_id, 0, t.address).transitions == ()
     assert t.response(0).leaves == () == t.response(0).proofs
     assert rare.coord.submission(rare.run_id, 0, t.address).state == 3
     ones = make_run(fresh, n_trainers=1, n_verifiers=2, audit_steps=3, audit_rate=1_000_000)
     ones.trainers[0].leaves = 17
     ones.open_epoch(0)
-    assert list(ones.coord.assignment(ones.run_id, 0, ones.trainers[0].address).steps) == [0, 1, 2]
+    assert list(ones.coord.assignment(ones.run_id, 0, ones.trainers[0].address).transitions) == [0, 1, 2]
     with pytest.raises(ce.InvalidParams) as ip:
         r.coord.create_run(params(fresh.accounts[COORD], audit_rate=1_000_001))
     assert "auditRate" in ip.value.reason
@@ -193,7 +193,7 @@ def test_per_step_draws_match_the_contract_and_an_epoch_may_draw_none(fresh: Any
     long = make_run(fresh, n_trainers=1, n_verifiers=2, audit_steps=64, audit_rate=1_000, final_check_bps=0)
     long.trainers[0].leaves = 20_001
     long.open_epoch(0)
-    ks = long.coord.assignment(long.run_id, 0, long.trainers[0].address).steps
+    ks = long.coord.assignment(long.run_id, 0, long.trainers[0].address).transitions
     assert all(k < RATE_SCAN for k in ks) and list(ks) == challenged_steps(
         long.coord.epoch_times(long.run_id, 0).seed, long.trainers[0].address, 64, 20_001, 1_000)
 
@@ -207,7 +207,7 @@ def test_a_windowed_run_draws_no_step_on_chain_and_keeps_the_final_check(fresh: 
     r.open_epoch(0)
     for t in r.trainers:
         a = r.coord.assignment(r.run_id, 0, t.address)
-        assert a.steps == () and a.final_check
+        assert a.transitions == () and a.final_check
         assert len(t.response(0).leaves) == 1 and r.coord.submission(r.run_id, 0, t.address).state == 3
     with pytest.raises(ce.InvalidParams) as ip:
         r.coord.create_run(params(fresh.accounts[COORD], audit_steps=65))

@@ -88,7 +88,7 @@ def _passed_and_deleted(tmp_path: Path, verifiers: int = 1, committed: Any = Non
     seed = t.fix_audit_seed(run_id, 0)
     assert seed is not None
     a = t.assignment(run_id, 0, me)
-    m = build_state_manifest(run_id=run_id, epoch=0, trainer=me, trace=digests, transitions=a.steps,
+    m = build_state_manifest(run_id=run_id, epoch=0, trainer=me, trace=digests, transitions=a.transitions,
                        final=a.final_check, cid_of_leaf=lambda k: store.put(save_state(states[k])))
     t.respond(run_id, 0, store.put(encode_manifest(m)), build_response(digests, seed, me, 2, 10_000))
 

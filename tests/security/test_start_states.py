@@ -107,7 +107,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             prev_of = {"continued": name, "planted": name, "borrowed": "continued"}.get(name) if e else None
             prev = traces[prev_of, e - 1] if prev_of else []
             m = build_state_manifest(
-                run_id=run_id, epoch=e, trainer=who[name], trace=digests, transitions=a.steps, final=a.final_check,
+                run_id=run_id, epoch=e, trainer=who[name], trace=digests, transitions=a.transitions, final=a.final_check,
                 cid_of_leaf=functools.partial(publish, traces[name, e]),
                 previous_trace=[state_digest(x) for x in prev],
                 previous_cid_of_leaf=functools.partial(publish, prev) if prev else None,

@@ -125,7 +125,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for name, c in chains.items():
         digests = [state_digest(s) for s in traces[name]]
         a = creator.assignment(run_id, 0, c.sender)
-        m = build_state_manifest(run_id=run_id, epoch=0, trainer=c.sender, trace=digests, transitions=a.steps,
+        m = build_state_manifest(run_id=run_id, epoch=0, trainer=c.sender, trace=digests, transitions=a.transitions,
                            final=a.final_check, cid_of_leaf=lambda k, n=name: store.put(save_state(traces[n][k])))
         mcid = store.put(encode_manifest(m))
         c.respond(run_id, 0, mcid, build_response(digests, seed, c.sender, 2, 10_000))

@@ -625,6 +625,7 @@ class TrainerNode:
         done = [w for w in range(windows.window_count(leaf_count, W)) if trained.complete(w)]
         if done:
             sender.resume({w: windows.window_root(digests, w, W, leaf_count) for w in done})
+            self._bound = e  # a restart mid-epoch: the roots it sent before still bind it
         return sender
 
     def _send_windows(self, sender: WindowSender, preimages: list[bytes], leaf_count: int) -> None:

@@ -16,10 +16,11 @@ from typing import Any
 
 from eth_account import Account
 
-from protocol.chain.binding import Chain, MemberInfo, Role
+from protocol.chain.binding import Chain, MemberInfo, Role, Sub
 from protocol.errors import VerilocoError
 from protocol.membership import ROLE_NAMES
 from protocol.statedir import check_run
+from protocol.windowdraw import WindowPost
 from veriloco.argtypes import run_id
 from veriloco.settings import add_connection_args, resolve, withdraw_command
 
@@ -55,6 +56,12 @@ def _member(chain: Chain, run: int, none: str) -> tuple[MemberInfo, int]:
     return m, m.left_at + chain.run_info(run).params.unbonding_delay
 
 
+def posted_for(posts: list[WindowPost], trainer: str, slot: int) -> bool:
+    """Whether a window post of the epoch holds `trainer`'s root: its own post, or its bit in an
+    aggregate (whose evidence may still bind nobody: this is the cautious reading)."""
+    return any(p.poster.lower() == trainer.lower() or (p.bitmap >> slot) & 1 for p in posts)
+
+
 def cmd_leave(args: argparse.Namespace) -> int:
     chain = _chain(args)
     m, available = _member(chain, args.run, f"is not a member of run {args.run}; there is nothing to leave")
@@ -63,6 +70,15 @@ def cmd_leave(args: argparse.Namespace) -> int:
             f"{chain.sender} already left run {args.run} (its last epoch was {m.leave_epoch - 1}); its stake unbonds "
             f"at {_at(available, chain.now())}, then `{withdraw_command(args)}`"
         )
+    assert chain.sender is not None
+    e = chain.run_info(args.run).next_epoch  # the epoch in training: leaving now takes it out of it
+    if (m.role == Role.TRAINER and not args.anyway and chain.submission(args.run, e, chain.sender).state == Sub.NONE
+            and posted_for(chain.window_posts(args.run, e), chain.sender, m.slot)):
+        raise LifecycleError(
+            f"{chain.sender}'s window roots of epoch {e} are posted (a windowed run): leaving now takes it out of "
+            f"epoch {e} before it commits, which is slashed as abandoning it (docs/protocol.md §5.4). Leave once "
+            f"epoch {e} is committed (its trainer node commits it; `veriloco status --run {args.run}` shows it), "
+            "or pass --anyway to leave and lose that stake")
     chain.leave(args.run)
     m, available = _member(chain, args.run, f"is not a member of run {args.run}")
     role = ROLE_NAMES.get(m.role, str(m.role))
@@ -109,6 +125,9 @@ def register(sub: Any) -> None:
     ):
         p = sub.add_parser(name, help=help_, description=help_)
         p.add_argument("--run", type=run_id, required=True, help="run id (see `veriloco runs`)")
+        if name == "leave":
+            p.add_argument("--anyway", action="store_true",
+                           help="leave even while window roots of the epoch in training are posted (that is slashed)")
         add_connection_args(p)
         p.set_defaults(func=func)
     c = sub.add_parser("claim", help="claim this account's credits (rewards and bounties) from the contract")

@@ -114,7 +114,13 @@ def test_a_runs_life_through_the_cli(devnet: Any, tmp_path: Path, monkeypatch: p
 
     # leave, withdraw too early (told when), withdraw after the unbonding delay
     assert "withdraw" in refused(capsys, "withdraw", "--run", r, "--account", "1")  # still a member: leave first
-    out = ok(capsys, "leave", "--run", r, "--account", "1")
+    # a trainer whose window root of the epoch in training is posted would be slashed for abandoning it:
+    # leave refuses (nothing sent) unless told --anyway (docs/protocol.md §5.4 step 7)
+    trainer.chain.post_own_window(rid, 1, 0, bytes(range(32)))
+    line = refused(capsys, "leave", "--run", r, "--account", "1")
+    assert "window roots of epoch 1 are posted" in line and "--anyway" in line, line
+    assert coord.member(rid, net.accounts[1]).leave_epoch is None
+    out = ok(capsys, "leave", "--run", r, "--account", "1", "--anyway")
     assert f"left run {rid} as trainer" in out and "unbonds at" in out and "in 10" in out
     assert f"then `veriloco withdraw --run {rid} --account 1`" in out, out  # the hint works as typed: same key
     line = refused(capsys, "leave", "--run", r, "--account", "1")

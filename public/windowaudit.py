@@ -160,6 +160,12 @@ def bound_to_commit(posts: Sequence[WindowPost], evidence: Callable[[str], bytes
     return out
 
 
+def may_bind(posts: Sequence[WindowPost], trainer: str, slot: int) -> bool:
+    """Whether a post of the epoch may bind `trainer` (`bound_to_commit` without reading evidence): its own
+    post, or its bit in an aggregate. The cautious reading, for a check that needs no store (`leave`)."""
+    return any(p.poster.lower() == trainer.lower() or (p.bitmap >> slot) & 1 for p in posts)
+
+
 def abandoned(chain: Chain, store: Any, run_id: int, epoch: int) -> dict[str, relay.SignedRoot | None]:
     """The trainers bound to commit `epoch` (`bound_to_commit`) that did not, with their proof; call once
     its commits closed (a trainer the contract let leave or removed first is its to refuse)."""

@@ -20,7 +20,7 @@ from protocol.chain.binding import Chain, MemberInfo, Role, Sub
 from protocol.errors import VerilocoError
 from protocol.membership import ROLE_NAMES
 from protocol.statedir import check_run
-from protocol.windowdraw import WindowPost
+from public.windowaudit import may_bind
 from veriloco.argtypes import run_id
 from veriloco.settings import add_connection_args, resolve, withdraw_command
 
@@ -56,12 +56,6 @@ def _member(chain: Chain, run: int, none: str) -> tuple[MemberInfo, int]:
     return m, m.left_at + chain.run_info(run).params.unbonding_delay
 
 
-def posted_for(posts: list[WindowPost], trainer: str, slot: int) -> bool:
-    """Whether a window post of the epoch holds `trainer`'s root: its own post, or its bit in an
-    aggregate (whose evidence may still bind nobody: this is the cautious reading)."""
-    return any(p.poster.lower() == trainer.lower() or (p.bitmap >> slot) & 1 for p in posts)
-
-
 def cmd_leave(args: argparse.Namespace) -> int:
     chain = _chain(args)
     m, available = _member(chain, args.run, f"is not a member of run {args.run}; there is nothing to leave")
@@ -73,7 +67,7 @@ def cmd_leave(args: argparse.Namespace) -> int:
     assert chain.sender is not None
     e = chain.run_info(args.run).next_epoch  # the epoch in training: leaving now takes it out of it
     if (m.role == Role.TRAINER and not args.anyway and chain.submission(args.run, e, chain.sender).state == Sub.NONE
-            and posted_for(chain.window_posts(args.run, e), chain.sender, m.slot)):
+            and may_bind(chain.window_posts(args.run, e), chain.sender, m.slot)):
         raise LifecycleError(
             f"{chain.sender}'s window roots of epoch {e} are posted (a windowed run): leaving now takes it out of "
             f"epoch {e} before it commits, which is slashed as abandoning it (docs/protocol.md §5.4). Leave once "
